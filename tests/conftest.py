@@ -1,0 +1,98 @@
+"""Shared pytest fixtures: a tiny binarized translation dataset and a runner for fairseq's CLIs."""
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = str(REPO / "diverse_fairseq")
+
+# A toy language pair that a tiny Transformer learns in a few dozen updates: the "German" side is the
+# English side with every word mapped through a fixed vocabulary and the word order reversed.
+_WORDS = [f"w{i}" for i in range(40)]
+_MAP = {w: f"x{(i * 7) % 40}" for i, w in enumerate(_WORDS)}
+
+
+def _make_pairs(n, seed):
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        src = [rng.choice(_WORDS) for _ in range(rng.randint(3, 9))]
+        tgt = [_MAP[w] for w in reversed(src)]
+        pairs.append((" ".join(src), " ".join(tgt)))
+    return pairs
+
+
+def write_parallel(directory, split, pairs, src="en", tgt="de"):
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{split}.{src}").write_text("".join(s + "\n" for s, _ in pairs))
+    (directory / f"{split}.{tgt}").write_text("".join(t + "\n" for _, t in pairs))
+
+
+def run_cli(module, args, timeout=600, env=None, check=True):
+    """Run ``python -m fairseq_cli.<module> args`` and return the CompletedProcess (output captured)."""
+    cmd = [sys.executable, "-m", f"fairseq_cli.{module}", *map(str, args)]
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    full_env.update(env or {})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed with exit code {proc.returncode}\n"
+            f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def tiny_raw(tmp_path_factory):
+    """Plain-text toy parallel corpus (en→de): train 600, valid 60, test 40 sentences."""
+    raw = tmp_path_factory.mktemp("tiny_raw")
+    write_parallel(raw, "train", _make_pairs(600, 1))
+    write_parallel(raw, "valid", _make_pairs(60, 2))
+    write_parallel(raw, "test", _make_pairs(40, 3))
+    return raw
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tiny_raw, tmp_path_factory):
+    """The toy corpus binarized by ``fairseq-preprocess`` with a joined dictionary."""
+    dest = tmp_path_factory.mktemp("tiny_bin")
+    run_cli(
+        "preprocess",
+        [
+            "--source-lang", "en", "--target-lang", "de",
+            "--trainpref", tiny_raw / "train", "--validpref", tiny_raw / "valid",
+            "--testpref", tiny_raw / "test", "--destdir", dest, "--joined-dictionary",
+            "--workers", "1",
+        ],
+    )
+    return dest
+
+
+def tiny_train_args(data, save_dir, arch="transformer", max_update=20, extra=()):
+    """fairseq-train arguments for a very small Transformer on ``data`` (CPU, fp32)."""
+    return [
+        data, "--user-dir", USER_DIR, "--cpu", "--task", "translation",
+        "--source-lang", "en", "--target-lang", "de",
+        "--arch", arch,
+        "--encoder-layers", "2", "--decoder-layers", "2",
+        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+        "--share-all-embeddings", "--dropout", "0.0",
+        "--optimizer", "adam", "--lr", "0.005", "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", "10", "--max-tokens", "1000", "--max-update", max_update,
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "simple",
+        "--log-interval", "1", "--seed", "1", "--num-workers", "0", *extra,
+    ]
+
+
+@pytest.fixture
+def tiny_args():
+    return tiny_train_args
