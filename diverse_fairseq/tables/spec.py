@@ -1,0 +1,167 @@
+"""Table descriptions (``configs/tables/<table>.yaml``) and the scale settings (``configs/tables/scales.yaml``).
+
+A table file::
+
+    table: emnlp18_t1                      # id, used for results/<table>/
+    title: "EMNLP 2018 Table 1: ..."
+    paper_dataset: wmt17_zh_en             # the dataset the paper's numbers are for (optional)
+    baseline: none                         # id of the row significance is measured against
+    rows:
+      - id: none
+        label: "Transformer-Base"
+        family: transformer                # model family: the scale adds the size (arch suffix or dims)
+        args: []                           # extra fairseq-train flags (criterion, optimizer, features)
+        paper: {bleu: 24.13, train_speed: 1.21}   # the paper's numbers (optional)
+
+The scale file maps ``scale -> dataset -> settings`` (data directory, model size, training and decoding
+flags), so that a table's rows carry only what distinguishes them.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TABLE_DIR = REPO / "configs" / "tables"
+FAMILIES = ("transformer", "diverse_transformer")
+
+
+class TableSpecError(ValueError):
+    """A table or scale description is malformed; the message names the file and the field."""
+
+
+@dataclass
+class Row:
+    id: str
+    label: str
+    family: str
+    args: List[str] = field(default_factory=list)
+    paper: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Table:
+    table: str
+    title: str
+    baseline: str
+    rows: List[Row]
+    paper_dataset: Optional[str] = None
+    source: Optional[Path] = None
+
+    def row(self, row_id: str) -> Row:
+        return next(r for r in self.rows if r.id == row_id)
+
+
+@dataclass
+class Setting:
+    """How to train and decode one dataset at one scale."""
+
+    data: str
+    arch_suffix: str = ""
+    model_args: List[str] = field(default_factory=list)
+    train_args: List[str] = field(default_factory=list)
+    generate_args: List[str] = field(default_factory=list)
+
+    def arch(self, family: str) -> str:
+        return family + self.arch_suffix
+
+
+def _require(mapping, key, kind, where):
+    if not isinstance(mapping, dict) or key not in mapping:
+        raise TableSpecError(f"{where}: missing field '{key}'")
+    value = mapping[key]
+    if not isinstance(value, kind):
+        raise TableSpecError(f"{where}: field '{key}' must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _string_list(value, where):
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
+        raise TableSpecError(f"{where} must be a list of command-line strings, got {value!r}")
+    return [str(v) for v in value]
+
+
+def _check_unknown(mapping, allowed, where):
+    unknown = sorted(set(mapping) - set(allowed))
+    if unknown:
+        raise TableSpecError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+
+
+def parse_table(data, source="<table>") -> Table:
+    """Validate a table description (already loaded from YAML) and return it as a ``Table``."""
+    if not isinstance(data, dict):
+        raise TableSpecError(f"{source}: a table description is a mapping, got {type(data).__name__}")
+    _check_unknown(data, ("table", "title", "baseline", "rows", "paper_dataset"), source)
+    rows_data = _require(data, "rows", list, source)
+    if not rows_data:
+        raise TableSpecError(f"{source}: field 'rows' is empty")
+    rows = []
+    for i, r in enumerate(rows_data):
+        where = f"{source}: rows[{i}]"
+        _check_unknown(r if isinstance(r, dict) else {}, ("id", "label", "family", "args", "paper"), where)
+        family = _require(r, "family", str, where)
+        if family not in FAMILIES:
+            raise TableSpecError(f"{where}: field 'family' must be one of {', '.join(FAMILIES)}, got {family!r}")
+        paper = r.get("paper", {}) or {}
+        if not isinstance(paper, dict) or not all(isinstance(v, (int, float)) for v in paper.values()):
+            raise TableSpecError(f"{where}: field 'paper' must map names to numbers, got {paper!r}")
+        rows.append(Row(
+            id=_require(r, "id", str, where),
+            label=_require(r, "label", str, where),
+            family=family,
+            args=_string_list(r.get("args", []), f"{where}: field 'args'"),
+            paper={k: float(v) for k, v in paper.items()},
+        ))
+    ids = [r.id for r in rows]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise TableSpecError(f"{source}: field 'rows' repeats the id(s) {', '.join(duplicates)}")
+    baseline = _require(data, "baseline", str, source)
+    if baseline not in ids:
+        raise TableSpecError(f"{source}: field 'baseline' names {baseline!r}, which is not a row id ({', '.join(ids)})")
+    return Table(
+        table=_require(data, "table", str, source),
+        title=_require(data, "title", str, source),
+        baseline=baseline,
+        rows=rows,
+        paper_dataset=data.get("paper_dataset"),
+        source=Path(source) if source != "<table>" else None,
+    )
+
+
+def load_table(name_or_path) -> Table:
+    """Load ``configs/tables/<name>.yaml`` (or a path to a YAML file)."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = TABLE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in TABLE_DIR.glob("*.yaml") if p.stem != "scales")
+        raise TableSpecError(f"no table description {path}; known tables: {', '.join(known)}")
+    with open(path) as f:
+        return parse_table(yaml.safe_load(f), str(path))
+
+
+def load_setting(scale: str, dataset: str, path=None) -> Setting:
+    """The settings of ``dataset`` at ``scale`` from ``configs/tables/scales.yaml``."""
+    path = Path(path or TABLE_DIR / "scales.yaml")
+    with open(path) as f:
+        scales = yaml.safe_load(f)
+    if scale not in scales:
+        raise TableSpecError(f"{path}: unknown scale {scale!r}; choose one of {', '.join(scales)}")
+    if dataset not in scales[scale]:
+        raise TableSpecError(
+            f"{path}: scale {scale!r} has no settings for dataset {dataset!r}; "
+            f"choose one of {', '.join(scales[scale])}"
+        )
+    s = scales[scale][dataset]
+    where = f"{path}: {scale}.{dataset}"
+    _check_unknown(s, ("data", "arch_suffix", "model_args", "train_args", "generate_args"), where)
+    return Setting(
+        data=_require(s, "data", str, where),
+        arch_suffix=s.get("arch_suffix", "") or "",
+        model_args=_string_list(s.get("model_args", []), f"{where}.model_args"),
+        train_args=_string_list(s.get("train_args", []), f"{where}.train_args"),
+        generate_args=_string_list(s.get("generate_args", []), f"{where}.generate_args"),
+    )
