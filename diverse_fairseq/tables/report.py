@@ -27,24 +27,34 @@ def _read_lines(path: Path) -> List[str]:
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
-def significance_mark(system: Dict, baseline: Dict, samples: int = 1000) -> Dict:
-    """Paired bootstrap (sacrebleu's, ``samples`` resamples) of one system against the baseline, first seed."""
+def significance(results: Dict[str, List[Dict]], baseline_id: str, samples: int = 1000) -> Dict[str, Dict]:
+    """Paired bootstrap (sacrebleu's, ``samples`` resamples) of every row against the baseline (first seeds).
+
+    Returns ``{row id: {"p_value", "delta", "mark"}}``; the mark is ↑ / ⇑ only for an improvement.
+    """
     from ..significance import paired_bootstrap
 
-    sys_eval, base_eval = Path(system["eval"]["out"]), Path(baseline["eval"]["out"])
-    tgt = system["eval"]["target_lang"]
-    refs = _read_lines(base_eval / f"ref.detok.{tgt}")
-    result = paired_bootstrap(_read_lines(base_eval / f"hyp.detok.{tgt}"),
-                              _read_lines(sys_eval / f"hyp.detok.{tgt}"), refs, samples=samples)
-    p = result["p_value"]
-    better = result["delta"] > 0
-    result["mark"] = (DOUBLE_UP if p < 0.01 else UP if p < 0.05 else "") if better else ""
-    return result
+    def hyps_and_refs(record):
+        out, tgt = Path(record["eval"]["out"]), record["eval"]["target_lang"]
+        return _read_lines(out / f"hyp.detok.{tgt}"), _read_lines(out / f"ref.detok.{tgt}")
+
+    base_hyps, refs = hyps_and_refs(results[baseline_id][0])
+    systems = {row_id: hyps_and_refs(runs[0])[0] for row_id, runs in results.items() if row_id != baseline_id}
+    if not systems:
+        return {}
+    _, scores = paired_bootstrap(base_hyps, systems, refs, samples=samples)
+    marks = {}
+    for row_id in systems:
+        p, delta = scores[row_id]["p_value"], scores[row_id]["bleu"] - scores["baseline"]["bleu"]
+        better = delta > 0
+        marks[row_id] = {"p_value": p, "delta": delta,
+                         "mark": (DOUBLE_UP if p < 0.01 else UP if p < 0.05 else "") if better else ""}
+    return marks
 
 
 def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale: str) -> Dict:
     """Per-row numbers (mean and std over seeds), significance marks and the paper's numbers."""
-    baseline = results[table.baseline][0]
+    marks = significance(results, table.baseline)
     rows = []
     for row in table.rows:
         runs = results[row.id]
@@ -65,9 +75,8 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
         for key in ("output_disagreement",):
             if all(key in r for r in runs):
                 entry[key] = _mean_std([r[key] for r in runs])[0]
-        if row.id != table.baseline:
-            sig = significance_mark(runs[0], baseline)
-            entry["significance"] = {k: sig[k] for k in ("p_value", "delta", "mark") if k in sig}
+        if row.id in marks:
+            entry["significance"] = marks[row.id]
         rows.append(entry)
     return {"table": table.table, "title": table.title, "dataset": dataset, "scale": scale,
             "baseline": table.baseline, "rows": rows}

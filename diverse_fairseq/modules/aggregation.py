@@ -1,0 +1,145 @@
+"""Routing-by-agreement aggregation of attention heads: a drop-in replacement for ``out_proj``.
+
+Li, Yang, Dou, Wang, Lyu, Tu. *Information Aggregation for Multi-Head Attention with
+Routing-by-Agreement*. NAACL 2019, §4.1 (Eqs. 5-7) and §4.2; SPEC §2 (the authors' fused vote network).
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .routing import ROUTING_TYPES, get_routing_function
+
+__all__ = ["RoutingAggregation", "build_aggregator"]
+
+
+class RoutingAggregation(nn.Module):
+    """Aggregate the concatenated heads ``Ô`` [..., E] into [..., E] by routing-by-agreement.
+
+    Vote network, the authors' fused form of Eqs. 5-6 (SPEC §2)::
+
+        u     = ReLU(W1 · LayerNorm(Ô) + b1)              W1: E x E          (input capsules, Eq. 5)
+        votes = W2 · u + b2 -> [..., H, N, E/N]           W2: E x H·E        (V_{h→n}, Eq. 6)
+
+    then simple routing (Algorithm 1) or EM routing (Algorithm 2) over the H input capsules, and the N
+    output capsules of width E/N are concatenated back to [..., E] (§4.1, "O = [Ω_1, .., Ω_N]").
+    With N = E (the default, as in the paper's experiments) W2 is the SPEC's E x H·N.
+
+    Parameters at E = 512, H = 8, N = 512: LayerNorm 1,024 + W1/b1 262,656 + W2/b2 2,101,248
+    = 2,364,928 (SPEC §2); EM routing adds the 2·N = 1,024 learned costs β_A, β_μ (2,365,952 in all).
+
+    Args:
+        embed_dim: E, width of the concatenated heads and of the output.
+        num_heads: H, the number of input capsules.
+        routing: ``"simple"`` or ``"em"``.
+        num_capsules: N output capsules, must divide E; default E (capsule width 1).
+        iterations: routing iterations T (default 3).
+        eps: EM variance floor ε (SPEC: ε <= 1e-4).
+        compile: run the routing core through ``torch.compile``; ``None`` reads the environment
+            variable ``DIVERSE_FAIRSEQ_COMPILE_ROUTING``.
+
+    Initialisation: W1, W2 Xavier-uniform with zero biases (as fairseq's ``out_proj``); LayerNorm with
+    unit gain and zero bias; β_A = β_μ = 0. Hinton et al. (2018) learn β_a and β_u discriminatively
+    and give no initial value; at 0 the initial activations are A_n = sigmoid(-λ χ_n), i.e. about ½ in
+    the first iteration (where R_n = H/N is small), so no capsule starts switched off.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        routing: str = "em",
+        num_capsules: Optional[int] = None,
+        iterations: int = 3,
+        eps: float = 1e-6,
+        compile: Optional[bool] = None,
+    ):
+        super().__init__()
+        if routing not in ROUTING_TYPES:
+            raise ValueError(f"unknown routing type {routing!r}; expected one of {ROUTING_TYPES}")
+        if embed_dim < 1 or num_heads < 1:
+            raise ValueError(f"embed_dim and num_heads must be >= 1, got {embed_dim} and {num_heads}")
+        if num_capsules is None:
+            num_capsules = embed_dim
+        if num_capsules < 1 or embed_dim % num_capsules != 0:
+            raise ValueError(
+                f"num_capsules (routing output capsules, N={num_capsules}) must be >= 1 and divide "
+                f"embed_dim (E={embed_dim})"
+            )
+        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+            raise ValueError(f"routing iterations must be an integer >= 1, got {iterations!r}")
+        if not 0.0 < eps <= 1e-4:
+            raise ValueError(f"the EM variance floor eps must lie in (0, 1e-4], got {eps}")
+
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.routing = routing
+        self.num_capsules = num_capsules
+        self.capsule_dim = embed_dim // num_capsules
+        self.iterations = iterations
+        self.eps = eps
+        self._route = get_routing_function(routing, compile)
+
+        self.layer_norm = nn.LayerNorm(embed_dim)
+        self.fc1 = nn.Linear(embed_dim, embed_dim)  # W1: input capsules, Eq. 5
+        self.fc2 = nn.Linear(embed_dim, num_heads * embed_dim)  # W2: votes, Eq. 6
+        if routing == "em":
+            self.beta_a = nn.Parameter(torch.zeros(num_capsules))  # β_A, per output capsule
+            self.beta_mu = nn.Parameter(torch.zeros(num_capsules))  # β_μ, per output capsule
+        else:
+            self.register_parameter("beta_a", None)
+            self.register_parameter("beta_mu", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.layer_norm.reset_parameters()
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.zeros_(fc.bias)
+        if self.beta_a is not None:
+            nn.init.zeros_(self.beta_a)
+            nn.init.zeros_(self.beta_mu)
+
+    def votes(self, x: Tensor) -> Tensor:
+        """The vote vectors V_{h→n}: [..., E] -> [..., H, N, E/N]."""
+        u = F.relu(self.fc1(self.layer_norm(x)))  # [..., E]
+        v = self.fc2(u)  # [..., H·E]
+        return v.view(*x.shape[:-1], self.num_heads, self.num_capsules, self.capsule_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: concatenated head outputs Ô [..., E] (e.g. [T, B, E]) -> aggregated output [..., E]."""
+        if x.shape[-1] != self.embed_dim:
+            raise ValueError(f"expected input width {self.embed_dim}, got {x.shape[-1]}")
+        votes = self.votes(x)  # [..., H, N, E/N]
+        if self.routing == "em":
+            out = self._route(votes, self.beta_a, self.beta_mu, self.iterations, None, self.eps)
+        else:
+            out = self._route(votes, self.iterations)
+        return out.reshape(*x.shape[:-1], self.embed_dim)  # [..., N, E/N] -> [..., E]
+
+    def extra_repr(self) -> str:
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, routing={self.routing!r}, "
+            f"num_capsules={self.num_capsules}, iterations={self.iterations}"
+        )
+
+
+def build_aggregator(
+    routing: Optional[str],
+    embed_dim: int,
+    num_heads: int,
+    num_capsules: Optional[int] = None,
+    iterations: int = 3,
+    **kwargs,
+) -> Optional[RoutingAggregation]:
+    """``RoutingAggregation`` for ``routing`` in {"simple", "em"}; ``None`` for ``None``/``"none"``
+    (the attention module then keeps its linear ``out_proj``). Extra keyword arguments (``eps``,
+    ``compile``) go to :class:`RoutingAggregation`."""
+    if routing is None or routing == "none":
+        return None
+    return RoutingAggregation(
+        embed_dim, num_heads, routing=routing, num_capsules=num_capsules, iterations=iterations, **kwargs
+    )
