@@ -1,0 +1,131 @@
+"""Learn and apply subword segmentation: subword-nmt BPE or sentencepiece (BPE model type).
+
+``size`` is the number of merge operations for subword-nmt and the vocabulary size for sentencepiece.
+Joint models are learned on the concatenation of both languages' training text.
+"""
+
+import functools
+import shutil
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from .lines import map_file
+
+KINDS = ("subword-nmt", "sentencepiece")
+# What fairseq-generate/-interactive need to undo the segmentation (``--post-process``).
+POST_PROCESS = {"subword-nmt": "subword_nmt", "sentencepiece": "sentencepiece"}
+
+
+def model_files(kind: str, out_dir: Path, langs: Sequence[str], joint: bool) -> Dict[str, Path]:
+    """The model file used for each language."""
+    out_dir = Path(out_dir)
+    name = (lambda lang: "codes" if joint else f"codes.{lang}") if kind == "subword-nmt" else \
+        (lambda lang: "spm.model" if joint else f"spm.{lang}.model")
+    return {lang: out_dir / name(lang) for lang in langs}
+
+
+def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joint: bool, workers: int = 1,
+          log=print) -> Dict[str, Path]:
+    """Learn the segmentation model(s) from ``train_files`` ({lang: file}); returns {lang: model file}."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown BPE kind {kind!r}: use one of {', '.join(KINDS)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    models = model_files(kind, out_dir, list(train_files), joint)
+    groups = [(list(train_files), list(train_files.values()))] if joint else \
+        [([lang], [path]) for lang, path in train_files.items()]
+    for langs, files in groups:
+        target = models[langs[0]]
+        log(f"  learning {kind} ({size} {'merges' if kind == 'subword-nmt' else 'vocabulary'}) on "
+            f"{' + '.join(Path(f).name for f in files)} -> {target.name}")
+        if kind == "subword-nmt":
+            _learn_subword_nmt(files, target, size, workers)
+        else:
+            _learn_sentencepiece(files, target, size, workers, zh="zh" in langs)
+    return models
+
+
+def _learn_subword_nmt(files: List[Path], target: Path, size: int, workers: int):
+    from subword_nmt.learn_bpe import learn_bpe
+
+    joined = target.with_name(target.name + ".input")
+    with open(joined, "wb") as out:
+        for f in files:
+            with open(f, "rb") as src:
+                shutil.copyfileobj(src, out)
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        try:
+            with open(joined, encoding="utf-8") as fin, open(tmp, "w", encoding="utf-8") as fout:
+                learn_bpe(fin, fout, size, num_workers=max(1, workers))
+        except ValueError:  # no symbol pair occurs twice (e.g. Chinese segmented into single characters)
+            tmp.write_text("#version: 0.2\n", encoding="utf-8")
+            print(f"  warning: no BPE merges can be learned from {', '.join(Path(f).name for f in files)}: "
+                  f"every word is a single symbol; the text is used unsegmented", flush=True)
+        tmp.replace(target)
+    finally:
+        joined.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
+def _learn_sentencepiece(files: List[Path], target: Path, size: int, workers: int, zh: bool):
+    import sentencepiece as spm
+
+    prefix = str(target)[: -len(".model")]
+    tmp_prefix = prefix + ".tmp"
+    try:
+        _train_spm(spm, files, tmp_prefix, size, workers, zh)
+    except RuntimeError as e:
+        if "Vocabulary size is smaller than required_chars" in str(e):
+            raise SystemExit(f"error: a sentencepiece vocabulary of {size} is smaller than the number of "
+                             f"characters it must cover ({e}); raise BPE_SIZE / --bpe-size") from None
+        raise
+    Path(tmp_prefix + ".model").replace(target)
+    Path(tmp_prefix + ".vocab").replace(prefix + ".vocab")
+
+
+def _train_spm(spm, files, tmp_prefix, size, workers, zh):
+    spm.SentencePieceTrainer.train(
+        input=",".join(str(f) for f in files),
+        model_prefix=tmp_prefix,
+        vocab_size=size,
+        model_type="bpe",
+        # keep the raw text (placeholders, full stops, casing) exactly, so decoding restores it
+        normalization_rule_name="nmt_nfkc" if zh else "identity",
+        character_coverage=0.9995 if zh else 1.0,
+        input_sentence_size=10_000_000,
+        shuffle_input_sentence=True,
+        hard_vocab_limit=False,  # small corpora: do not fail when fewer pieces exist
+        num_threads=max(1, workers),
+        minloglevel=2,
+    )
+
+
+_APPLIERS = {}
+
+
+def _apply_line(kind: str, model: str, line: str) -> str:
+    applier = _APPLIERS.get((kind, model))
+    if applier is None:
+        if kind == "subword-nmt":
+            from subword_nmt.apply_bpe import BPE
+
+            with open(model, encoding="utf-8") as codes:
+                merges = [line for line in codes if line.strip() and not line.startswith("#version")]
+                codes.seek(0)
+                bpe = BPE(codes) if merges else None
+            # no merges (see _learn_subword_nmt): the text stays as it is
+            applier = (lambda s: bpe.process_line(s).strip()) if bpe else (lambda s: s.strip())  # noqa: E731
+        else:
+            import sentencepiece as spm
+
+            sp = spm.SentencePieceProcessor(model_file=model)
+            applier = lambda s: " ".join(sp.encode(s, out_type=str))  # noqa: E731
+        _APPLIERS[(kind, model)] = applier
+    return applier(line)
+
+
+def apply(kind: str, model: Path, src: Path, dst: Path, workers: int = 1) -> int:
+    """Segment every line of ``src`` into ``dst`` with ``model``."""
+    fn = functools.partial(_apply_line, kind, str(model))
+    return map_file(fn, src, dst, workers=workers, desc=f"{kind} {Path(src).name}")

@@ -1,0 +1,352 @@
+"""Prepare a dataset from its public download to a binarized fairseq dataset, resumably.
+
+    python -m diverse_fairseq.data.prepare DATASET [options]      (scripts/prepare_data.sh DATASET)
+
+DATASET is one of demo, iwslt14_de_en, wmt14_en_de, wmt17_zh_en. The steps (download, extract,
+collect, normalize, tokenize, clean, learn-bpe, apply-bpe, [clean-bpe], binarize) are each skipped
+when their outputs exist and are complete, so an interrupted run continues where it stopped.
+Intermediate files go to WORK_DIR/DATASET (default work/), the binarized data to DATA_BIN/DATASET
+(default data-bin/), together with ``prepare.json`` (how the data was made, read by the evaluation),
+the test references (``test.ref.TGT`` raw, ``test.tok.TGT`` tokenized) and the BPE model.
+
+Every option also has an environment variable (in brackets), which the Makefile passes through.
+"""
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from contextlib import ExitStack
+from typing import List
+
+from . import bpe as bpe_mod
+from .archive import CorruptArchiveError, extract
+from .binarize import binarize
+from .download import DownloadError, fetch, read_checksum_file
+from .lines import iter_lines, map_file
+from .recipes import RECIPES, Context, Recipe, get
+from .steps import Pipeline, StopPipeline, atomic_path
+from .text import clean_pair, normalize, tokenize
+
+SPLITS = ("train", "valid", "test")
+
+
+def _env(name, default=None):
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prepare_data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", choices=sorted(RECIPES), help="which dataset to prepare")
+    p.add_argument("--bpe", choices=bpe_mod.KINDS, default=_env("BPE"),
+                   help="segmentation [BPE]; default: the recipe's (sentencepiece for demo, subword-nmt otherwise)")
+    p.add_argument("--bpe-size", type=int, default=_env("BPE_SIZE"),
+                   help="BPE merges / sentencepiece vocabulary [BPE_SIZE]; default: the recipe's (SPEC §4)")
+    p.add_argument("--work-dir", default=_env("WORK_DIR", "work"), help="root of intermediate files [WORK_DIR]")
+    p.add_argument("--data-bin", default=_env("DATA_BIN", "data-bin"), help="root of binarized datasets [DATA_BIN]")
+    p.add_argument("--mirror", default=_env("DIVERSE_FAIRSEQ_MIRROR"),
+                   help="URL or directory holding the archives by file name, used instead of the public "
+                        "addresses [DIVERSE_FAIRSEQ_MIRROR]")
+    p.add_argument("--checksums", default=_env("CHECKSUMS"),
+                   help="md5sum/sha256sum file whose digests replace the published ones [CHECKSUMS]")
+    p.add_argument("--workers", type=int, default=int(_env("WORKERS", 2)),
+                   help="processes for tokenization, BPE and fairseq-preprocess [WORKERS] (default 2)")
+    p.add_argument("--demo-dir", default=_env("DEMO_DIR"), help="demo corpus directory [DEMO_DIR] (default data/demo)")
+    p.add_argument("--cwmt-dir", default=_env("CWMT_DIR"),
+                   help="WMT17: where the manually downloaded CWMT corpora are [CWMT_DIR] "
+                        "(default WORK_DIR/wmt17_zh_en/manual/cwmt)")
+    p.add_argument("--skip-cwmt", action="store_true", default=_env("CWMT") == "skip",
+                   help="WMT17: proceed without the CWMT corpora [CWMT=skip]")
+    p.add_argument("--zh-seg", choices=("jieba", "char"), default=_env("ZH_SEG", "jieba"),
+                   help="WMT17: Chinese word segmentation before Moses tokenization [ZH_SEG]")
+    p.add_argument("--stop-after", default=_env("STOP_AFTER"), metavar="STEP",
+                   help="stop (resumably) after this step id, e.g. tokenize [STOP_AFTER]")
+    return p
+
+
+class Preparer:
+    """Runs one recipe's pipeline with the user's options."""
+
+    def __init__(self, recipe: Recipe, args):
+        self.r = recipe
+        self.args = args
+        self.kind = args.bpe or recipe.bpe
+        self.size = int(args.bpe_size or recipe.bpe_size)
+        self.work = Path(args.work_dir) / recipe.name
+        self.dest = Path(args.data_bin) / recipe.name
+        self.workers = max(1, args.workers)
+        self.checksums = read_checksum_file(args.checksums) if args.checksums else {}
+        self.ctx = Context(recipe, self.work, {
+            "demo_dir": args.demo_dir, "cwmt_dir": args.cwmt_dir, "skip_cwmt": args.skip_cwmt,
+        }, log=self.log)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    @staticmethod
+    def log(msg):
+        print(msg, flush=True)
+
+    def path(self, stage: str, split: str, lang: str, ext: str = "") -> Path:
+        return self.work / stage / (f"{split}.{lang}" + (f".{ext}" if ext else ""))
+
+    def splits_from_raw(self) -> List[str]:
+        return list(self.r.raw_splits())
+
+    def needs_tok(self, split: str, lang: str) -> bool:
+        """Whether the Moses-tokenized text of (split, lang) is used later."""
+        if self.kind == "subword-nmt":
+            return True
+        if split == "test" and lang == self.r.tgt:
+            return True  # the tokenized reference for the papers' tokenized BLEU
+        cleaned = split in self.r.clean_splits or (self.r.valid_every and split == "train")
+        return bool(cleaned and not self.r.clean_after_bpe)
+
+    # ------------------------------------------------------------------------------------------ pipeline
+    def run(self):
+        r = self.r
+        if self.kind not in bpe_mod.KINDS:
+            raise SystemExit(f"error: BPE must be one of {', '.join(bpe_mod.KINDS)}, not {self.kind!r}")
+        self.log(f"[{r.name}] preparing {r.description}\n"
+                 f"[{r.name}] {r.src}->{r.tgt}, {self.kind} {self.size}{' joint' if r.joint_bpe else ' per language'}, "
+                 f"work dir {self.work}, output {self.dest}")
+        if r.check:
+            r.check(self.ctx)
+        parts = [s for a in r.archives for s in a.parts]
+        n_steps = len(parts) + len(r.archives) + 7 + (1 if r.clean_after_bpe else 0)
+        pipe = Pipeline(r.name, self.work, n_steps, stop_after=self.args.stop_after, log=self.log)
+        downloads = self.work / "downloads"
+        for source in parts:
+            target = downloads / source.filename
+            pipe.step(f"download-{source.filename}", f"download {source.filename}", [target],
+                      {"file": source.filename, "md5": source.md5, "sha256": source.sha256},
+                      functools.partial(self._download, source, downloads))
+        for archive in r.archives:
+            files = [downloads / s.filename for s in archive.parts]
+            pipe.step(f"extract-{archive.name}", f"extract {' + '.join(f.name for f in files)}",
+                      [self.ctx.extracted(archive.name)],
+                      {"parts": [(f.name, f.stat().st_size if f.exists() else None) for f in files]},
+                      functools.partial(extract, files, self.ctx.extracted(archive.name), archive.wanted, self.log))
+        raw_outputs = [self.ctx.raw_path(s, l) for s in self.splits_from_raw() for l in r.langs]
+        pipe.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
+                  r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
+        self._text_steps(pipe)
+        self._bpe_steps(pipe)
+        self._binarize_step(pipe)
+        self.log(f"[{r.name}] done: {self.dest} (ran {len(pipe.ran)} steps, skipped {len(pipe.skipped)})")
+
+    def _download(self, source, downloads):
+        try:
+            fetch(source, downloads, mirror=self.args.mirror, checksums=self.checksums, log=self.log)
+        except DownloadError as e:
+            raise SystemExit(f"error: {e}") from None
+
+    # normalise, tokenize, clean ----------------------------------------------------------------------
+    def _text_steps(self, pipe: Pipeline):
+        r = self.r
+        splits = self.splits_from_raw()
+        norm_out = [self.path("norm", s, l) for s in splits for l in r.langs]
+        pipe.step("normalize", "normalize" + (" punctuation" if r.punct_norm else "") +
+                  (", remove non-printing characters" if r.non_printing else "") +
+                  (", ’ -> '" if r.apostrophe_splits else "") if (r.punct_norm or r.non_printing or r.apostrophe_splits)
+                  else "normalize (nothing to do: copy)", norm_out,
+                  {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
+                   "apostrophe": r.apostrophe_splits}, self._normalize)
+        tok_pairs = [(s, l) for s in splits for l in r.langs if self.needs_tok(s, l)]
+        pipe.step("tokenize", f"tokenize with sacremoses ({'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
+                  f"{'lowercase, ' if r.lowercase else ''}{len(tok_pairs)} files)",
+                  [self.path("tok", s, l) for s, l in tok_pairs],
+                  {"pairs": tok_pairs, "aggressive": r.aggressive_dash, "lowercase": r.lowercase,
+                   "zh_seg": self.args.zh_seg if "zh" in r.langs else None},
+                  functools.partial(self._tokenize, tok_pairs))
+        out_splits = list(SPLITS)
+        clean_out = [self.path("clean", s, l, "txt") for s in out_splits for l in r.langs]
+        before = not r.clean_after_bpe
+        what = (f"clean (ratio {r.clean_ratio}, {r.clean_min}-{r.clean_max} tokens) " if before else "") + \
+               (f"and split valid = every {r.valid_every}-th line " if r.valid_every else "")
+        pipe.step("clean", (what or "collect splits ") + ("" if before else "(cleaning happens after BPE)"),
+                  clean_out, {"before_bpe": before, "max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio,
+                              "splits": r.clean_splits, "valid_every": r.valid_every, "lowercase": r.lowercase},
+                  self._clean)
+
+    def _normalize(self):
+        r = self.r
+        for split in self.splits_from_raw():
+            for lang in r.langs:
+                on = split in r.normalize_splits
+                fn = functools.partial(normalize, lang=lang, punct=r.punct_norm and on,
+                                       non_printing=r.non_printing and on, apostrophe=split in r.apostrophe_splits)
+                map_file(fn, self.ctx.raw_path(split, lang), self.path("norm", split, lang), self.workers,
+                         desc=f"normalize {split}.{lang}")
+
+    def _tokenize(self, pairs):
+        r = self.r
+        for split, lang in pairs:
+            fn = functools.partial(tokenize, lang=lang, aggressive_dash=r.aggressive_dash, lowercase=r.lowercase,
+                                   zh_seg=self.args.zh_seg)
+            n = map_file(fn, self.path("norm", split, lang), self.path("tok", split, lang), self.workers,
+                         desc=f"tokenize {split}.{lang}")
+            self.log(f"  tokenized {split}.{lang}: {n:,} lines")
+
+    def _clean(self):
+        """Write clean/{split}.{lang}.txt (and .tok where tokenized text exists) for train/valid/test."""
+        from tqdm import tqdm
+
+        r = self.r
+        for split in self.splits_from_raw():
+            streams = {}
+            for lang in r.langs:
+                streams[(lang, "txt")] = iter_lines(self.path("norm", split, lang))
+                if self.path("tok", split, lang).exists() and self.needs_tok(split, lang):
+                    streams[(lang, "tok")] = iter_lines(self.path("tok", split, lang))
+            do_clean = (not r.clean_after_bpe) and (split in r.clean_splits)
+            if do_clean and not all((l, "tok") in streams for l in r.langs):
+                raise RuntimeError(f"cleaning {split} needs tokenized text for both languages (a bug)")
+            targets = ["train", "valid"] if (split == "train" and r.valid_every) else [split]
+            keys = list(streams)
+            kept = total = 0
+            with ExitStack() as stack:
+                writers = {}
+                for t in targets:
+                    for lang, ext in keys:
+                        tmp = stack.enter_context(atomic_path(self.path("clean", t, lang, ext)))
+                        writers[(t, lang, ext)] = stack.enter_context(open(tmp, "w", encoding="utf-8"))
+                rows = zip(*(streams[k] for k in keys))
+                for row in tqdm(rows, desc=f"clean {split}", unit=" pairs", mininterval=1.0, leave=False):
+                    total += 1
+                    values = dict(zip(keys, row))
+                    if do_clean:
+                        pair = clean_pair(values[(r.src, "tok")], values[(r.tgt, "tok")], r.clean_min, r.clean_max,
+                                          r.clean_ratio)
+                        if pair is None:
+                            continue
+                        values[(r.src, "tok")], values[(r.tgt, "tok")] = pair
+                    kept += 1
+                    target = "valid" if len(targets) == 2 and kept % r.valid_every == 0 else targets[0]
+                    for (lang, ext), text in values.items():
+                        if ext == "txt" and r.lowercase:
+                            text = text.lower()
+                        writers[(target, lang, ext)].write(text + "\n")
+            self.log(f"  {split}: kept {kept:,} of {total:,} pairs" + (f" ({total - kept:,} removed)" if do_clean else "")
+                     + (f", every {r.valid_every}-th kept pair -> valid" if len(targets) == 2 else ""))
+
+    # BPE ----------------------------------------------------------------------------------------------
+    def _bpe_input(self, split, lang) -> Path:
+        return self.path("clean", split, lang, "tok" if self.kind == "subword-nmt" else "txt")
+
+    def _bpe_steps(self, pipe: Pipeline):
+        r = self.r
+        model_dir = self.work / "bpe"
+        models = bpe_mod.model_files(self.kind, model_dir, list(r.langs), r.joint_bpe)
+        pipe.step("learn-bpe", f"learn {self.kind} ({self.size}, {'joint' if r.joint_bpe else 'per language'})",
+                  sorted(set(models.values())), {"kind": self.kind, "size": self.size, "joint": r.joint_bpe},
+                  lambda: bpe_mod.learn(self.kind, {l: self._bpe_input("train", l) for l in r.langs}, model_dir,
+                                        self.size, r.joint_bpe, self.workers, log=self.log))
+        self.models = models
+        pipe.step("apply-bpe", f"apply {self.kind} to train, valid, test",
+                  [self.path("bpe", s, l) for s in SPLITS for l in r.langs], {},
+                  lambda: [bpe_mod.apply(self.kind, models[l], self._bpe_input(s, l), self.path("bpe", s, l),
+                                         self.workers) for s in SPLITS for l in r.langs])
+        if r.clean_after_bpe:
+            pipe.step("clean-bpe", f"clean after BPE ({', '.join(r.clean_splits)}: ratio {r.clean_ratio}, "
+                      f"{r.clean_min}-{r.clean_max} tokens)",
+                      [self.path("final", s, l) for s in SPLITS for l in r.langs],
+                      {"max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio, "splits": r.clean_splits},
+                      self._clean_after_bpe)
+
+    def _final(self, split, lang) -> Path:
+        return self.path("final" if self.r.clean_after_bpe else "bpe", split, lang)
+
+    def _clean_after_bpe(self):
+        from tqdm import tqdm
+
+        r = self.r
+        for split in SPLITS:
+            src, tgt = self.path("bpe", split, r.src), self.path("bpe", split, r.tgt)
+            if split not in r.clean_splits:
+                for lang in r.langs:
+                    with atomic_path(self.path("final", split, lang)) as tmp:
+                        shutil.copyfile(self.path("bpe", split, lang), tmp)
+                continue
+            kept = total = 0
+            with atomic_path(self.path("final", split, r.src)) as ts, atomic_path(self.path("final", split, r.tgt)) as tt, \
+                    open(ts, "w", encoding="utf-8") as fs, open(tt, "w", encoding="utf-8") as ft:
+                for s, t in tqdm(zip(iter_lines(src), iter_lines(tgt)), desc=f"clean {split}", unit=" pairs",
+                                 mininterval=1.0, leave=False):
+                    total += 1
+                    pair = clean_pair(s, t, r.clean_min, r.clean_max, r.clean_ratio)
+                    if pair is not None:
+                        fs.write(pair[0] + "\n")
+                        ft.write(pair[1] + "\n")
+                        kept += 1
+            self.log(f"  {split}: kept {kept:,} of {total:,} pairs ({total - kept:,} removed)")
+
+    # binarize ---------------------------------------------------------------------------------------
+    def _binarize_step(self, pipe: Pipeline):
+        meta = self.dest / "prepare.json"
+        pipe.step("binarize", f"binarize with fairseq-preprocess{' (joined dictionary)' if self.r.joined_dictionary else ''}"
+                  f" into {self.dest}", [meta], {"dest": str(self.dest), "joined": self.r.joined_dictionary},
+                  self._binarize)
+
+    def _binarize(self):
+        r = self.r
+        if self.dest.exists() and not (self.dest / "prepare.json").exists():
+            raise SystemExit(f"error: {self.dest} exists but was not made by this script (no prepare.json); "
+                             f"move it away or choose another DATA_BIN")
+        prefix = {split: self.work / ("final" if r.clean_after_bpe else "bpe") / split for split in SPLITS}
+        tmp = binarize(r.src, r.tgt, prefix["train"], prefix["valid"], prefix["test"], self.dest,
+                       r.joined_dictionary, workers=self.workers, log=self.log)
+        counts = {}
+        for split in SPLITS:
+            counts[split] = sum(1 for _ in iter_lines(self._final(split, r.src)))
+        # references: raw (for sacrebleu) where the split is the untouched raw split, tokenized for tok-BLEU
+        refs = {}
+        for split in ("valid", "test"):
+            raw = self.ctx.raw_path(split, r.tgt)
+            if raw.exists() and split not in r.clean_splits:
+                shutil.copyfile(raw, tmp / f"{split}.ref.{r.tgt}")
+                refs[split] = f"{split}.ref.{r.tgt}"
+            tok = self.path("clean", split, r.tgt, "tok")
+            if tok.exists():
+                shutil.copyfile(tok, tmp / f"{split}.tok.{r.tgt}")
+        for lang, model in self.models.items():
+            if not (tmp / model.name).exists():
+                shutil.copyfile(model, tmp / model.name)
+        meta = {
+            "dataset": r.name, "description": r.description, "source_lang": r.src, "target_lang": r.tgt,
+            "bpe": self.kind, "bpe_size": self.size, "joint_bpe": r.joint_bpe,
+            "bpe_models": {lang: m.name for lang, m in self.models.items()},
+            "post_process": bpe_mod.POST_PROCESS[self.kind],
+            "moses_tokenized": self.kind == "subword-nmt", "lowercase": r.lowercase,
+            "aggressive_dash": r.aggressive_dash, "zh_seg": self.args.zh_seg if "zh" in r.langs else None,
+            "joined_dictionary": r.joined_dictionary, "beam": r.beam, "lenpen": r.lenpen,
+            "sacrebleu_tokenize": "zh" if r.tgt == "zh" else "13a",
+            "compound_split": r.tgt == "de", "references": refs, "sentences": counts,
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        (tmp / "prepare.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+        if self.dest.exists():
+            shutil.rmtree(self.dest)
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, self.dest)
+        self.log("  sentences: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    recipe = get(args.dataset)
+    try:
+        Preparer(recipe, args).run()
+    except StopPipeline as e:
+        print(f"[{recipe.name}] {e}", flush=True)
+    except CorruptArchiveError as e:
+        raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt:
+        raise SystemExit(f"\n[{recipe.name}] interrupted; run the same command again to resume") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""What a dataset recipe declares, and the context it collects its raw text with."""
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..download import Source
+
+
+@dataclass
+class Archive:
+    """An archive to download (one file or the parts of a split archive) and extract into ``orig/<name>``.
+
+    ``wanted(member)`` restricts extraction to the members the recipe reads (the WMT archives hold
+    many language pairs).
+    """
+
+    name: str
+    parts: Sequence[Source]
+    wanted: Optional[Callable[[str], bool]] = None
+
+
+@dataclass
+class Recipe:
+    """A dataset's recipe: sources, direction, text processing, segmentation and decoding defaults."""
+
+    name: str
+    src: str
+    tgt: str
+    description: str
+    archives: List[Archive]
+    bpe: str  # default segmentation: "subword-nmt" or "sentencepiece"
+    bpe_size: int  # merges (subword-nmt) / vocabulary (sentencepiece)
+    joint_bpe: bool
+    joined_dictionary: bool
+    lowercase: bool = False
+    aggressive_dash: bool = False
+    punct_norm: bool = False  # Moses punctuation normalisation ...
+    non_printing: bool = False  # ... and non-printing character removal, on these splits:
+    normalize_splits: Tuple[str, ...] = ("train",)
+    apostrophe_splits: Tuple[str, ...] = ()  # splits read from XML/SGM get fairseq's ’ -> ' replacement
+    clean_min: int = 1
+    clean_max: int = 250
+    clean_ratio: float = 9.0  # clean-corpus-n.perl's default ratio
+    clean_after_bpe: bool = False
+    clean_splits: Tuple[str, ...] = ("train",)
+    valid_every: Optional[int] = None  # derive valid as every N-th line of the cleaned train set
+    beam: int = 5
+    lenpen: float = 1.0
+    collect: Callable[["Context"], Dict[str, object]] = None  # writes raw/{split}.{lang}; returns params
+    check: Optional[Callable[["Context"], None]] = None  # early checks before any download
+    collect_key: Optional[Callable[["Context"], Dict[str, object]]] = None  # inputs of collect beyond archives
+    notes: str = ""
+
+    @property
+    def langs(self) -> Tuple[str, str]:
+        return (self.src, self.tgt)
+
+    def raw_splits(self) -> Tuple[str, ...]:
+        return ("train", "test") if self.valid_every else ("train", "valid", "test")
+
+
+@dataclass
+class Context:
+    """Where a recipe finds its extracted archives and writes its raw text, plus user options."""
+
+    recipe: Recipe
+    work_dir: Path
+    options: Dict[str, object] = field(default_factory=dict)
+    log: Callable[[str], None] = print
+
+    @property
+    def orig(self) -> Path:
+        return self.work_dir / "orig"
+
+    @property
+    def raw(self) -> Path:
+        return self.work_dir / "raw"
+
+    def extracted(self, archive_name: str) -> Path:
+        return self.orig / archive_name
+
+    def raw_path(self, split: str, lang: str) -> Path:
+        return self.raw / f"{split}.{lang}"
+
+
+def find_member(root: Path, relative: str) -> Path:
+    """``root/relative``, or a file of the same name anywhere under ``root`` (archive layouts vary)."""
+    path = root / relative
+    if path.is_file():
+        return path
+    name = Path(relative).name
+    matches = sorted(p for p in root.rglob(name) if p.is_file())
+    if not matches:
+        raise FileNotFoundError(
+            f"{relative} not found in {root}: the archive does not have the expected layout. "
+            f"Delete {root} and the archive it came from, and run the command again."
+        )
+    return matches[0]
+
+
+def write_parallel(ctx: Context, split: str, pairs_by_lang: Dict[str, List[str]]):
+    """Write raw/{split}.{lang} for both languages after checking they have equally many lines."""
+    from ..lines import write_lines
+
+    counts = {lang: len(lines) for lang, lines in pairs_by_lang.items()}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"{ctx.recipe.name} {split}: the sides differ in length {counts}; the source is damaged")
+    for lang, lines in pairs_by_lang.items():
+        write_lines(ctx.raw_path(split, lang), lines)
+    ctx.log(f"  raw {split}: {next(iter(counts.values())):,} sentence pairs")
+
+
+def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Path]], src: str, tgt: str):
+    """Stream several parallel corpora [(name, src file, tgt file)] into raw/{split}.{src,tgt}."""
+    from ..lines import iter_lines
+    from ..steps import atomic_path
+
+    total = 0
+    ctx.raw.mkdir(parents=True, exist_ok=True)
+    with atomic_path(ctx.raw_path(split, src)) as ts, atomic_path(ctx.raw_path(split, tgt)) as tt:
+        with open(ts, "w", encoding="utf-8") as fs, open(tt, "w", encoding="utf-8") as ft:
+            for name, ps, pt in corpora:
+                n = 0
+                sentinel = object()
+                for s, t in itertools.zip_longest(iter_lines(ps), iter_lines(pt), fillvalue=sentinel):
+                    if s is sentinel or t is sentinel:
+                        raise ValueError(f"{name}: {ps.name} and {pt.name} differ in line count; the source is damaged")
+                    fs.write(s.replace("\r", " ") + "\n")
+                    ft.write(t.replace("\r", " ") + "\n")
+                    n += 1
+                ctx.log(f"  raw {split}: {name}: {n:,} sentence pairs")
+                total += n
+    ctx.log(f"  raw {split}: {total:,} sentence pairs in all")

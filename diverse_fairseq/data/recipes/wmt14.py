@@ -1,0 +1,84 @@
+"""WMT14 English→German: Europarl v7 + Common Crawl + News Commentary v9 (4.5M pairs).
+
+As fairseq's ``prepare-wmt14en2de.sh --icml17`` (the WMT14-only data): normalise punctuation and remove
+non-printing characters (training text), Moses-tokenize with aggressive hyphen splitting, joint BPE with 32k merges,
+clean after BPE (ratio 1.5, 1–250 tokens) and a joined dictionary. Unlike that script (which cuts
+valid from the training data), valid is newstest2013 and test newstest2014, as in the papers.
+"""
+
+from ..download import Source, published_md5
+from ..text import sgm_segments
+from .base import Archive, Context, Recipe, find_member, write_parallel, concat_parallel
+from ..lines import iter_lines
+
+DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
+TEST_URL = "https://statmt.org/wmt14/test-full.tgz"
+EUROPARL = Source("training-parallel-europarl-v7.tgz", ("http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",))
+COMMONCRAWL = Source("training-parallel-commoncrawl.tgz", ("http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",))
+NEWS_COMMENTARY = Source("training-parallel-nc-v9.tgz", ("http://statmt.org/wmt14/training-parallel-nc-v9.tgz",))
+# WMT17's dev.tgz holds newstest2008-2016 and newsdev2017; one file serves WMT14 and WMT17 (md5 published by sacrebleu)
+DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL))
+TEST = Source("test-full.tgz", (TEST_URL,), md5=published_md5(TEST_URL))
+
+
+def _endswith(*suffixes):
+    return lambda name: name.endswith(suffixes)
+
+
+ARCHIVES = [
+    Archive("europarl", [EUROPARL], _endswith("europarl-v7.de-en.de", "europarl-v7.de-en.en")),
+    Archive("commoncrawl", [COMMONCRAWL], _endswith("commoncrawl.de-en.de", "commoncrawl.de-en.en")),
+    Archive("news-commentary", [NEWS_COMMENTARY], _endswith("news-commentary-v9.de-en.de", "news-commentary-v9.de-en.en")),
+    Archive("dev", [DEV], lambda n: "newstest2013" in n),
+    Archive("test", [TEST], _endswith("newstest2014-deen-src.en.sgm", "newstest2014-deen-ref.de.sgm")),
+]
+
+
+def newstest2013(ctx: Context):
+    """newstest2013 en/de from dev.tgz: the SGM files when present, else the plain-text ones."""
+    root = ctx.extracted("dev")
+    try:
+        return {"en": sgm_segments(find_member(root, "dev/newstest2013-src.en.sgm")),
+                "de": sgm_segments(find_member(root, "dev/newstest2013-ref.de.sgm"))}
+    except FileNotFoundError:
+        return {lang: list(iter_lines(find_member(root, f"dev/newstest2013.{lang}"))) for lang in ("en", "de")}
+
+
+def collect(ctx: Context):
+    corpora = []
+    for name, archive, stem in (("europarl-v7", "europarl", "training/europarl-v7.de-en"),
+                                ("commoncrawl", "commoncrawl", "commoncrawl.de-en"),
+                                ("news-commentary-v9", "news-commentary", "training/news-commentary-v9.de-en")):
+        root = ctx.extracted(archive)
+        corpora.append((name, find_member(root, f"{stem}.en"), find_member(root, f"{stem}.de")))
+    concat_parallel(ctx, "train", corpora, "en", "de")
+    write_parallel(ctx, "valid", newstest2013(ctx))
+    root = ctx.extracted("test")
+    write_parallel(ctx, "test", {"en": sgm_segments(find_member(root, "test-full/newstest2014-deen-src.en.sgm")),
+                                 "de": sgm_segments(find_member(root, "test-full/newstest2014-deen-ref.de.sgm"))})
+    return {}
+
+
+RECIPE = Recipe(
+    name="wmt14_en_de",
+    src="en",
+    tgt="de",
+    description="WMT14 en→de (Europarl v7, Common Crawl, News Commentary v9; newstest2013/2014)",
+    archives=ARCHIVES,
+    bpe="subword-nmt",
+    bpe_size=32000,
+    joint_bpe=True,
+    joined_dictionary=True,
+    punct_norm=True,
+    non_printing=True,
+    aggressive_dash=True,
+    apostrophe_splits=("valid", "test"),
+    clean_max=250,
+    clean_ratio=1.5,
+    clean_after_bpe=True,
+    clean_splits=("train",),  # dev/test stay whole so that they align with their references
+    beam=4,
+    lenpen=0.6,
+    collect=collect,
+    notes="download 1.6 GB, ~15 GB of disk, preparation 1-3 hours with WORKERS=8",
+)

@@ -1,0 +1,219 @@
+"""Evaluate a checkpoint on a prepared dataset: detokenized output, sacrebleu BLEU with its signature,
+the papers' tokenized BLEU (compound-split for German), and decoding speed.
+
+    python -m diverse_fairseq.evaluate CHECKPOINT DATASET [options] [extra fairseq-generate options]
+    scripts/evaluate.sh CHECKPOINT DATASET [...]
+
+DATASET is a name under DATA_BIN (default data-bin/) or a directory made by ``prepare_data``; its
+``prepare.json`` says how the text was segmented and tokenized, and which beam/length penalty the
+recipe uses. The output directory (``--out``, default ``<checkpoint dir>/eval-<dataset>-<subset>-<name>``)
+receives ``generate-<subset>.txt`` (fairseq-generate's output and log), ``hyp.detok.<tgt>``,
+``hyp.tok.<tgt>``/``ref.tok.<tgt>`` (tokenized, compound-split where the BLEU is), ``ref.detok.<tgt>`` and
+``results.json``. Compare two systems with ``python -m diverse_fairseq.significance``.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+USER_DIR = str(Path(__file__).resolve().parent)
+_TRANSLATED = re.compile(
+    r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
+
+
+def parse_generate_output(text: str) -> Dict[str, object]:
+    """Hypotheses, targets and sources by sentence id, and the speed line, from fairseq-generate's output."""
+    hyps, refs, srcs = {}, {}, {}
+    for line in text.splitlines():
+        if line.startswith("H-"):
+            head, _score, *rest = line.split("\t")
+            hyps[int(head[2:])] = rest[0] if rest else ""
+        elif line.startswith("T-"):
+            head, *rest = line.split("\t")
+            refs[int(head[2:])] = rest[0] if rest else ""
+        elif line.startswith("S-"):
+            head, *rest = line.split("\t")
+            srcs[int(head[2:])] = rest[0] if rest else ""
+    return {"hyps": hyps, "targets": refs, "sources": srcs, "speed": parse_generate_speed(text)}
+
+
+def parse_generate_speed(text: str) -> Optional[Dict[str, float]]:
+    """The decoding speed reported by fairseq-generate (``Translated N sentences (M tokens) in Ts ...``)."""
+    matches = _TRANSLATED.findall(text)
+    if not matches:
+        return None
+    n, tokens, seconds, sps, tps = matches[-1]
+    return {"sentences": int(n.replace(",", "")), "tokens": int(tokens.replace(",", "")), "seconds": float(seconds),
+            "sentences_per_second": float(sps), "tokens_per_second": float(tps)}
+
+
+def _in_order(by_id: Dict[int, str], n: int, what: str) -> List[str]:
+    missing = [i for i in range(n) if i not in by_id]
+    if missing or len(by_id) != n:
+        raise SystemExit(f"error: fairseq-generate produced {len(by_id)} {what} for {n} sentences "
+                         f"(missing ids {missing[:10]}...). Was a sentence skipped as too long? Do not pass "
+                         f"--skip-invalid-size-inputs-valid-test, or raise --max-source-positions.")
+    return [by_id[i] for i in range(n)]
+
+
+def load_meta(data_dir: Path) -> Dict[str, object]:
+    meta = data_dir / "prepare.json"
+    if not meta.exists():
+        raise SystemExit(f"error: {meta} not found: prepare the dataset first with scripts/prepare_data.sh")
+    return json.loads(meta.read_text())
+
+
+def resolve_data(dataset: str, data_bin: str) -> Path:
+    path = Path(dataset)
+    if (path / "prepare.json").exists():
+        return path
+    return Path(data_bin) / dataset
+
+
+def bleu_scores(hyps_detok: List[str], refs_detok: List[str], hyps_tok: List[str], refs_tok: List[str],
+                meta: Dict[str, object]) -> Dict[str, object]:
+    """sacrebleu BLEU on detokenized text (with signature) and tokenized BLEU (tokenize=none)."""
+    from sacrebleu.metrics import BLEU
+
+    sacre = BLEU(tokenize=meta.get("sacrebleu_tokenize", "13a"), lowercase=bool(meta.get("lowercase")))
+    score = sacre.corpus_score(hyps_detok, [refs_detok])
+    tok = BLEU(tokenize="none", force=True)
+    tok_score = tok.corpus_score(hyps_tok, [refs_tok])
+    return {
+        "bleu": round(score.score, 2), "bleu_detail": str(score), "signature": str(sacre.get_signature()),
+        "tok_bleu": round(tok_score.score, 2), "tok_bleu_detail": str(tok_score),
+        "tok_bleu_kind": "tokenized" + (", compound-split" if meta.get("compound_split") else "") +
+                         (", lowercased" if meta.get("lowercase") else ""),
+    }
+
+
+def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: List[str], data_dir: Path, subset: str,
+                   meta: Dict[str, object]):
+    """The tokenized hypothesis and reference lines for the papers' tokenized BLEU."""
+    from .data.text import compound_split, tokenize
+
+    tgt = meta["target_lang"]
+
+    def tok(lines):
+        return [tokenize(s, tgt, aggressive_dash=bool(meta.get("aggressive_dash")),
+                         lowercase=bool(meta.get("lowercase")), zh_seg=meta.get("zh_seg") or "char") for s in lines]
+
+    hyps = hyps_model if meta.get("moses_tokenized") else tok(hyps_detok)
+    ref_file = data_dir / f"{subset}.tok.{tgt}"
+    refs = ref_file.read_text(encoding="utf-8").splitlines() if ref_file.exists() else tok(refs_detok)
+    if meta.get("compound_split"):
+        hyps = [compound_split(s) for s in hyps]
+        refs = [compound_split(s) for s in refs]
+    return hyps, refs
+
+
+def run_logged(cmd: List[str], log_file: Path) -> int:
+    """Run ``cmd``, echoing its output and keeping a copy in ``log_file``; returns the exit status."""
+    with open(log_file, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+        return proc.wait()
+
+
+def build_parser():
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="evaluate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="checkpoint file (.pt)")
+    p.add_argument("dataset", help="dataset name under --data-bin, or a prepared dataset directory")
+    p.add_argument("--data-bin", default=env("DATA_BIN", "data-bin"), help="[DATA_BIN]")
+    p.add_argument("--subset", default=env("SUBSET", "test"), help="valid or test [SUBSET]")
+    p.add_argument("--beam", type=int, default=env("BEAM"), help="default: the recipe's [BEAM]")
+    p.add_argument("--lenpen", type=float, default=env("LENPEN"), help="default: the recipe's [LENPEN]")
+    p.add_argument("--batch-size", type=int, default=int(env("BATCH_SIZE", 128)), help="sentences per batch [BATCH_SIZE]")
+    p.add_argument("--out", default=env("OUT"), help="output directory [OUT]")
+    p.add_argument("--cpu", action="store_true", default=env("CPU") == "1", help="decode on CPU even with a GPU [CPU=1]")
+    p.add_argument("--fp16", action="store_true", default=env("PRECISION") == "fp16", help="[PRECISION=fp16]")
+    return p
+
+
+def main(argv=None):
+    args, extra = build_parser().parse_known_args(argv)
+    data_dir = resolve_data(args.dataset, args.data_bin)
+    meta = load_meta(data_dir)
+    src, tgt = meta["source_lang"], meta["target_lang"]
+    ckpt = Path(args.checkpoint)
+    if not ckpt.exists():
+        raise SystemExit(f"error: checkpoint {ckpt} not found")
+    out = Path(args.out or ckpt.parent / f"eval-{meta['dataset']}-{args.subset}-{ckpt.stem}")
+    out.mkdir(parents=True, exist_ok=True)
+    beam = args.beam or meta.get("beam", 5)
+    lenpen = args.lenpen if args.lenpen is not None else meta.get("lenpen", 1.0)
+
+    import torch
+
+    on_gpu = torch.cuda.is_available() and not args.cpu
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", str(data_dir), "--path", str(ckpt), "--user-dir", USER_DIR,
+           "--task", "translation", "--source-lang", src, "--target-lang", tgt, "--gen-subset", args.subset,
+           "--beam", str(beam), "--lenpen", str(lenpen), "--batch-size", str(args.batch_size),
+           "--post-process", meta["post_process"], "--results-path", str(out),
+           # fairseq 0.12 drops the sentences of a last, partial batch when this is 8 (its default)
+           "--required-batch-size-multiple", "1"]
+    if not on_gpu:
+        cmd.append("--cpu")
+    elif args.fp16:
+        cmd.append("--fp16")
+    cmd += extra
+    print(f"[evaluate] step 1/3: decode {data_dir} {args.subset} with {ckpt} (beam {beam}, lenpen {lenpen}, "
+          f"{'GPU' if on_gpu else 'CPU'})", flush=True)
+    print("  " + " ".join(cmd[1:]), flush=True)
+    gen_file = out / f"generate-{args.subset}.txt"
+    log_file = out / f"generate-{args.subset}.log"
+    returncode = run_logged(cmd, log_file)
+    if returncode != 0 or not gen_file.exists():
+        raise SystemExit(f"error: fairseq-generate failed (exit {returncode}); its log is {log_file}")
+
+    print("[evaluate] step 2/3: detokenize and collect references", flush=True)
+    parsed = parse_generate_output(gen_file.read_text(encoding="utf-8"))
+    parsed["speed"] = parse_generate_speed(log_file.read_text(encoding="utf-8", errors="replace")) or parsed["speed"]
+    n = len(parsed["targets"]) or len(parsed["hyps"])
+    hyps_model = _in_order(parsed["hyps"], n, "hypotheses")
+    from .data.text import detokenize
+
+    hyps_detok = [detokenize(h, tgt) for h in hyps_model] if meta.get("moses_tokenized") else hyps_model
+    ref_name = meta.get("references", {}).get(args.subset)
+    if ref_name:
+        refs_detok = (data_dir / ref_name).read_text(encoding="utf-8").split("\n")[:-1]
+        ref_kind = f"raw reference {ref_name}"
+    else:
+        targets = _in_order(parsed["targets"], n, "targets")
+        refs_detok = [detokenize(t, tgt) for t in targets] if meta.get("moses_tokenized") else targets
+        ref_kind = "processed target side of the binarized data (no raw reference for this split)"
+    if len(refs_detok) != len(hyps_detok):
+        raise SystemExit(f"error: {len(hyps_detok)} hypotheses but {len(refs_detok)} references in {ref_name}")
+    hyps_tok, refs_tok = tokenized_pair(hyps_model, hyps_detok, refs_detok, data_dir, args.subset, meta)
+    for name, lines in ((f"hyp.detok.{tgt}", hyps_detok), (f"ref.detok.{tgt}", refs_detok),
+                        (f"hyp.tok.{tgt}", hyps_tok), (f"ref.tok.{tgt}", refs_tok)):
+        (out / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+    print("[evaluate] step 3/3: score", flush=True)
+    results = {"checkpoint": str(ckpt), "dataset": meta["dataset"], "data": str(data_dir), "subset": args.subset,
+               "sentences": n, "beam": beam, "lenpen": lenpen, "batch_size": args.batch_size,
+               "device": "gpu" if on_gpu else "cpu", "reference": ref_kind}
+    results.update(bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta))
+    results["speed"] = parsed["speed"]
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    speed = parsed["speed"]
+    print(f"BLEU (sacrebleu, detokenized) = {results['bleu']:.2f}   {results['signature']}\n"
+          f"BLEU ({results['tok_bleu_kind']}, as the papers report) = {results['tok_bleu']:.2f}\n" +
+          (f"decoding: {speed['sentences']} sentences in {speed['seconds']:.1f}s = "
+           f"{speed['sentences_per_second']:.2f} sentences/s ({speed['tokens_per_second']:.1f} tokens/s)\n" if speed else "") +
+          f"outputs and results.json in {out}", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Is system B significantly better than baseline A on the same references?
+
+    python -m diverse_fairseq.significance --ref REF --baseline A.txt --system B.txt [B2.txt ...]
+        [--tokenize 13a|none|zh|intl] [--lowercase] [--samples 1000] [--seed 12345] [--json]
+
+Two tests, both on corpus BLEU:
+
+* **paired bootstrap resampling** (Koehn 2004), computed by sacrebleu's own implementation
+  (``sacrebleu.significance.PairedTest``, the ``--paired-bs`` of its command line): 1000 resamples,
+  a p-value and the 95% confidence interval of each system's BLEU. One correction: when the two
+  systems' BLEU are exactly equal (e.g. identical outputs) the p-value is 1, where sacrebleu's
+  formula gives 1/(samples+1).
+* **sign test** (Collins et al. 2005, used by Li et al. EMNLP 2018): for every sentence, does putting
+  B's translation in place of A's raise (+), lower (−) or keep (=) A's corpus BLEU? Ties are dropped
+  and the two-sided p-value of n+ against n− is the exact binomial one with probability ½.
+
+Use detokenized outputs with the default ``13a`` tokenization (sacrebleu), or the tokenized,
+compound-split files that ``diverse_fairseq.evaluate`` writes (``hyp.tok.*``/``ref.tok.*``) with
+``--tokenize none`` to test the papers' tokenized BLEU. Marks: ``**`` p < 0.01, ``*`` p < 0.05.
+"""
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+DEFAULT_SAMPLES = 1000
+DEFAULT_SEED = 12345
+
+
+def read_lines(path) -> List[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def _metric(tokenize: str, lowercase: bool):
+    from sacrebleu.metrics import BLEU
+
+    return BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
+
+
+def sign_test_p(plus: int, minus: int) -> float:
+    """Exact two-sided binomial p-value of ``plus`` successes out of ``plus + minus`` with p = ½."""
+    n = plus + minus
+    if n == 0:
+        return 1.0
+    k = min(plus, minus)
+    tail = sum(math.comb(n, i) for i in range(k + 1))
+    return min(1.0, 2 * tail / 2 ** n)
+
+
+def sign_test(baseline: Sequence[str], system: Sequence[str], refs: Sequence[str], tokenize: str = "13a",
+              lowercase: bool = False) -> Dict[str, float]:
+    """Collins et al. (2005) sign test: per sentence, the effect on the baseline's corpus BLEU of
+    replacing its translation by the system's."""
+    import numpy as np
+
+    metric = _metric(tokenize, lowercase)
+    base_stats = np.array(metric._extract_corpus_statistics(list(baseline), [list(refs)]), dtype=np.float64)
+    sys_stats = np.array(metric._extract_corpus_statistics(list(system), [list(refs)]), dtype=np.float64)
+    total = base_stats.sum(0)
+    base_bleu = metric._compute_score_from_stats(total.tolist()).score
+    plus = minus = ties = 0
+    for i in range(len(refs)):
+        if np.array_equal(base_stats[i], sys_stats[i]):
+            ties += 1
+            continue
+        swapped = metric._compute_score_from_stats((total - base_stats[i] + sys_stats[i]).tolist()).score
+        if swapped > base_bleu + 1e-9:
+            plus += 1
+        elif swapped < base_bleu - 1e-9:
+            minus += 1
+        else:
+            ties += 1
+    return {"better": plus, "worse": minus, "ties": ties, "p_value": sign_test_p(plus, minus)}
+
+
+def paired_bootstrap(baseline: Sequence[str], systems: Dict[str, Sequence[str]], refs: Sequence[str],
+                     tokenize: str = "13a", lowercase: bool = False, samples: int = DEFAULT_SAMPLES,
+                     seed: int = DEFAULT_SEED) -> Tuple[str, Dict[str, Dict[str, float]]]:
+    """sacrebleu's paired bootstrap resampling; returns (signature, {name: score, mean, ci, p_value})."""
+    import logging
+
+    from sacrebleu.significance import PairedTest
+
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)
+    old = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = str(seed)
+    try:
+        named = [("baseline", list(baseline))] + [(name, list(h)) for name, h in systems.items()]
+        test = PairedTest(named, {"BLEU": _metric(tokenize, lowercase)}, [list(refs)], test_type="bs",
+                          n_samples=samples)
+        signatures, scores = test()
+    finally:
+        if old is None:
+            os.environ.pop("SACREBLEU_SEED", None)
+        else:
+            os.environ["SACREBLEU_SEED"] = old
+    results = {}
+    for name, res in zip(scores["System"], scores["BLEU"]):
+        p = res.p_value
+        if name != "baseline" and p is not None and res.score == scores["BLEU"][0].score:
+            p = 1.0  # equal BLEU: no evidence of a difference (sacrebleu would report 1/(samples+1))
+        results[name] = {"bleu": res.score, "mean": res.mean, "ci95": res.ci, "p_value": p}
+    return str(signatures["BLEU"]), results
+
+
+def mark(p: float) -> str:
+    return "**" if p < 0.01 else "*" if p < 0.05 else ""
+
+
+def compare(ref_path, baseline_path, system_paths, tokenize="13a", lowercase=False, samples=DEFAULT_SAMPLES,
+            seed=DEFAULT_SEED) -> Dict[str, object]:
+    """Both tests for every system against the baseline; the dictionary that ``--json`` prints."""
+    refs = read_lines(ref_path)
+    baseline = read_lines(baseline_path)
+    systems = {str(p): read_lines(p) for p in system_paths}
+    for name, hyps in [(str(baseline_path), baseline)] + list(systems.items()):
+        if len(hyps) != len(refs):
+            raise SystemExit(f"error: {name} has {len(hyps)} lines but the reference {ref_path} has {len(refs)}")
+    signature, boot = paired_bootstrap(baseline, systems, refs, tokenize, lowercase, samples, seed)
+    out = {"reference": str(ref_path), "sentences": len(refs), "signature": signature, "samples": samples,
+           "seed": seed, "baseline": {"file": str(baseline_path), **boot["baseline"]}, "systems": []}
+    for name, hyps in systems.items():
+        sign = sign_test(baseline, hyps, refs, tokenize, lowercase)
+        b = boot[name]
+        out["systems"].append({"file": name, **b, "delta": b["bleu"] - boot["baseline"]["bleu"],
+                               "bootstrap_mark": mark(b["p_value"]), "sign_test": sign,
+                               "sign_mark": mark(sign["p_value"])})
+    return out
+
+
+def format_report(result: Dict[str, object]) -> str:
+    base = result["baseline"]
+    lines = [f"reference {result['reference']} ({result['sentences']} sentences); {result['signature']}",
+             f"{'system':40s} {'BLEU':>6s} {'95% CI':>13s} {'delta':>6s} {'p(boot)':>8s} {'+/-/=':>13s} {'p(sign)':>8s}",
+             f"{Path(base['file']).name[:40]:40s} {base['bleu']:6.2f} {base['mean']:6.2f}±{base['ci95']:5.2f}"
+             f" {'':>6s} {'':>8s} {'':>13s} {'':>8s}  (baseline)"]
+    for s in result["systems"]:
+        sg = s["sign_test"]
+        lines.append(f"{Path(s['file']).name[:40]:40s} {s['bleu']:6.2f} {s['mean']:6.2f}±{s['ci95']:5.2f} "
+                     f"{s['delta']:+6.2f} {s['p_value']:8.4f}{s['bootstrap_mark']:2s}"
+                     f"{sg['better']:>5d}/{sg['worse']}/{sg['ties']:<5d} {sg['p_value']:8.4f}{s['sign_mark']}")
+    lines.append("** p < 0.01, * p < 0.05 (paired bootstrap: sacrebleu; sign test: exact binomial)")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="significance", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ref", required=True, help="reference file, one sentence per line")
+    p.add_argument("--baseline", required=True, help="baseline system output")
+    p.add_argument("--system", required=True, nargs="+", help="output(s) of the system(s) to test")
+    p.add_argument("--tokenize", default="13a", help="sacrebleu tokenization: 13a (detokenized text), none "
+                                                     "(already tokenized text), zh, intl, ...")
+    p.add_argument("--lowercase", action="store_true", help="case-insensitive BLEU")
+    p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="resampling seed (sacrebleu's default 12345)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = p.parse_args(argv)
+    result = compare(args.ref, args.baseline, args.system, args.tokenize, args.lowercase, args.samples, args.seed)
+    print(json.dumps(result, indent=1) if args.json else format_report(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

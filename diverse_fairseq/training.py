@@ -1,0 +1,206 @@
+"""Train with the papers' hyper-parameters: ``fairseq-train --user-dir diverse_fairseq`` on every visible GPU.
+
+    python -m diverse_fairseq.training DATASET SETTING_OR_ARCH [extra fairseq-train options]
+    scripts/train.sh DATASET SETTING_OR_ARCH [...]
+
+SETTING is ``small`` (Transformer-small, IWSLT), ``base``, ``big`` (Vaswani et al.) or ``tiny`` (the
+laptop-CPU demo scale); an architecture name (``transformer_wmt_en_de``,
+``diverse_transformer_vaswani_wmt_en_de_big``, ...) picks the setting its name implies (``big``,
+``iwslt`` → small, ``tiny``, else base) and replaces its architecture. Extra options go to
+fairseq-train after ours, so they override them (e.g. ``--criterion ... --optimizer repulsive_adam``).
+
+Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs
+with ``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs
+go to ``SAVE_DIR/tensorboard``. After training, the last N checkpoints are averaged into
+``SAVE_DIR/checkpoint_avg_lastN.pt`` (fairseq's averaging, see :mod:`diverse_fairseq.average_checkpoints`).
+
+Environment: DATA_BIN (data-bin), CHECKPOINTS (checkpoints), SAVE_DIR (CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>),
+MAX_TOKENS,
+UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32), AVERAGE (N, 0 = off),
+SEED, DRY_RUN=1 (print the command only). Multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT
+(the command is then started through torchrun on each node), or run under SLURM (``srun`` with one task
+per node; fairseq reads the SLURM variables, we add ``--distributed-port``).
+"""
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+USER_DIR = str(Path(__file__).resolve().parent)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One model scale. ``batch_tokens`` is the papers' number of tokens per update over all GPUs."""
+
+    arch: str
+    lr: float
+    dropout: float
+    max_tokens: int
+    batch_tokens: int
+    max_update: int
+    weight_decay: float = 0.0
+    warmup: int = 4000
+    save_interval_updates: int = 0  # 0: one checkpoint per epoch
+    keep_checkpoints: int = 10
+    average: int = 0  # average the last N checkpoints after training (0: no averaging)
+    log_interval: int = 100
+    extra: List[str] = field(default_factory=list)
+
+
+SETTINGS: Dict[str, Setting] = {
+    # fairseq's IWSLT14 Transformer recipe (SPEC §4); one GPU of 4096 tokens as the repulsive-attention
+    # paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes (pay_less_attention_paper)
+    "small": Setting("transformer_iwslt_de_en", lr=5e-4, dropout=0.3, weight_decay=1e-4, max_tokens=4096,
+                     batch_tokens=4096, max_update=50000),
+    # Vaswani et al. 2017 base: peak lr 512^-0.5 * 4000^-0.5 = 7e-4, 100k updates, average of the last 5
+    # checkpoints; the papers' 8 P40 GPUs x 4096 tokens
+    "base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
+                    max_update=100000, save_interval_updates=1000, keep_checkpoints=10, average=5),
+    # big: peak lr 1024^-0.5 * 4000^-0.5 = 4.9e-4, dropout 0.3 (SPEC §4), 300k updates, average of the last 20
+    "big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.3, max_tokens=4096,
+                   batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=20,
+                   average=20),
+    # laptop-CPU demo scale: a 3-layer, 256-wide Transformer with 4 heads
+    "tiny": Setting("transformer", lr=1e-3, dropout=0.1, max_tokens=4096, batch_tokens=4096, max_update=3000,
+                    warmup=500, save_interval_updates=500, keep_checkpoints=5, average=5, log_interval=20,
+                    extra=["--encoder-layers", "3", "--decoder-layers", "3",
+                           "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
+                           "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
+                           "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]),
+}
+DEFAULT_SETTING = {"demo": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base", "wmt17_zh_en": "base"}
+
+
+def resolve_setting(name: str):
+    """(setting name, Setting, architecture) for a setting name or an architecture name."""
+    if name in SETTINGS:
+        return name, SETTINGS[name], SETTINGS[name].arch
+    low = name.lower()
+    key = "big" if "big" in low else "small" if "iwslt" in low else "tiny" if "tiny" in low else "base"
+    return key, SETTINGS[key], name
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:  # pragma: no cover
+        return 0
+
+
+def update_freq(batch_tokens: int, world: int, max_tokens: int) -> int:
+    """Micro-batches per update so that ``world`` workers of ``max_tokens`` reach ``batch_tokens``."""
+    return max(1, math.ceil(batch_tokens / (max(1, world) * max_tokens)))
+
+
+def _env(env, name, default=None, cast=str):
+    value = env.get(name)
+    return cast(value) if value not in (None, "") else default
+
+
+def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None):
+    """Return (fairseq-train arguments, launcher prefix, info dict) for this run."""
+    env = dict(os.environ if env is None else env)
+    key, s, arch = resolve_setting(setting_or_arch)
+    data = Path(_env(env, "DATA_BIN", "data-bin")) / dataset
+    meta_file = data / "prepare.json"
+    if not meta_file.exists():
+        raise SystemExit(f"error: {meta_file} not found; prepare the data first: scripts/prepare_data.sh {dataset}")
+    meta = json.loads(meta_file.read_text())
+    gpus = visible_gpus() if gpus is None else gpus
+    nnodes = _env(env, "NNODES", None, int) or _env(env, "SLURM_NNODES", 1, int)
+    world = max(1, gpus) * nnodes
+    max_tokens = _env(env, "MAX_TOKENS", s.max_tokens, int)
+    freq = _env(env, "UPDATE_FREQ", None, int) or update_freq(s.batch_tokens, world, max_tokens)
+    name = f"{dataset}_{setting_or_arch}"
+    save_dir = Path(_env(env, "SAVE_DIR", str(Path(_env(env, "CHECKPOINTS", "checkpoints")) / name)))
+    args = [
+        str(data), "--user-dir", USER_DIR, "--task", "translation",
+        "--source-lang", meta["source_lang"], "--target-lang", meta["target_lang"],
+        "--arch", arch, *s.extra,
+        "--share-all-embeddings" if meta.get("joined_dictionary") else "--share-decoder-input-output-embed",
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-09", "--clip-norm", "0.0",
+        "--lr", str(s.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
+        "--warmup-init-lr", "1e-07", "--dropout", str(s.dropout), "--weight-decay", str(s.weight_decay),
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", str(max_tokens), "--update-freq", str(freq),
+        "--max-update", str(_env(env, "MAX_UPDATE", s.max_update, int)),
+        "--save-dir", str(save_dir), "--tensorboard-logdir", str(save_dir / "tensorboard"),
+        "--log-format", "simple", "--log-interval", str(s.log_interval), "--seed", str(_env(env, "SEED", 1, int)),
+    ]
+    if s.save_interval_updates:
+        args += ["--save-interval-updates", str(s.save_interval_updates),
+                 "--keep-interval-updates", str(s.keep_checkpoints), "--no-epoch-checkpoints"]
+    else:
+        args += ["--keep-last-epochs", str(s.keep_checkpoints)]
+    precision = _env(env, "PRECISION", "fp16" if gpus else "fp32")
+    if gpus == 0:
+        args.append("--cpu")
+        if precision != "fp32":
+            raise SystemExit("error: no GPU is visible, so only PRECISION=fp32 is possible")
+    elif precision != "fp32":
+        args.append(f"--{precision}")
+    if world > 1:
+        args.append("--load-checkpoint-on-all-dp-ranks")  # resuming under torch >= 2.6 (FAIRSEQ-NOTES)
+    launcher = []
+    if _env(env, "NNODES", None, int):
+        args += ["--distributed-world-size", str(world)]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+                    "--node-rank", _env(env, "NODE_RANK", "0"), "--nproc-per-node", str(max(1, gpus)),
+                    "--master-addr", _env(env, "MASTER_ADDR", "127.0.0.1"),
+                    "--master-port", _env(env, "MASTER_PORT", "29500"), "-m", "fairseq_cli.train"]
+    elif nnodes > 1:  # SLURM: fairseq derives ranks and the master from the SLURM variables
+        args += ["--distributed-world-size", str(world),
+                 "--distributed-port", _env(env, "MASTER_PORT", str(12000 + _env(env, "SLURM_JOB_ID", 0, int) % 20000))]
+    average = _env(env, "AVERAGE", s.average, int)
+    info = {"setting": key, "arch": arch, "gpus": gpus, "nodes": nnodes, "world": world, "max_tokens": max_tokens,
+            "update_freq": freq, "tokens_per_update": world * max_tokens * freq, "paper_tokens_per_update": s.batch_tokens,
+            "save_dir": str(save_dir), "average": average, "update_based": bool(s.save_interval_updates),
+            "rank0": _env(env, "NODE_RANK", "0") == "0" and _env(env, "SLURM_NODEID", "0") == "0"}
+    return args + list(extra), launcher, info
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 2 or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        print("settings: " + ", ".join(f"{k} ({v.arch})" for k, v in SETTINGS.items()))
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    dataset, setting, extra = argv[0], argv[1], argv[2:]
+    args, launcher, info = build_command(dataset, setting, extra)
+    cmd = (launcher or [sys.executable, "-m", "fairseq_cli.train"]) + args
+    device = f"{info['world']} GPU(s)" if info["gpus"] else "the CPU"
+    print(f"[train] {dataset} {setting}: {info['arch']} on {device}, "
+          f"{info['max_tokens']} tokens x {info['world']} x update-freq {info['update_freq']} = "
+          f"{info['tokens_per_update']} tokens per update (papers: {info['paper_tokens_per_update']})", flush=True)
+    print("[train] " + shlex.join(cmd), flush=True)
+    if os.environ.get("DRY_RUN") == "1":
+        return 0
+    Path(info["save_dir"]).mkdir(parents=True, exist_ok=True)
+    rc = subprocess.call(cmd)
+    if rc != 0:
+        raise SystemExit(f"error: fairseq-train failed (exit {rc}); run the same command again to resume "
+                         f"from {info['save_dir']}/checkpoint_last.pt")
+    if info["average"] and info["rank0"]:
+        from .average_checkpoints import main as average
+
+        out = Path(info["save_dir"]) / f"checkpoint_avg_last{info['average']}.pt"
+        kind = "--num-update-checkpoints" if info["update_based"] else "--num-epoch-checkpoints"
+        print(f"[train] averaging the last {info['average']} checkpoints into {out}", flush=True)
+        try:
+            average(["--inputs", info["save_dir"], kind, str(info["average"]), "--output", str(out)])
+        except SystemExit as e:  # too few checkpoints (a short run): training itself succeeded
+            print(f"[train] warning: no average written: {e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

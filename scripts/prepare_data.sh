@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Prepare a dataset from its public download to a binarized fairseq dataset (resumable).
+#
+#   scripts/prepare_data.sh DATASET [options]     DATASET: demo | iwslt14_de_en | wmt14_en_de | wmt17_zh_en
+#
+# Settings (environment or options; see `scripts/prepare_data.sh demo --help`):
+#   BPE=subword-nmt|sentencepiece  BPE_SIZE=N  WORKERS=N  WORK_DIR=work  DATA_BIN=data-bin
+#   DIVERSE_FAIRSEQ_MIRROR=URL-or-dir (archives looked up there by file name)  CHECKSUMS=file
+#   DEMO_DIR=dir  CWMT_DIR=dir  CWMT=skip  ZH_SEG=jieba|char  STOP_AFTER=step
+# WORK_DIR and DATA_BIN default to work/ and data-bin/ in the repository. Uses the repository's .venv when present.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+export WORK_DIR=${WORK_DIR:-$REPO/work} DATA_BIN=${DATA_BIN:-$REPO/data-bin}
+PY=${PYTHON:-python}
+[ -z "${PYTHON:-}" ] && [ -x "$REPO/.venv/bin/python" ] && PY=$REPO/.venv/bin/python
+exec "$PY" -m diverse_fairseq.data.prepare "$@"

@@ -1,0 +1,135 @@
+"""Training recipes (command construction, multi-GPU/multi-node arithmetic), checkpoint averaging,
+and the end-to-end path demo data → scripts/train.sh → averaged checkpoint → scripts/evaluate.sh."""
+
+import argparse
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from diverse_fairseq.average_checkpoints import average_checkpoints, last_n_checkpoints
+from diverse_fairseq.evaluate import parse_generate_output, parse_generate_speed
+from diverse_fairseq.training import build_command, resolve_setting, update_freq
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+@pytest.fixture
+def data_bin(tmp_path):
+    d = tmp_path / "data-bin" / "wmt14_en_de"
+    d.mkdir(parents=True)
+    (d / "prepare.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de", "joined_dictionary": True}))
+    return tmp_path / "data-bin"
+
+
+def value(args, flag):
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+
+
+def test_update_freq_keeps_the_papers_batch():
+    assert update_freq(8 * 4096, 1, 4096) == 8
+    assert update_freq(8 * 4096, 4, 4096) == 2  # the repulsive-attention paper's 4 GPUs
+    assert update_freq(8 * 4096, 8, 4096) == 1
+    assert update_freq(8 * 4096, 3, 4096) == 3  # rounded up: never a smaller batch than the paper's
+    assert update_freq(4096, 16, 4096) == 1
+
+
+def test_settings_and_architecture_names():
+    assert resolve_setting("base")[2] == "transformer_wmt_en_de"
+    assert resolve_setting("big")[2] == "transformer_vaswani_wmt_en_de_big"
+    assert resolve_setting("diverse_transformer_vaswani_wmt_en_de_big")[:1] == ("big",)
+    assert resolve_setting("diverse_transformer_iwslt_de_en")[0] == "small"
+    assert resolve_setting("diverse_transformer_wmt_en_de")[2] == "diverse_transformer_wmt_en_de"
+
+
+def test_command_on_gpus_with_passthrough(data_bin):
+    env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
+    args, launcher, info = build_command("wmt14_en_de", "big", ["--criterion", "x", "--lr", "1e-3"], env=env, gpus=2)
+    assert launcher == [] and info["update_freq"] == 4 and info["tokens_per_update"] == 8 * 4096
+    assert value(args, "--arch") == ["transformer_vaswani_wmt_en_de_big"] and "--fp16" in args
+    assert value(args, "--dropout") == ["0.3"] and "--share-all-embeddings" in args
+    assert value(args, "--lr")[-1] == "1e-3" and args[-2:] == ["--lr", "1e-3"]  # extra options come last
+    assert "--load-checkpoint-on-all-dp-ranks" in args and value(args, "--save-dir") == ["/ck/wmt14_en_de_big"]
+    assert value(args, "--tensorboard-logdir") == ["/ck/wmt14_en_de_big/tensorboard"]
+    assert info["average"] == 20 and info["update_based"]
+
+
+def test_command_multi_node_and_cpu(data_bin):
+    env = {"DATA_BIN": str(data_bin), "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "2222"}
+    args, launcher, info = build_command("wmt14_en_de", "base", [], env=env, gpus=8)
+    assert launcher[1:4] == ["-m", "torch.distributed.run", "--nnodes"] and "fairseq_cli.train" in launcher
+    assert value(launcher, "--nproc-per-node") == ["8"] and value(launcher, "--master-addr") == ["10.0.0.1"]
+    assert value(args, "--distributed-world-size") == ["16"] and info["update_freq"] == 1 and not info["rank0"]
+    slurm = {"DATA_BIN": str(data_bin), "SLURM_NNODES": "2", "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
+    args, launcher, info = build_command("wmt14_en_de", "base", [], env=slurm, gpus=4)
+    assert launcher == [] and value(args, "--distributed-port") == ["12077"] and info["world"] == 8
+    args, _, info = build_command("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin)}, gpus=0)
+    assert "--cpu" in args and "--fp16" not in args and info["update_freq"] == 8
+    with pytest.raises(SystemExit, match="only PRECISION=fp32"):
+        build_command("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "PRECISION": "fp16"}, gpus=0)
+    with pytest.raises(SystemExit, match="prepare the data first"):
+        build_command("iwslt14_de_en", "small", [], env={"DATA_BIN": str(data_bin)}, gpus=0)
+
+
+def test_average_checkpoints_is_the_mean_and_loads_safely(tmp_path):
+    for i, scale in enumerate((1.0, 3.0)):
+        torch.save({"args": argparse.Namespace(arch="transformer"),
+                    "model": {"w": torch.full((2, 2), scale, dtype=torch.float16), "steps": torch.tensor([4 * (i + 1)])}},
+                   tmp_path / f"checkpoint_1_{(i + 1) * 100}.pt")
+    (tmp_path / "checkpoint_1_50.pt").write_bytes((tmp_path / "checkpoint_1_100.pt").read_bytes())
+    files = last_n_checkpoints(str(tmp_path), 2, update_based=True)
+    assert [Path(f).name for f in files] == ["checkpoint_1_200.pt", "checkpoint_1_100.pt"]
+    state = average_checkpoints(files)
+    assert state["model"]["w"].dtype == torch.float32 and torch.equal(state["model"]["w"], torch.full((2, 2), 2.0))
+    assert state["model"]["steps"].tolist() == [6] and state["args"].arch == "transformer"
+
+
+def test_parse_generate_output():
+    text = ("S-1\tb\nT-1\tB\nH-1\t-0.5\tbb\nD-1\t-0.5\tbb\nS-0\ta\nT-0\tA\nH-0\t-0.1\t\n"
+            "2026-01-01 | INFO | fairseq_cli.generate | Translated 3,003 sentences (86,152 tokens) in 61.5s "
+            "(48.82 sentences/s, 1400.62 tokens/s)\n")
+    parsed = parse_generate_output(text)
+    assert parsed["hyps"] == {0: "", 1: "bb"} and parsed["targets"] == {0: "A", 1: "B"}
+    assert parse_generate_speed(text) == {"sentences": 3003, "tokens": 86152, "seconds": 61.5,
+                                          "sentences_per_second": 48.82, "tokens_per_second": 1400.62}
+
+
+TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--max-tokens", "100",
+        "--save-interval-updates", "2", "--log-interval", "1", "--num-workers", "0"]
+
+
+@pytest.mark.slow
+def test_demo_train_average_evaluate_end_to_end(tmp_path):
+    env = dict(os.environ, DATA_BIN=str(tmp_path / "data-bin"), WORK_DIR=str(tmp_path / "work"),
+               CHECKPOINTS=str(tmp_path / "checkpoints"), DEMO_DIR=str(FIXTURES / "demo_text"), BPE_SIZE="100",
+               MAX_UPDATE="4", AVERAGE="2", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    for key in ("BPE", "SAVE_DIR", "PRECISION", "UPDATE_FREQ", "MAX_TOKENS", "NNODES", "OUT", "SUBSET"):
+        env.pop(key, None)
+
+    def run(*cmd):
+        proc = subprocess.run(["bash", *map(str, cmd)], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    out = run(REPO / "scripts" / "prepare_data.sh", "demo")
+    assert "step 7/7: binarize" in out
+    out = run(REPO / "scripts" / "train.sh", "demo", "tiny", *TINY)
+    save = tmp_path / "checkpoints" / "demo_tiny"
+    assert "update-freq 1" in out and (save / "checkpoint_1_4.pt").exists() and (save / "tensorboard").is_dir()
+    avg = save / "checkpoint_avg_last2.pt"
+    assert "averaging the last 2 checkpoints" in out and avg.exists()
+    out = run(REPO / "scripts" / "evaluate.sh", avg, "demo", "--max-len-b", "5")
+    result_dir = save / "eval-demo-test-checkpoint_avg_last2"
+    results = json.loads((result_dir / "results.json").read_text())
+    refs = (FIXTURES / "demo_text" / "test.de").read_text(encoding="utf-8").splitlines()
+    assert results["sentences"] == len(refs) and results["speed"]["sentences"] == len(refs)
+    assert results["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a") and 0 <= results["bleu"] <= 100
+    assert results["tok_bleu_kind"] == "tokenized, compound-split" and results["speed"]["sentences_per_second"] > 0
+    assert (result_dir / "ref.detok.de").read_text(encoding="utf-8").splitlines() == refs
+    assert len((result_dir / "hyp.detok.de").read_text(encoding="utf-8").splitlines()) == len(refs)
+    assert "BLEU (sacrebleu, detokenized) =" in out and "sentences/s" in out
