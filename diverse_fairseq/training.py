@@ -148,6 +148,9 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
             raise SystemExit("error: no GPU is visible, so only PRECISION=fp32 is possible")
     elif precision != "fp32":
         args.append(f"--{precision}")
+        if precision == "fp16" and "repulsive_adam" in extra:
+            # the repulsive optimizer needs per-parameter gradients: keep fp16 master params unflattened
+            args.append("--fp16-no-flatten-grads")
     if world > 1:
         args.append("--load-checkpoint-on-all-dp-ranks")  # resuming under torch >= 2.6 (FAIRSEQ-NOTES)
     launcher = []
@@ -168,37 +171,51 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
     return args + list(extra), launcher, info
 
 
+def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None) -> Dict:
+    """Train (resuming from SAVE_DIR/checkpoint_last.pt if present), then average; return the run's info.
+
+    ``info["checkpoint"]`` is the checkpoint to evaluate: the average of the last N checkpoints when the
+    setting averages and enough checkpoints exist, else ``checkpoint_last.pt``.
+    """
+    env = dict(os.environ if env is None else env)
+    args, launcher, info = build_command(dataset, setting_or_arch, extra, env=env, gpus=gpus)
+    cmd = (launcher or [sys.executable, "-m", "fairseq_cli.train"]) + args
+    device = f"{info['world']} GPU(s)" if info["gpus"] else "the CPU"
+    print(f"[train] {dataset} {setting_or_arch}: {info['arch']} on {device}, "
+          f"{info['max_tokens']} tokens x {info['world']} x update-freq {info['update_freq']} = "
+          f"{info['tokens_per_update']} tokens per update (papers: {info['paper_tokens_per_update']})", flush=True)
+    print("[train] " + shlex.join(cmd), flush=True)
+    info["command"] = cmd
+    save_dir = Path(info["save_dir"])
+    info["checkpoint"] = str(save_dir / "checkpoint_last.pt")
+    if env.get("DRY_RUN") == "1":
+        return info
+    save_dir.mkdir(parents=True, exist_ok=True)
+    rc = subprocess.call(cmd, env=env)
+    if rc != 0:
+        raise SystemExit(f"error: fairseq-train failed (exit {rc}); run the same command again to resume "
+                         f"from {save_dir}/checkpoint_last.pt")
+    if info["average"] and info["rank0"]:
+        from .average_checkpoints import main as average
+
+        out = save_dir / f"checkpoint_avg_last{info['average']}.pt"
+        kind = "--num-update-checkpoints" if info["update_based"] else "--num-epoch-checkpoints"
+        print(f"[train] averaging the last {info['average']} checkpoints into {out}", flush=True)
+        try:
+            average(["--inputs", str(save_dir), kind, str(info["average"]), "--output", str(out)])
+            info["checkpoint"] = str(out)
+        except SystemExit as e:  # too few checkpoints (a short run): training itself succeeded
+            print(f"[train] warning: no average written: {e}", flush=True)
+    return info
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 2 or argv[0] in ("-h", "--help"):
         print(__doc__)
         print("settings: " + ", ".join(f"{k} ({v.arch})" for k, v in SETTINGS.items()))
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
-    dataset, setting, extra = argv[0], argv[1], argv[2:]
-    args, launcher, info = build_command(dataset, setting, extra)
-    cmd = (launcher or [sys.executable, "-m", "fairseq_cli.train"]) + args
-    device = f"{info['world']} GPU(s)" if info["gpus"] else "the CPU"
-    print(f"[train] {dataset} {setting}: {info['arch']} on {device}, "
-          f"{info['max_tokens']} tokens x {info['world']} x update-freq {info['update_freq']} = "
-          f"{info['tokens_per_update']} tokens per update (papers: {info['paper_tokens_per_update']})", flush=True)
-    print("[train] " + shlex.join(cmd), flush=True)
-    if os.environ.get("DRY_RUN") == "1":
-        return 0
-    Path(info["save_dir"]).mkdir(parents=True, exist_ok=True)
-    rc = subprocess.call(cmd)
-    if rc != 0:
-        raise SystemExit(f"error: fairseq-train failed (exit {rc}); run the same command again to resume "
-                         f"from {info['save_dir']}/checkpoint_last.pt")
-    if info["average"] and info["rank0"]:
-        from .average_checkpoints import main as average
-
-        out = Path(info["save_dir"]) / f"checkpoint_avg_last{info['average']}.pt"
-        kind = "--num-update-checkpoints" if info["update_based"] else "--num-epoch-checkpoints"
-        print(f"[train] averaging the last {info['average']} checkpoints into {out}", flush=True)
-        try:
-            average(["--inputs", info["save_dir"], kind, str(info["average"]), "--output", str(out)])
-        except SystemExit as e:  # too few checkpoints (a short run): training itself succeeded
-            print(f"[train] warning: no average written: {e}", flush=True)
+    run(argv[0], argv[1], argv[2:])
     return 0
 
 

@@ -1,0 +1,176 @@
+"""Which parameters are particles: per-head row blocks of the q/k/v projections of attention modules.
+
+SPEC §3: for each chosen attention module and each of W_Q, W_K, W_V ([out, in] layout), particle i
+is the row block W[i·d:(i+1)·d, :], so a weight viewed as [H, d·in] holds its M = H particles.
+
+How the optimizer finds them (fairseq hands ``build_optimizer(cfg, params)`` only parameters):
+
+1. **Models are tracked when they are built.** Importing ``diverse_fairseq`` wraps
+   ``fairseq.models.build_model`` (which every task's ``build_model`` calls, for fairseq-train,
+   fairseq-hydra-train and checkpoint loading alike) so that each model it returns is added to a
+   ``WeakSet``. Models built some other way can be registered with :func:`track_model`.
+2. **Attention modules are found from the module structure, at optimizer construction.** In every
+   tracked model, each ``fairseq.modules.MultiheadAttention`` (the project's
+   ``DiverseMultiheadAttention`` is a subclass) gets its attention type and 0-based layer index from
+   its own ``attention_type`` / ``layer_idx`` attributes when it has them, and otherwise from where it
+   sits: inside ``<x>.encoder.layers[i]`` it is ``enc_self``, inside ``<x>.decoder.layers[i]`` it is
+   ``dec_self``, or ``enc_dec`` when ``encoder_decoder_attention`` is set. No parameter names are used,
+   so DDP/FSDP/checkpoint wrappers (which change names) do not matter. Doing this at optimizer
+   construction (not at model construction) sees the model as the trainer finally holds it, after
+   ``.half()``, quantization or any replacement of modules.
+3. **Parameters are matched by identity**, which covers fp32, ``--memory-efficient-fp16``, ``--amp``
+   and ``--bf16 --memory-efficient-bf16``: there the optimizer receives the model's own Parameter
+   objects. Under ``--fp16 --fp16-no-flatten-grads`` (and ``--bf16``) fairseq's ``FP16Optimizer``
+   builds fresh fp32 master copies (``build_fp32_params`` keeps only ``expert``, ``param_group`` and
+   ``optim_overrides`` attributes, so tags set on the model's parameters would be lost). Those copies
+   come in the trainer's order, i.e. the model's ``requires_grad`` parameters first; they are matched
+   **by position**, and each matched particle weight is checked to be value-identical to its model
+   parameter (the copy was just made from it), so a wrong model can never be picked silently.
+"""
+
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+ATTENTION_TYPES = ("enc_self", "dec_self", "enc_dec")
+PROJECTIONS = ("q", "k", "v")
+
+_TRACKED_MODELS: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class ParticleTag:
+    """Where a particle set lives: one q/k/v projection weight of one attention module."""
+
+    attention_type: str  # "enc_self" | "dec_self" | "enc_dec"
+    layer_idx: int  # 0-based layer of that attention type
+    projection: str  # "q" | "k" | "v"
+    num_heads: int  # M: the weight's rows split into M blocks of d = rows / M
+
+
+def track_model(model: nn.Module) -> nn.Module:
+    """Register ``model`` so that ``repulsive_adam`` can find its attention modules; returns it."""
+    _TRACKED_MODELS.add(model)
+    return model
+
+
+def tracked_models() -> List[nn.Module]:
+    return list(_TRACKED_MODELS)
+
+
+def install_build_model_hook() -> None:
+    """Wrap ``fairseq.models.build_model`` once so that every model it builds is tracked."""
+    import fairseq.models as fairseq_models
+
+    original = fairseq_models.build_model
+    if getattr(original, "_diverse_fairseq_tracks_models", False):
+        return
+
+    @functools.wraps(original)
+    def build_model(*args, **kwargs):
+        return track_model(original(*args, **kwargs))
+
+    build_model._diverse_fairseq_tracks_models = True
+    fairseq_models.build_model = build_model
+
+
+def _is_attention(module: nn.Module) -> bool:
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    return isinstance(module, MultiheadAttention)
+
+
+def attention_modules(model: nn.Module) -> List[Tuple[nn.Module, str, int]]:
+    """``(module, attention_type, layer_idx)`` for every attention module found structurally."""
+    found: Dict[int, Tuple[nn.Module, str, int]] = {}
+    for module in model.modules():
+        attention_type = getattr(module, "attention_type", None)
+        layer_idx = getattr(module, "layer_idx", None)
+        if _is_attention(module) and attention_type in ATTENTION_TYPES and layer_idx is not None:
+            found[id(module)] = (module, attention_type, int(layer_idx))
+    for owner in model.modules():  # encoder-decoder models, also nested ones (e.g. multilingual)
+        for side in ("encoder", "decoder"):
+            stack = owner._modules.get(side)
+            layers = getattr(stack, "layers", None) if stack is not None else None
+            if not isinstance(layers, (nn.ModuleList, list, tuple)):
+                continue
+            for layer_idx, layer in enumerate(layers):
+                for module in layer.modules():  # also finds a layer inside a checkpoint/FSDP wrapper
+                    if not _is_attention(module) or id(module) in found:
+                        continue
+                    if getattr(module, "encoder_decoder_attention", False):
+                        attention_type = "enc_dec"
+                    else:
+                        attention_type = "enc_self" if side == "encoder" else "dec_self"
+                    found[id(module)] = (module, attention_type, layer_idx)
+    order = {id(m): i for i, m in enumerate(model.modules())}
+    return sorted(found.values(), key=lambda item: order[id(item[0])])
+
+
+def particle_weights(model: nn.Module) -> Iterator[Tuple[torch.Tensor, ParticleTag]]:
+    """Every q/k/v projection weight of every attention module of ``model`` with its tag."""
+    for module, attention_type, layer_idx in attention_modules(model):
+        num_heads = int(module.num_heads)
+        for projection in PROJECTIONS:
+            proj = getattr(module, f"{projection}_proj", None)
+            weight = getattr(proj, "weight", None)
+            if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+                continue
+            if weight.shape[0] % num_heads != 0:
+                raise ValueError(
+                    f"{attention_type} layer {layer_idx}: {projection}_proj has {weight.shape[0]} rows, "
+                    f"not divisible by its {num_heads} heads"
+                )
+            yield weight, ParticleTag(attention_type, layer_idx, projection, num_heads)
+
+
+def _match_by_identity(params: Sequence[torch.Tensor], models: Iterable[nn.Module]) -> Dict[int, ParticleTag]:
+    index = {id(p): i for i, p in enumerate(params)}
+    tags: Dict[int, ParticleTag] = {}
+    for model in models:
+        for weight, tag in particle_weights(model):
+            i = index.get(id(weight))
+            if i is not None:
+                tags.setdefault(i, tag)
+    return tags
+
+
+def _match_by_position(params: Sequence[torch.Tensor], model: nn.Module) -> Optional[Dict[int, ParticleTag]]:
+    """Tags for master copies of ``model``'s parameters (same order), or None if they are not."""
+    own = [p for p in model.parameters() if p.requires_grad]
+    if not own or len(own) > len(params):
+        return None
+    if any(a.shape != b.shape for a, b in zip(own, params)):
+        return None
+    position = {id(p): i for i, p in enumerate(own)}
+    tags: Dict[int, ParticleTag] = {}
+    for weight, tag in particle_weights(model):
+        i = position.get(id(weight))
+        if i is None:
+            continue
+        copy = params[i]
+        if not torch.equal(copy.detach(), weight.detach().to(device=copy.device, dtype=copy.dtype)):
+            return None
+        tags.setdefault(i, tag)
+    return tags
+
+
+def find_particle_tags(params: Sequence[torch.Tensor]) -> Dict[int, ParticleTag]:
+    """``{index in params: tag}`` for the parameters that are q/k/v weights of a tracked model."""
+    models = tracked_models()
+    tags = _match_by_identity(params, models)
+    if tags:
+        return tags
+    candidates = [t for t in (_match_by_position(params, model) for model in models) if t]
+    if not candidates:
+        return {}
+    if any(c != candidates[0] for c in candidates[1:]):
+        raise RuntimeError(
+            "repulsive_adam: the optimizer's parameters are copies that match several live models "
+            "with different attention layouts; cannot tell which one is being trained"
+        )
+    return candidates[0]

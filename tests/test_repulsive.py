@@ -1,0 +1,443 @@
+"""Repulsive attention (An et al., EMNLP 2020; SPEC §3): SVGD/SPOS core and ``--optimizer repulsive_adam``."""
+
+import functools
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import USER_DIR, run_cli, tiny_train_args
+
+from diverse_fairseq.optim import repulsive_adam as repulsive_adam_module
+from diverse_fairseq.optim.particles import ParticleTag, find_particle_tags
+from diverse_fairseq.optim.repulsive import spos_direction, svgd_direction
+
+HERE = Path(__file__).resolve().parent
+
+# ------------------------------------------------------------------------------- core vs formula
+
+
+def naive_svgd(theta, grad, alpha, stepsize, bandwidth):
+    """SPEC §3 written as a double loop over particle pairs (float64 reference)."""
+    m = theta.shape[0]
+    sq = [[float(((theta[i] - theta[j]) ** 2).sum()) for j in range(m)] for i in range(m)]
+    if bandwidth == "median":
+        dists = sorted(math.sqrt(sq[i][j]) for i in range(m) for j in range(i + 1, m))
+        med = dists[(len(dists) - 1) // 2]  # lower middle value, as torch.median
+        h, width, factor = med**2 / math.log(m), 1.0, None
+    elif bandwidth == "authors":
+        squared = sorted(sq[i][j] for i in range(m) for j in range(m))
+        h, width = squared[(len(squared) - 1) // 2] / math.log(m + 1), 2.0
+    else:
+        h, width = float(bandwidth), 1.0
+    # SPEC: a zero bandwidth (e.g. "authors" with M = 2: half of the M² squared distances are the
+    # diagonal's zeros) means κ = 1 and no repulsion
+    factor = 0.0 if h == 0 else (2.0 / h if width == 1.0 else 1.0 / h)
+    out = torch.zeros_like(theta)
+    for i in range(m):
+        for j in range(m):
+            kappa = 1.0 if h == 0 else math.exp(-sq[i][j] / (width * h))
+            out[i] += kappa * grad[j] - alpha * factor * (theta[i] - theta[j]) * kappa
+    return stepsize * out / m
+
+
+@pytest.mark.parametrize("bandwidth", ["median", "authors", 2.5])
+@pytest.mark.parametrize("m", [2, 4, 5])
+def test_svgd_matches_double_loop(bandwidth, m):
+    gen = torch.Generator().manual_seed(m)
+    theta = torch.randn(m, 9, generator=gen, dtype=torch.float64)
+    grad = torch.randn(m, 9, generator=gen, dtype=torch.float64)
+    got = svgd_direction(theta, grad, alpha=0.3, stepsize=0.1, bandwidth=bandwidth)
+    want = naive_svgd(theta, grad, 0.3, 0.1, bandwidth)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-13)
+
+
+def test_svgd_batches_independent_sets():
+    gen = torch.Generator().manual_seed(0)
+    theta = torch.randn(3, 4, 6, generator=gen, dtype=torch.float64) * torch.tensor([0.1, 1.0, 10.0]).view(3, 1, 1)
+    grad = torch.randn(3, 4, 6, generator=gen, dtype=torch.float64)
+    batched = svgd_direction(theta, grad, alpha=0.5, stepsize=0.2)
+    for k in range(3):
+        torch.testing.assert_close(batched[k], naive_svgd(theta[k], grad[k], 0.5, 0.2, "median"))
+
+
+def test_spos_adds_beta_gradient_and_seeded_noise():
+    gen = torch.Generator().manual_seed(3)
+    theta = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    grad = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    eps, beta = 0.1, 0.05
+    got = spos_direction(theta, grad, 0.2, eps, beta, generator=torch.Generator().manual_seed(7))
+    xi = torch.randn((1, 4, 5), generator=torch.Generator().manual_seed(7), dtype=torch.float64)[0]
+    want = naive_svgd(theta, grad, 0.2, eps, "median") + eps * (beta * grad - math.sqrt(2 * beta / eps) * xi)
+    torch.testing.assert_close(got, want)
+    again = spos_direction(theta, grad, 0.2, eps, beta, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(got, again)  # same seed, same noise
+
+
+def test_single_particle_is_exactly_stepsize_times_gradient():
+    theta, grad = torch.randn(1, 33), torch.randn(1, 33)
+    for bandwidth in ("median", "authors", 1.0):
+        assert torch.equal(svgd_direction(theta, grad, alpha=0.7, stepsize=0.1, bandwidth=bandwidth), 0.1 * grad)
+    assert torch.equal(spos_direction(theta, grad, 0.7, 0.1, beta=0.0), 0.1 * grad)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5])
+@pytest.mark.parametrize("bandwidth", ["median", "authors"])
+def test_identical_particles_get_the_mean_gradient(alpha, bandwidth):
+    """Zero bandwidth: κ = 1 and no repulsion, never NaN (α = 0 is SPEC's identity; α > 0 must agree)."""
+    theta = torch.randn(1, 50, dtype=torch.float64).repeat(4, 1)
+    grad = torch.randn(4, 50, dtype=torch.float64)
+    got = svgd_direction(theta, grad, alpha=alpha, stepsize=0.1, bandwidth=bandwidth)
+    torch.testing.assert_close(got, (0.1 * grad.mean(0)).expand(4, 50), rtol=1e-12, atol=1e-15)
+    assert torch.isfinite(svgd_direction(theta.float(), grad.float(), alpha, 0.1, bandwidth)).all()
+
+
+def test_zero_median_bandwidth_with_some_distinct_particles_is_finite():
+    # 3 of 4 particles equal: 3 of the 6 pairwise distances are 0, so the (lower) median is 0
+    theta = torch.cat([torch.zeros(3, 8), torch.ones(1, 8)])
+    grad = torch.randn(4, 8)
+    got = svgd_direction(theta, grad, alpha=1.0, stepsize=0.1)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, (0.1 * grad.mean(0)).expand(4, 8))
+
+
+def _pairwise(x):  # [M, D] -> distances of the M(M-1)/2 pairs
+    m = x.shape[0]
+    rows, cols = torch.triu_indices(m, m, 1)
+    return (x[rows] - x[cols]).norm(dim=-1)
+
+
+@pytest.mark.parametrize("bandwidth", ["median", "authors"])
+def test_repulsion_with_zero_loss_gradient_moves_every_pair_apart(bandwidth):
+    gen = torch.Generator().manual_seed(11)
+    theta = torch.randn(5, 64, generator=gen, dtype=torch.float64)
+    update = svgd_direction(theta, torch.zeros_like(theta), alpha=0.5, stepsize=0.1, bandwidth=bandwidth)
+    after = theta - 1.0 * update  # the optimizer subtracts the returned gradient
+    assert (_pairwise(after) > _pairwise(theta)).all()
+
+
+# ------------------------------------------------------------------- in-process fairseq set-up
+
+VOCAB = 40
+
+
+@functools.lru_cache(maxsize=None)
+def _cfg(*extra, arch="transformer"):
+    """The full fairseq config (so that the optimizer's ``${common.*}`` fields resolve); read only."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = [
+        "unused-data", "--user-dir", USER_DIR, "--task", "translation", "--cpu", "--arch", arch,
+        "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32",
+        "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--share-all-embeddings",
+        "--dropout", "0.0", "--optimizer", "repulsive_adam", "--lr", "0.005", *extra,
+    ]
+    return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+
+
+def _model(cfg, seed=0):
+    from fairseq.data import Dictionary
+    from fairseq.tasks.translation import TranslationTask
+
+    dictionary = Dictionary()
+    for i in range(VOCAB - dictionary.nspecial):
+        dictionary.add_symbol(f"w{i}")
+    task = TranslationTask(cfg.task, dictionary, dictionary)
+    torch.manual_seed(seed)
+    return task.build_model(cfg.model)  # through fairseq.models.build_model: tracked
+
+
+def _loss(model):
+    gen = torch.Generator().manual_seed(5)
+    src = torch.randint(4, VOCAB, (6, 7), generator=gen)
+    tgt = torch.randint(4, VOCAB, (6, 5), generator=gen)
+    prev = torch.cat([torch.full((6, 1), 2), tgt[:, :-1]], dim=1)
+    logits = model(src, torch.full((6,), 7), prev)[0].float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum")
+
+
+def _update(optimizer, model, clip=0.5, call_clip=True, sample_size=30.0):
+    """One update in the fairseq trainer's order: backward, normalise, clip, step."""
+    optimizer.zero_grad()
+    optimizer.backward(_loss(model))
+    optimizer.multiply_grads(1.0 / sample_size)
+    if call_clip:
+        optimizer.clip_grad_norm(clip)
+    optimizer.step()
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """The gradients handed to the SVGD transform, one [G, M, D] tensor per group and step."""
+    calls = []
+    real = repulsive_adam_module.svgd_update_
+
+    def spy(theta, grad, out, alpha, stepsize, bandwidth, grad_scale=None):
+        calls.append(grad.detach().clone() * (1.0 if grad_scale is None else grad_scale))
+        return real(theta, grad, out, alpha, stepsize, bandwidth, grad_scale=grad_scale)
+
+    monkeypatch.setattr(repulsive_adam_module, "svgd_update_", spy)
+    return calls
+
+
+def _build(cfg, params):
+    from fairseq import optim
+
+    return optim.build_optimizer(cfg.optimizer, params)
+
+
+def test_finds_every_qkv_of_a_stock_transformer_and_selects_by_type_layer_projection():
+    cfg = _cfg()
+    model = _model(cfg)
+    opt = _build(cfg, list(model.parameters()))
+    tags = opt.particle_tags
+    assert len(tags) == 2 * 3 + 2 * 2 * 3  # enc self, dec self, enc-dec: 2 layers × q, k, v
+    assert {(t.attention_type, t.layer_idx) for t in tags} == {
+        (a, i) for a in ("enc_self", "dec_self", "enc_dec") for i in (0, 1)
+    }
+    assert ParticleTag("enc_self", 0, "q", 4) in tags and len(set(tags)) == len(tags)
+
+    cfg = _cfg("--repulsive-attention", "enc_self,enc_dec", "--repulsive-layers", "-1", "--repulsive-projections", "v")
+    model = _model(cfg)
+    opt = _build(cfg, list(model.parameters()))
+    assert opt.particle_tags == [ParticleTag("enc_self", 1, "v", 4), ParticleTag("enc_dec", 1, "v", 4)]
+    weights = [model.encoder.layers[1].self_attn.v_proj.weight, model.decoder.layers[1].encoder_attn.v_proj.weight]
+    assert opt.particle_params == weights
+
+    cfg = _cfg("--repulsive-layers", "5")
+    with pytest.raises(ValueError, match="no particles"):
+        _build(cfg, list(_model(cfg).parameters()))
+
+
+def test_project_model_is_found_through_its_own_attention_tags():
+    cfg = _cfg(arch="diverse_transformer")
+    model = _model(cfg)
+    opt = _build(cfg, list(model.parameters()))
+    expected = [(m.attention_type, m.layer_idx, proj) for m in model.diverse_attention_modules() for proj in "qkv"]
+    assert len(expected) == 18
+    assert sorted((t.attention_type, t.layer_idx, t.projection) for t in opt.particle_tags) == sorted(expected)
+
+
+def test_non_particle_parameters_get_fairseqs_adam_update_bitwise():
+    cfg_rep = _cfg("--weight-decay", "0.01")
+    cfg_adam = _cfg("--weight-decay", "0.01", "--optimizer", "adam")
+    model_rep, model_adam = _model(cfg_rep), _model(cfg_adam)
+    opt_rep = _build(cfg_rep, list(model_rep.parameters()))
+    opt_adam = _build(cfg_adam, list(model_adam.parameters()))
+    assert type(opt_adam.optimizer).__name__ == "Adam"  # fairseq's own Adam (no FusedAdam on CPU)
+    _update(opt_rep, model_rep)
+    _update(opt_adam, model_adam)
+    particles = {id(p) for p in opt_rep.particle_params}
+    compared = 0
+    for p_rep, p_adam in zip(model_rep.parameters(), model_adam.parameters()):
+        if id(p_rep) in particles:
+            assert not torch.equal(p_rep, p_adam)
+        else:
+            assert torch.equal(p_rep, p_adam)
+            compared += 1
+    assert compared > 10
+
+
+def test_one_step_with_zero_loss_gradient_moves_every_pair_of_heads_apart():
+    cfg = _cfg("--repulsive-alpha", "0.5")
+    model = _model(cfg)
+    opt = _build(cfg, list(model.parameters()))
+    before = [p.detach().clone().view(4, -1) for p in opt.particle_params]
+    opt.zero_grad()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    after = [p.detach().view(4, -1) for p in opt.particle_params]
+    for b, a in zip(before, after):
+        assert (_pairwise(a) > _pairwise(b)).all()
+
+
+def _reference_gradients(seen, cfg_args=(), clip=0.5, call_clip=True, weights=None):
+    cfg = _cfg(*cfg_args)
+    model = _model(cfg)
+    if weights is not None:
+        model.load_state_dict(weights)
+    opt = _build(cfg, list(model.parameters()))
+    _update(opt, model, clip=clip, call_clip=call_clip)
+    assert len(seen) == 1
+    return seen.pop(), model
+
+
+@pytest.mark.parametrize("call_clip", [True, False])
+def test_amp_transform_sees_the_unscaled_gradient(seen, call_clip):
+    """fairseq's AMPOptimizer + a GradScaler that really scales (on CPU fairseq's CUDA scaler is off)."""
+    from fairseq.optim.amp_optimizer import AMPOptimizer
+
+    want, ref_model = _reference_gradients(seen, call_clip=call_clip)
+    cfg = _cfg("--amp")
+    model = _model(cfg)
+    amp = AMPOptimizer.build_optimizer(cfg, list(model.parameters()))
+    amp._grad_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    _update(amp, model, call_clip=call_clip)
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0], want, rtol=1e-5, atol=1e-10)
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+
+
+def test_amp_overflow_skips_the_step(seen):
+    from fairseq.optim.amp_optimizer import AMPOptimizer
+
+    cfg = _cfg("--amp")
+    model = _model(cfg)
+    amp = AMPOptimizer.build_optimizer(cfg, list(model.parameters()))
+    amp._grad_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    before = [p.detach().clone() for p in model.parameters()]
+    amp.zero_grad()
+    amp.backward(_loss(model))
+    model.encoder.layers[0].fc1.weight.grad[0, 0] = float("inf")
+    amp.multiply_grads(1 / 30)
+    amp.clip_grad_norm(0.0)
+    amp.step()
+    assert seen == [] and amp.fp32_optimizer.optimizer.num_steps == 0
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert amp.scaler.get_scale() == 2.0**11
+
+
+@pytest.mark.parametrize("flags", [("--memory-efficient-fp16",), ("--fp16", "--fp16-no-flatten-grads")])
+def test_fp16_paths_give_the_transform_the_unscaled_gradient(seen, flags):
+    from fairseq.optim import FP16Optimizer, MemoryEfficientFP16Optimizer
+
+    cfg = _cfg(*flags)
+    model = _model(cfg).half()
+    params = list(model.parameters())
+    wrapper = MemoryEfficientFP16Optimizer if "--memory-efficient-fp16" in flags else FP16Optimizer
+    opt = wrapper.build_optimizer(cfg, params)
+    assert opt.scaler.loss_scale == 128
+    start = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    _update(opt, model)
+    assert len(seen) == 1
+    got = seen.pop()
+    want, _ = _reference_gradients(seen, weights=start)  # the same update in fp32 from the same weights
+    # fp16 forward/backward noise is a few percent; a loss scale left in (or divided out twice) is 128×
+    rel = (got - want).flatten(1).norm(dim=1) / want.flatten(1).norm(dim=1)
+    ratio = got.flatten(1).norm(dim=1) / want.flatten(1).norm(dim=1)
+    assert rel.max() < 0.1 and ((ratio - 1).abs() < 0.05).all(), (rel, ratio)
+
+
+def test_plain_fp16_with_flat_master_params_is_refused(monkeypatch):
+    from fairseq.optim import FP16Optimizer
+
+    cfg = _cfg("--fp16")
+    model = _model(cfg)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # fairseq's flat path asks CUDA for it
+    with pytest.raises(ValueError, match="--fp16-no-flatten-grads"):
+        FP16Optimizer.build_optimizer(cfg, list(model.parameters()))
+
+
+def test_master_copies_are_matched_by_position_and_value():
+    cfg = _cfg()
+    model = _model(cfg)
+    copies = [torch.nn.Parameter(p.detach().float().clone()) for p in model.parameters()]
+    tags = find_particle_tags(copies)
+    assert len(tags) == 18
+    copies[next(iter(sorted(tags)))].data.add_(1.0)  # not a copy of this model any more
+    assert find_particle_tags(copies) == {}
+
+
+def test_state_dict_keeps_the_step_count():
+    cfg = _cfg("--repulsive-method", "spos")
+    model = _model(cfg)
+    opt = _build(cfg, list(model.parameters()))
+    _update(opt, model)
+    _update(opt, model)
+    state = opt.state_dict()
+    fresh = _build(cfg, list(model.parameters()))
+    fresh.load_state_dict(state)
+    assert fresh.optimizer.num_steps == 2
+
+
+# ---------------------------------------------------------------------------- end to end (CLI)
+
+
+def _head_distance(checkpoint, heads=4):
+    """Mean distance between the per-head row blocks of every q/k/v weight in a checkpoint."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+    means = []
+    for name, w in state.items():
+        if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+            means.append(_pairwise(w.float().reshape(heads, -1)).mean())
+    assert len(means) == 18
+    return torch.stack(means).mean().item()
+
+
+@pytest.mark.slow
+def test_repulsive_adam_spreads_heads_more_than_adam(tiny_data, tmp_path):
+    distances = {}
+    for optimizer in ("adam", "repulsive_adam"):
+        save = tmp_path / optimizer
+        run_cli("train", tiny_train_args(tiny_data, save, max_update=20, extra=["--optimizer", optimizer]))
+        distances[optimizer] = _head_distance(save / "checkpoint_last.pt")
+    assert distances["repulsive_adam"] > 1.05 * distances["adam"], distances
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [["--memory-efficient-fp16"], ["--fp16", "--fp16-no-flatten-grads"], ["--amp"]])
+def test_precision_paths_train_on_cpu(tiny_data, tmp_path, flags):
+    extra = ["--optimizer", "repulsive_adam", "--no-save", *flags]
+    proc = run_cli("train", tiny_train_args(tiny_data, tmp_path, max_update=3, extra=extra))
+    log = proc.stdout + proc.stderr
+    assert "repulsive_adam: svgd on 18 particle sets" in log
+    assert "num_updates 3" in log and " nan " not in log
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_stay_identical_with_spos(tiny_data, tmp_path):
+    port = _free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    procs = []
+    for rank in range(2):
+        args = tiny_train_args(tiny_data, tmp_path / f"save{rank}", max_update=4, extra=[
+            "--optimizer", "repulsive_adam", "--repulsive-method", "spos", "--repulsive-beta", "0.001",
+            "--distributed-world-size", "2", "--distributed-backend", "gloo",
+            "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
+            "--distributed-rank", str(rank), "--ddp-backend", "legacy_ddp",
+        ])
+        cmd = [sys.executable, str(HERE / "repulsive_rank_params.py"), str(tmp_path / f"rank{rank}.pt"), *map(str, args)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-6000:]
+    assert "num_updates 4" in outputs[0]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    start = torch.load(tmp_path / "rank0.pt.init")
+    assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) > 20
+    for name in ranks[0]:
+        assert torch.equal(ranks[0][name], ranks[1][name]), name
+    moved = [n for n in ranks[0] if n.endswith("q_proj.weight") and not torch.equal(ranks[0][n], start[n])]
+    assert len(moved) == 6  # training really happened on both ranks
+
+
+@pytest.mark.slow
+def test_resume_continues_the_same_spos_run(tiny_data, tmp_path):
+    extra = ["--optimizer", "repulsive_adam", "--repulsive-method", "spos"]
+    run_cli("train", tiny_train_args(tiny_data, tmp_path / "straight", max_update=4, extra=extra))
+    run_cli("train", tiny_train_args(tiny_data, tmp_path / "resumed", max_update=2, extra=extra))
+    second = run_cli("train", tiny_train_args(tiny_data, tmp_path / "resumed", max_update=4, extra=extra))
+    assert "loaded checkpoint" in (second.stdout + second.stderr).lower()
+    straight = torch.load(tmp_path / "straight" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    resumed = torch.load(tmp_path / "resumed" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert resumed["optimizer_history"][-1]["num_updates"] == 4
+    assert resumed["last_optimizer_state"]["repulsive_adam"]["num_steps"] == 4
+    for name, value in straight["model"].items():
+        torch.testing.assert_close(resumed["model"][name], value, rtol=0, atol=1e-6, msg=name)
