@@ -5,13 +5,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.diverse-fairseq-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench clean-demo help
+DATASET ?= demo
+
+.PHONY: install test demo bench clean-demo help data train evaluate average significance fixtures
 
 help:
 	@echo "make install   create .venv with torch, fairseq-fixed and this package (idempotent)"
 	@echo "make demo      train and evaluate on the shipped demo corpus, print the results table"
 	@echo "make test      run the test suite"
 	@echo "make bench     speed/memory ratios against stock fairseq (JSON on the last line)"
+	@echo "make data DATASET=iwslt14_de_en|wmt14_en_de|wmt17_zh_en|demo   download and binarize a dataset"
+	@echo "make train DATASET=... SETTING=small|base|big|tiny [ARGS='...']  train with the papers' settings"
+	@echo "make evaluate CHECKPOINT=... DATASET=...                     BLEU (sacrebleu + tokenized), speed"
+	@echo "make significance REF=... BASELINE=... SYSTEM=...            paired bootstrap and sign test"
 
 install: $(STAMP)
 
@@ -29,3 +35,21 @@ bench: install
 
 clean-demo:
 	rm -rf work/demo data-bin/demo checkpoints/demo results/demo
+
+data: install
+	bash scripts/prepare_data.sh $(DATASET)
+
+train: install
+	bash scripts/train.sh $(DATASET) $(SETTING) $(ARGS)
+
+evaluate: install
+	bash scripts/evaluate.sh $(CHECKPOINT) $(DATASET) $(ARGS)
+
+average: install
+	bash scripts/average_checkpoints.sh --inputs $(INPUTS) --num-update-checkpoints $(N) --output $(OUTPUT)
+
+significance: install
+	$(PY) -m diverse_fairseq.significance --ref $(REF) --baseline $(BASELINE) --system $(SYSTEM)
+
+fixtures: install
+	$(PY) tests/fixtures/make_fixtures.py

@@ -2,13 +2,14 @@
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from .report import summarise, write_report
 from .runner import RunConfig, run_table
-from .spec import REPO, TableSpecError, load_setting, load_table
+from .spec import REPO, TableSpecError, load_table
 
 
 def build_parser():
@@ -21,8 +22,9 @@ def build_parser():
     p.add_argument("--seeds", default=env("SEEDS", "1"), help="comma-separated seeds, or a count N [SEEDS]")
     p.add_argument("--gpus", type=int, default=int(env("GPUS", "0")), help="GPUs per run, 0 = CPU [GPUS]")
     p.add_argument("--out", default=env("RESULTS"), help="results directory (default results/<table>)")
-    p.add_argument("--scales", default=env("SCALES_FILE"), help="scale settings YAML "
-                   "(default configs/tables/scales.yaml) [SCALES_FILE]")
+    p.add_argument("--data-bin", default=env("DATA_BIN", str(REPO / "data-bin")), help="[DATA_BIN]")
+    p.add_argument("--train-args", default=env("TRAIN_ARGS", ""),
+                   help="extra fairseq-train flags for every row, e.g. '--max-update 100' [TRAIN_ARGS]")
     return p
 
 
@@ -39,10 +41,11 @@ def parse_seeds(text: str):
     return seeds
 
 
-def ensure_demo_data(setting_data: Path):
-    """The demo corpus ships with the repository: binarize it on first use."""
-    if not any(setting_data.glob("dict.*.txt")):
-        subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], check=True, cwd=REPO)
+def ensure_demo_data(data: Path):
+    """The demo corpus ships with the repository: prepare (segment and binarize) it on first use."""
+    if not (data / "prepare.json").exists():
+        env = dict(os.environ, DATA_BIN=str(data.parent))
+        subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], check=True, cwd=REPO, env=env)
 
 
 def main(argv=None):
@@ -52,15 +55,15 @@ def main(argv=None):
         dataset = args.dataset or (table.paper_dataset if args.scale == "paper" else "demo")
         if not dataset:
             raise SystemExit("error: this table names no paper dataset; pass --dataset / DATASET")
-        setting = load_setting(args.scale, dataset, args.scales)
     except TableSpecError as e:
         raise SystemExit(f"error: {e}")
     out = Path(args.out or REPO / "results" / table.table)
     run = RunConfig(dataset=dataset, scale=args.scale, seeds=parse_seeds(args.seeds), gpus=args.gpus,
-                    out_dir=out / f"{dataset}-{args.scale}")
+                    out_dir=out / f"{dataset}-{args.scale}", data_bin=Path(args.data_bin),
+                    train_args=shlex.split(args.train_args))
     if dataset == "demo":
-        ensure_demo_data(REPO / setting.data)
-    results = run_table(table, setting, run)
+        ensure_demo_data(run.data_bin / dataset)
+    results = run_table(table, run)
     summary = summarise(table, results, dataset, args.scale)
     md = write_report(summary, out)
     print("\n" + md.read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""Table descriptions (``configs/tables/<table>.yaml``) and the scale settings (``configs/tables/scales.yaml``).
+"""Table descriptions (``configs/tables/<table>.yaml``): parsing and validation.
 
 A table file::
 
@@ -9,12 +9,16 @@ A table file::
     rows:
       - id: none
         label: "Transformer-Base"
-        family: transformer                # model family: the scale adds the size (arch suffix or dims)
+        family: transformer                # model family: transformer or diverse_transformer
+        setting: base                      # optional model size at paper scale (small, base, big)
         args: []                           # extra fairseq-train flags (criterion, optimizer, features)
         paper: {bleu: 24.13, train_speed: 1.21}   # the paper's numbers (optional)
 
-The scale file maps ``scale -> dataset -> settings`` (data directory, model size, training and decoding
-flags), so that a table's rows carry only what distinguishes them.
+Hyper-parameters are not repeated here: a row is trained by :func:`diverse_fairseq.training.run` with the
+dataset's paper setting (``scale: paper``; the row's ``setting`` if it names one) or the CPU demo setting
+``tiny`` (``scale: demo``); the family turns the setting's architecture into the row's
+(``transformer_wmt_en_de`` → ``diverse_transformer_wmt_en_de``). So a table's rows carry only what
+distinguishes them.
 """
 
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 TABLE_DIR = REPO / "configs" / "tables"
 FAMILIES = ("transformer", "diverse_transformer")
+SETTING_NAMES = ("small", "base", "big")
 
 
 class TableSpecError(ValueError):
@@ -39,6 +44,11 @@ class Row:
     family: str
     args: List[str] = field(default_factory=list)
     paper: Dict[str, float] = field(default_factory=dict)
+    setting: Optional[str] = None
+
+    def arch(self, setting_arch: str) -> str:
+        """The setting's architecture name with this row's model family, e.g. diverse_transformer_wmt_en_de."""
+        return setting_arch.replace("transformer", self.family, 1)
 
 
 @dataclass
@@ -52,20 +62,6 @@ class Table:
 
     def row(self, row_id: str) -> Row:
         return next(r for r in self.rows if r.id == row_id)
-
-
-@dataclass
-class Setting:
-    """How to train and decode one dataset at one scale."""
-
-    data: str
-    arch_suffix: str = ""
-    model_args: List[str] = field(default_factory=list)
-    train_args: List[str] = field(default_factory=list)
-    generate_args: List[str] = field(default_factory=list)
-
-    def arch(self, family: str) -> str:
-        return family + self.arch_suffix
 
 
 def _require(mapping, key, kind, where):
@@ -100,10 +96,13 @@ def parse_table(data, source="<table>") -> Table:
     rows = []
     for i, r in enumerate(rows_data):
         where = f"{source}: rows[{i}]"
-        _check_unknown(r if isinstance(r, dict) else {}, ("id", "label", "family", "args", "paper"), where)
+        _check_unknown(r if isinstance(r, dict) else {}, ("id", "label", "family", "setting", "args", "paper"), where)
         family = _require(r, "family", str, where)
         if family not in FAMILIES:
             raise TableSpecError(f"{where}: field 'family' must be one of {', '.join(FAMILIES)}, got {family!r}")
+        setting = r.get("setting")
+        if setting is not None and setting not in SETTING_NAMES:
+            raise TableSpecError(f"{where}: field 'setting' must be one of {', '.join(SETTING_NAMES)}, got {setting!r}")
         paper = r.get("paper", {}) or {}
         if not isinstance(paper, dict) or not all(isinstance(v, (int, float)) for v in paper.values()):
             raise TableSpecError(f"{where}: field 'paper' must map names to numbers, got {paper!r}")
@@ -113,6 +112,7 @@ def parse_table(data, source="<table>") -> Table:
             family=family,
             args=_string_list(r.get("args", []), f"{where}: field 'args'"),
             paper={k: float(v) for k, v in paper.items()},
+            setting=r.get("setting"),
         ))
     ids = [r.id for r in rows]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
@@ -137,31 +137,7 @@ def load_table(name_or_path) -> Table:
     if not path.suffix:
         path = TABLE_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in TABLE_DIR.glob("*.yaml") if p.stem != "scales")
+        known = sorted(p.stem for p in TABLE_DIR.glob("*.yaml"))
         raise TableSpecError(f"no table description {path}; known tables: {', '.join(known)}")
     with open(path) as f:
         return parse_table(yaml.safe_load(f), str(path))
-
-
-def load_setting(scale: str, dataset: str, path=None) -> Setting:
-    """The settings of ``dataset`` at ``scale`` from ``configs/tables/scales.yaml``."""
-    path = Path(path or TABLE_DIR / "scales.yaml")
-    with open(path) as f:
-        scales = yaml.safe_load(f)
-    if scale not in scales:
-        raise TableSpecError(f"{path}: unknown scale {scale!r}; choose one of {', '.join(scales)}")
-    if dataset not in scales[scale]:
-        raise TableSpecError(
-            f"{path}: scale {scale!r} has no settings for dataset {dataset!r}; "
-            f"choose one of {', '.join(scales[scale])}"
-        )
-    s = scales[scale][dataset]
-    where = f"{path}: {scale}.{dataset}"
-    _check_unknown(s, ("data", "arch_suffix", "model_args", "train_args", "generate_args"), where)
-    return Setting(
-        data=_require(s, "data", str, where),
-        arch_suffix=s.get("arch_suffix", "") or "",
-        model_args=_string_list(s.get("model_args", []), f"{where}.model_args"),
-        train_args=_string_list(s.get("train_args", []), f"{where}.train_args"),
-        generate_args=_string_list(s.get("generate_args", []), f"{where}.generate_args"),
-    )

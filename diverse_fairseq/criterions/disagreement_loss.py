@@ -1,0 +1,228 @@
+"""Label-smoothed cross-entropy plus disagreement regularization (Li et al., EMNLP 2018, §3.1:
+J = likelihood + λ·D, λ = 1).
+
+``--criterion label_smoothed_cross_entropy_with_disagreement``. The training loss (a token sum, as
+fairseq's) is ``CE_sum + λ · sample_size · sim_total`` (SPEC §1), where ``sim_total`` sums, over the
+selected terms (sub, pos, out) and attention types (enc_self, dec_self, enc_dec), the layer mean of
+each module's masked token-mean head similarity (:mod:`diverse_fairseq.disagreement`). Each active
+(term, type) value is logged as ``sim_<term>_<type>`` for training and validation.
+
+The model must expose its attention heads (``--arch diverse_transformer*``): on its first forward the
+criterion finds the attention modules via ``model.diverse_attention_modules()`` and sets their taps to
+exactly what the terms need (sub → V, pos → A, out → O), so unregularized modules keep fairseq's path.
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+from fairseq.logging import metrics
+from torch import Tensor
+
+from ..disagreement import output_similarity, position_similarity, subspace_similarity
+
+TERMS = ("sub", "pos", "out")
+ATTENTION_TYPES = ("enc_self", "dec_self", "enc_dec")
+_TAP_OF_TERM = {"sub": "v", "pos": "a", "out": "o"}
+_SIMILARITY = {"sub": subspace_similarity, "pos": position_similarity, "out": output_similarity}
+CRITERION_NAME = "label_smoothed_cross_entropy_with_disagreement"
+
+
+@dataclass
+class LabelSmoothedCrossEntropyWithDisagreementConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    disagreement_lambda: float = field(
+        default=1.0,
+        metadata={"help": "weight λ of the disagreement term (loss = CE_sum + λ·sample_size·sim_total); "
+                          "0 logs the similarities without regularizing"},
+    )
+    disagreement_terms: str = field(
+        default="out",
+        metadata={"help": "comma-separated similarity terms to minimise: sub (value subspaces), "
+                          "pos (attended positions), out (head outputs)"},
+    )
+    disagreement_attention: str = field(
+        default="enc_self,dec_self,enc_dec",
+        metadata={"help": "comma-separated attention types to regularize: enc_self, dec_self, enc_dec"},
+    )
+    disagreement_layers: Optional[str] = field(
+        default=None,
+        metadata={"help": "comma-separated 0-based layer indices to regularize in every selected "
+                          "attention type (default: all layers)"},
+    )
+
+
+def _parse_names(value, allowed, flag: str) -> Tuple[str, ...]:
+    if isinstance(value, str):
+        names = [n.strip() for n in value.split(",") if n.strip()]
+    else:  # a list given through hydra
+        names = [str(n).strip() for n in (value or [])]
+    if not names:
+        raise ValueError(f"{flag} is empty; choose one or more of {', '.join(allowed)}")
+    unknown = [n for n in names if n not in allowed]
+    if unknown:
+        raise ValueError(f"{flag}: unknown value(s) {', '.join(unknown)}; choose from {', '.join(allowed)}")
+    return tuple(n for n in allowed if n in names)  # canonical order, no duplicates
+
+
+def _parse_layers(value) -> Optional[Tuple[int, ...]]:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        layers = sorted({int(str(i).strip()) for i in items})
+    except ValueError:
+        raise ValueError(f"--disagreement-layers must be comma-separated integers, got {value!r}") from None
+    if any(i < 0 for i in layers):
+        raise ValueError(f"--disagreement-layers must be 0-based layer indices >= 0, got {value!r}")
+    return tuple(layers)
+
+
+def unwrap_model(model):
+    """The model under fairseq's distributed / proxy wrappers."""
+    while not hasattr(type(model), "diverse_attention_modules") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+@register_criterion(CRITERION_NAME, dataclass=LabelSmoothedCrossEntropyWithDisagreementConfig)
+class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(
+        self,
+        task,
+        sentence_avg,
+        label_smoothing,
+        ignore_prefix_size=0,
+        report_accuracy=False,
+        disagreement_lambda=1.0,
+        disagreement_terms="out",
+        disagreement_attention="enc_self,dec_self,enc_dec",
+        disagreement_layers=None,
+    ):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        lam = float(disagreement_lambda)
+        if not lam >= 0.0 or lam == float("inf"):
+            raise ValueError(f"--disagreement-lambda must be a finite number >= 0, got {disagreement_lambda}")
+        self.disagreement_lambda = lam
+        self.terms = _parse_names(disagreement_terms, TERMS, "--disagreement-terms")
+        self.attention_types = _parse_names(disagreement_attention, ATTENTION_TYPES, "--disagreement-attention")
+        self.layers = _parse_layers(disagreement_layers)
+        self._prepared_for: Optional[int] = None
+        self._regularized: Dict[str, List] = {}
+
+    # ------------------------------------------------------------------ model set-up
+
+    def prepare_model(self, model) -> None:
+        """Check that ``model`` can be regularized and set its attention taps (idempotent)."""
+        core = unwrap_model(model)
+        if self._prepared_for == id(core):
+            return
+        if not hasattr(core, "diverse_attention_modules"):
+            raise ValueError(
+                f"--criterion {CRITERION_NAME} needs a model whose attention modules expose their heads "
+                f"(e.g. --arch diverse_transformer_iwslt_de_en); {type(core).__name__} does not "
+                f"(no diverse_attention_modules())"
+            )
+        if getattr(core, "uses_activation_checkpointing", False):
+            raise ValueError(
+                f"--criterion {CRITERION_NAME} cannot be used with --checkpoint-activations / "
+                "--offload-activations: their first forward runs without autograd, so the tapped heads "
+                "carry no graph; drop the flag"
+            )
+        modules = {t: [] for t in self.attention_types}
+        depth: Dict[str, int] = {}
+        needed = frozenset(_TAP_OF_TERM[t] for t in self.terms)
+        for m in core.diverse_attention_modules():
+            depth[m.attention_type] = max(depth.get(m.attention_type, 0), m.layer_idx + 1)
+            selected = m.attention_type in modules and (self.layers is None or m.layer_idx in self.layers)
+            if selected:
+                if m.num_heads < 2:
+                    raise ValueError(
+                        f"--criterion {CRITERION_NAME}: {m.attention_type} attention of layer {m.layer_idx} "
+                        f"has {m.num_heads} head; disagreement needs at least 2"
+                    )
+                modules[m.attention_type].append(m)
+            m.set_taps(needed if selected else ())
+        for attention_type, mods in modules.items():
+            if not mods:
+                if self.layers is not None and depth.get(attention_type, 0) > 0:
+                    raise ValueError(
+                        f"--disagreement-layers {','.join(map(str, self.layers))} selects no {attention_type} "
+                        f"layer (the model has {depth[attention_type]}, indices from 0)"
+                    )
+                raise ValueError(
+                    f"--disagreement-attention {attention_type}: the model has no such attention modules"
+                )
+        self._regularized = modules
+        self._prepared_for = id(core)
+
+    # ------------------------------------------------------------------ loss
+
+    def similarities(self, sample) -> Dict[str, Tensor]:
+        """``{"<term>_<type>": 0-dim tensor}`` from the taps of the last forward (then cleared)."""
+        src_pad = sample["net_input"]["src_tokens"].eq(self.padding_idx)  # [B, S]
+        tgt_pad = sample["target"].eq(self.padding_idx)  # [B, T]
+        sims: Dict[str, Tensor] = {}
+        for attention_type, mods in self._regularized.items():
+            query_pad = src_pad if attention_type == "enc_self" else tgt_pad
+            key_pad = tgt_pad if attention_type == "dec_self" else src_pad
+            for term in self.terms:
+                tap = _TAP_OF_TERM[term]
+                pad = key_pad if term == "sub" else query_pad
+                per_layer = []
+                for m in mods:
+                    if tap not in m.tapped:
+                        raise RuntimeError(
+                            f"{attention_type} attention of layer {m.layer_idx} produced no '{tap}' tap; "
+                            "was the model run through this criterion's forward?"
+                        )
+                    per_layer.append(_SIMILARITY[term](m.tapped[tap], pad))
+                sims[f"{term}_{attention_type}"] = torch.stack(per_layer).mean()
+        for mods in self._regularized.values():
+            for m in mods:
+                m.tapped = {}
+        return sims
+
+    def forward(self, model, sample, reduce=True):
+        if not reduce:
+            raise ValueError(f"{CRITERION_NAME} only supports reduce=True (a summed loss)")
+        self.prepare_model(model)
+        net_output = model(**sample["net_input"])
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        if self.disagreement_lambda > 0:
+            sims = self.similarities(sample)
+        else:  # only for logging
+            with torch.no_grad():
+                sims = self.similarities(sample)
+        sim_total = torch.stack(list(sims.values())).sum()
+        if self.disagreement_lambda > 0:
+            loss = loss + (self.disagreement_lambda * sample_size) * sim_total
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+            "sim_total": sim_total.detach() * sample_size,
+        }
+        for name, value in sims.items():  # sample_size-weighted sums, averaged in reduce_metrics
+            logging_output[f"sim_{name}"] = value.detach() * sample_size
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"] = n_correct.item()
+            logging_output["total"] = total.item()
+        return loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        keys = sorted({k for log in logging_outputs for k in log if k.startswith("sim_")})
+        for key in keys:
+            total = sum(log.get(key, 0) for log in logging_outputs)
+            metrics.log_scalar(key, total / max(sample_size, 1), sample_size, round=4)

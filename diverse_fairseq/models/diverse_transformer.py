@@ -1,0 +1,197 @@
+"""The Transformer whose attention modules expose their heads: ``--arch diverse_transformer*``.
+
+Identical to fairseq's legacy ``transformer`` (same parameter names, initialisation and outputs) except
+that every attention module is a :class:`~diverse_fairseq.modules.diverse_attention.DiverseMultiheadAttention`
+tagged with ``attention_type`` ("enc_self", "dec_self", "enc_dec") and ``layer_idx`` (0-based), so that
+criteria (disagreement regularization, Li et al. EMNLP 2018) and optimizers (repulsive attention, An et
+al. EMNLP 2020) find them through :meth:`DiverseTransformerModel.diverse_attention_modules` and never
+by parameter names. With no taps set and no aggregator it trains exactly like ``transformer``.
+"""
+
+from argparse import Namespace
+from typing import Iterator
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig
+from fairseq.models.transformer.transformer_decoder import TransformerDecoderBase
+from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
+from fairseq.models.transformer.transformer_legacy import (
+    TransformerModel,
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_vaswani_wmt_en_de_big,
+    transformer_wmt_en_de,
+    transformer_wmt_en_de_big,
+)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from omegaconf import DictConfig, OmegaConf
+
+from ..modules.diverse_attention import DiverseMultiheadAttention
+
+
+
+class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's encoder layer with a :class:`DiverseMultiheadAttention` self-attention."""
+
+    def build_self_attention(self, embed_dim, cfg):
+        return DiverseMultiheadAttention(
+            embed_dim,
+            cfg.encoder.attention_heads,
+            dropout=cfg.attention_dropout,
+            self_attention=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            xformers_att_config=cfg.encoder.xformers_att_config,
+        )
+
+
+class DiverseTransformerDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer with :class:`DiverseMultiheadAttention` self- and cross-attention."""
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        return DiverseMultiheadAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            dropout=cfg.attention_dropout,
+            add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn,
+            self_attention=not cfg.cross_self_attention,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            xformers_att_config=cfg.decoder.xformers_att_config,
+        )
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return DiverseMultiheadAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            kdim=cfg.encoder.embed_dim,
+            vdim=cfg.encoder.embed_dim,
+            dropout=cfg.attention_dropout,
+            encoder_decoder_attention=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            xformers_att_config=cfg.encoder.xformers_att_config,
+        )
+
+
+def _wrap_layer(layer, cfg):
+    """Activation checkpointing and FSDP wrapping exactly as fairseq's ``build_*_layer``."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+def _tag_layers(layers, pairs):
+    """Set ``attention_type`` / ``layer_idx`` on each layer's attention modules (pairs: (attr, type))."""
+    for idx, layer in enumerate(layers):
+        for attr, attention_type in pairs:
+            for module in layer.modules():  # also finds the layer inside an FSDP wrapper
+                mha = getattr(module, attr, None)
+                if isinstance(mha, DiverseMultiheadAttention):
+                    mha.attention_type = attention_type
+                    mha.layer_idx = idx
+                    break
+
+
+class DiverseTransformerEncoder(TransformerEncoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        _tag_layers(self.layers, [("self_attn", "enc_self")])
+
+    def build_encoder_layer(self, cfg):
+        return _wrap_layer(DiverseTransformerEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+
+class DiverseTransformerDecoder(TransformerDecoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(
+            cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+            output_projection=output_projection,
+        )
+        _tag_layers(self.layers, [("self_attn", "dec_self"), ("encoder_attn", "enc_dec")])
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return _wrap_layer(DiverseTransformerDecoderLayer(cfg, no_encoder_attn), cfg)
+
+
+@register_model("diverse_transformer")
+class DiverseTransformerModel(TransformerModel):
+    """fairseq's ``transformer`` built from :class:`DiverseMultiheadAttention` modules."""
+
+    @classmethod
+    def build_model(cls, args, task):
+        # under fairseq-hydra-train the model config is a DictConfig, whose extra options
+        # TransformerConfig.from_namespace would silently drop (FAIRSEQ-NOTES, "Hydra path bug")
+        if isinstance(args, DictConfig):
+            args = Namespace(**OmegaConf.to_container(args, resolve=True))
+        model = super().build_model(args, task)
+        model.diverse_args = args
+        return model
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return DiverseTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return DiverseTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+    def diverse_attention_modules(self) -> Iterator[DiverseMultiheadAttention]:
+        """All attention modules, encoder then decoder, each tagged with attention_type and layer_idx."""
+        for module in self.modules():
+            if isinstance(module, DiverseMultiheadAttention) and module.attention_type is not None:
+                yield module
+
+    @property
+    def uses_activation_checkpointing(self) -> bool:
+        """True when layers run under ``--checkpoint-activations`` (first forward without a graph)."""
+        return bool(self.cfg.checkpoint_activations or self.cfg.offload_activations)
+
+
+# ---------------------------------------------------------------------------------- architectures
+# Each sets no defaults of its own beyond fairseq's and calls the stock architecture function, so that
+# ``diverse_transformer_X`` has exactly the sizes of ``transformer_X``.
+
+
+@register_model_architecture("diverse_transformer", "diverse_transformer")
+def diverse_base_architecture(args):
+    """Transformer-base sizes (512 dim, 8 heads, 6+6 layers, FFN 2048)."""
+    base_architecture(args)
+
+
+@register_model_architecture("diverse_transformer", "diverse_transformer_iwslt_de_en")
+def diverse_transformer_iwslt_de_en(args):
+    """IWSLT Transformer-small (512 dim, 4 heads, 6+6 layers, FFN 1024): EMNLP 2020 IWSLT14 setting."""
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("diverse_transformer", "diverse_transformer_wmt_en_de")
+def diverse_transformer_wmt_en_de(args):
+    """Transformer-base (512 dim, 8 heads): the papers' WMT14 En⇒De / WMT17 Zh⇒En base setting."""
+    transformer_wmt_en_de(args)
+
+
+@register_model_architecture("diverse_transformer", "diverse_transformer_vaswani_wmt_en_de_big")
+def diverse_transformer_vaswani_wmt_en_de_big(args):
+    """Transformer-big (1024 dim, 16 heads, FFN 4096, dropout 0.3): the papers' big setting."""
+    transformer_vaswani_wmt_en_de_big(args)
+
+
+@register_model_architecture("diverse_transformer", "diverse_transformer_wmt_en_de_big")
+def diverse_transformer_wmt_en_de_big(args):
+    """Transformer-big with attention dropout 0.1 (fairseq's ``transformer_wmt_en_de_big``)."""
+    transformer_wmt_en_de_big(args)
+
+
+@register_model_architecture("diverse_transformer", "diverse_transformer_wmt_en_de_big_8heads")
+def diverse_transformer_wmt_en_de_big_8heads(args):
+    """Transformer-big with 8 heads per attention (journal version, Table 6)."""
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 8)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 8)
+    transformer_vaswani_wmt_en_de_big(args)

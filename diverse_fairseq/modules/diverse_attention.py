@@ -1,0 +1,246 @@
+"""fairseq ``MultiheadAttention`` whose heads can be observed (taps) and combined by a custom module.
+
+Disagreement regularization (Li et al., EMNLP 2018, §3) needs, per attention module and per forward,
+the projected values V, the attention probabilities A or the head outputs O (SPEC §1); routing-by-
+agreement (Li et al., NAACL 2019, §3) replaces the concatenation + W_O that combines the heads.
+``DiverseMultiheadAttention`` offers both without giving up fairseq's behaviour:
+
+* no taps and no aggregator: ``MultiheadAttention.forward`` unchanged (bit-identical to stock);
+* full sequences (training, scoring): own Q/K/V projections and the fused
+  ``scaled_dot_product_attention`` kernel; A is materialised (fp32 softmax, as fairseq does) only when
+  it is tapped or attention weights are requested;
+* incremental decoding: fairseq's own cached path up to the attention logits (``before_softmax=True``),
+  then softmax, dropout and ``A·V`` here, so the key/value cache stays fairseq's.
+"""
+
+from typing import Dict, FrozenSet, Iterable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.modules.multihead_attention import MultiheadAttention
+from torch import Tensor, nn
+
+TAP_NAMES = frozenset({"v", "a", "o"})
+
+
+class DiverseMultiheadAttention(MultiheadAttention):
+    """Multi-head attention with per-head taps and a replaceable head combination.
+
+    Attributes:
+        taps: which per-head tensors to keep after each forward, a subset of ``{"v", "a", "o"}``
+            (empty by default). Set it directly or with :meth:`set_taps`.
+        tapped: after each forward, ``{"v": [B,H,S,d], "a": [B,H,T,S], "o": [B,H,T,d]}`` restricted to
+            ``taps``, with their autograd graph; ``a`` is the fp32 softmax output before attention
+            dropout, ``v`` covers the real key tokens (no ``bias_kv`` / zero-attention slot). Cleared at
+            the start of every forward.
+        attention_type, layer_idx: where the module sits ("enc_self", "dec_self", "enc_dec"; 0-based
+            layer), set by the model that builds it.
+
+    Args:
+        aggregator: optional module mapping the concatenated heads ``[T, B, E] -> [T, B, E]``; it
+            replaces ``out_proj``, which is then deleted (no unused parameters).
+        Other arguments: as fairseq's ``MultiheadAttention``.
+    """
+
+    def __init__(self, *args, aggregator: Optional[nn.Module] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.taps: FrozenSet[str] = frozenset()
+        self.tapped: Dict[str, Tensor] = {}
+        self.attention_type: Optional[str] = None
+        self.layer_idx: Optional[int] = None
+        self.aggregator: Optional[nn.Module] = None
+        if aggregator is not None:
+            self.set_aggregator(aggregator)
+
+    # ------------------------------------------------------------------ configuration
+
+    def set_taps(self, taps: Iterable[str]) -> None:
+        taps = frozenset(taps)
+        unknown = taps - TAP_NAMES
+        if unknown:
+            raise ValueError(f"unknown attention taps {sorted(unknown)}; choose from {sorted(TAP_NAMES)}")
+        self.taps = taps
+
+    def set_aggregator(self, aggregator: nn.Module) -> None:
+        """Combine heads with ``aggregator`` ([T, B, E] -> [T, B, E]) instead of ``out_proj``."""
+        if hasattr(self, "out_proj"):
+            del self.out_proj
+        self.aggregator = aggregator
+
+    def reset_parameters(self):
+        if getattr(self, "aggregator", None) is None:
+            return super().reset_parameters()
+        # out_proj is gone; initialise the projections as fairseq does, the aggregator itself
+        gain = 1 / 2**0.5 if self.qkv_same_dim else 1.0
+        for proj in (self.k_proj, self.v_proj, self.q_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=gain)
+        if hasattr(self.aggregator, "reset_parameters"):
+            self.aggregator.reset_parameters()
+
+    def combine_heads(self, o: Tensor) -> Tensor:
+        """Concatenate head outputs ``o`` [B, H, T, d] and project: ``[T, B, E]``."""
+        bsz, num_heads, tgt_len, head_dim = o.shape
+        x = o.permute(2, 0, 1, 3).reshape(tgt_len, bsz, num_heads * head_dim)  # [T, B, E]
+        if self.aggregator is not None:
+            return self.aggregator(x)
+        return self.out_proj(x)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        if self.tapped:
+            self.tapped = {}
+        if (not self.taps and self.aggregator is None) or before_softmax or self.onnx_trace:
+            if self.aggregator is not None and not before_softmax:
+                raise RuntimeError("DiverseMultiheadAttention with an aggregator cannot be ONNX-traced")
+            return super().forward(
+                query, key, value, key_padding_mask=key_padding_mask,
+                incremental_state=incremental_state, need_weights=need_weights, static_kv=static_kv,
+                attn_mask=attn_mask, before_softmax=before_softmax, need_head_weights=need_head_weights,
+            )
+        if need_head_weights:
+            need_weights = True
+        if incremental_state is not None:
+            return self._forward_incremental(
+                query, key, value, key_padding_mask, incremental_state, need_weights, static_kv,
+                attn_mask, need_head_weights,
+            )
+        return self._forward_full(
+            query, key, value, key_padding_mask, need_weights, attn_mask, need_head_weights
+        )
+
+    def _dropout_p(self) -> float:
+        active = self.training or self.dropout_module.apply_during_inference
+        return self.dropout_module.p if active else 0.0
+
+    def _forward_full(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        need_weights: bool,
+        attn_mask: Optional[Tensor],
+        need_head_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        tgt_len, bsz, _ = query.size()
+        if self.self_attention:
+            key = value = query
+        elif self.encoder_decoder_attention:
+            value = key
+        assert key is not None and value is not None
+        num_heads, head_dim = self.num_heads, self.head_dim
+
+        q = self.q_proj(query)  # [T, B, E]
+        k = self.k_proj(key)  # [S, B, E]
+        v = self.v_proj(value)  # [S, B, E]
+        if "v" in self.taps:
+            self.tapped["v"] = v.view(-1, bsz, num_heads, head_dim).permute(1, 2, 0, 3)  # [B, H, S, d]
+        if self.bias_k is not None:
+            k, v, key_padding_mask, attn_mask = self._add_bias(k, v, key_padding_mask, attn_mask, bsz)
+
+        def split_heads(x: Tensor) -> Tensor:  # [L, B, E] -> [B, H, L, d]
+            return x.view(x.size(0), bsz, num_heads, head_dim).permute(1, 2, 0, 3)
+
+        q, k, v = split_heads(q), split_heads(k), split_heads(v)
+        if self.add_zero_attn:
+            k, v, key_padding_mask, attn_mask = self._append_zero_attn(k, v, key_padding_mask, attn_mask)
+        src_len = k.size(2)
+
+        # one additive mask for both: [1 or B, 1, T or 1, S]
+        mask: Optional[Tensor] = None
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask, float("-inf"))
+            if attn_mask.dim() == 3:  # [B*H, T, S]
+                mask = attn_mask.to(q.dtype).view(bsz, num_heads, tgt_len, src_len)
+            else:  # [T, S]
+                mask = attn_mask.to(q.dtype).view(1, 1, tgt_len, src_len)
+        if key_padding_mask is not None:
+            pad = key_padding_mask.to(torch.bool).view(bsz, 1, 1, src_len)
+            if mask is None:
+                mask = torch.zeros(pad.shape, dtype=q.dtype, device=q.device)
+            mask = mask.masked_fill(pad, float("-inf"))
+
+        dropout_p = self._dropout_p()
+        weights: Optional[Tensor] = None
+        if "a" in self.taps or need_weights:
+            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # [B, H, T, S]
+            if mask is not None:
+                logits = logits + mask
+            probs = utils.softmax(logits, dim=-1)  # fp32, as fairseq
+            if "a" in self.taps:
+                self.tapped["a"] = probs
+            weights = probs
+            probs = self.dropout_module(probs.type_as(logits))
+            o = torch.matmul(probs, v)  # [B, H, T, d]
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # [B, H, T, d]
+        if "o" in self.taps:
+            self.tapped["o"] = o
+        attn = self.combine_heads(o)  # [T, B, E]
+        return attn, self._head_weights(weights, need_weights, need_head_weights)
+
+    def _forward_incremental(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
+        need_weights: bool,
+        static_kv: bool,
+        attn_mask: Optional[Tensor],
+        need_head_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        tgt_len, bsz, _ = query.size()
+        num_heads, head_dim = self.num_heads, self.head_dim
+        # fairseq's cached projection path (never the fused one: incremental_state is set)
+        logits, v = super().forward(
+            query, key, value, key_padding_mask=key_padding_mask, incremental_state=incremental_state,
+            need_weights=False, static_kv=static_kv, attn_mask=attn_mask, before_softmax=True,
+        )  # logits [B*H, T, S] (scaled, masked), v [kv_B*H, S, d]
+        src_len = logits.size(-1)
+        kv_bsz = v.size(0) // num_heads
+        probs_f = utils.softmax(logits, dim=-1)  # fp32
+        probs = self.dropout_module(probs_f.type_as(logits))
+        if self.encoder_decoder_attention and bsz != kv_bsz:  # beamable enc-dec attention
+            o = torch.einsum(
+                "bxhts,bhsd->bxhtd",
+                probs.view(kv_bsz, -1, num_heads, tgt_len, src_len),
+                v.view(kv_bsz, num_heads, -1, head_dim),
+            ).reshape(bsz, num_heads, tgt_len, head_dim)
+        else:
+            o = torch.bmm(probs, v).view(bsz, num_heads, tgt_len, head_dim)  # [B, H, T, d]
+        if "v" in self.taps:
+            self.tapped["v"] = v.view(kv_bsz, num_heads, -1, head_dim)
+        if "a" in self.taps:
+            self.tapped["a"] = probs_f.view(bsz, num_heads, tgt_len, src_len)
+        if "o" in self.taps:
+            self.tapped["o"] = o
+        attn = self.combine_heads(o)  # [T, B, E]
+        weights = probs_f.view(bsz, num_heads, tgt_len, src_len) if need_weights else None
+        return attn, self._head_weights(weights, need_weights, need_head_weights)
+
+    @staticmethod
+    def _head_weights(
+        weights: Optional[Tensor], need_weights: bool, need_head_weights: bool
+    ) -> Optional[Tensor]:
+        """fairseq's convention: [H, B, T, S] per head, else the mean over heads [B, T, S]."""
+        if not need_weights or weights is None:
+            return None
+        weights = weights.transpose(1, 0)  # [H, B, T, S]
+        return weights if need_head_weights else weights.mean(dim=0)

@@ -1,0 +1,142 @@
+"""label_smoothed_cross_entropy_with_disagreement, in process: the loss, the taps it sets, its checks."""
+
+import pytest
+import torch
+from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+from fairseq.logging import metrics
+from fairseq.models.transformer import TransformerModel
+
+from _disagreement_utils import batch, build, tiny_task
+from diverse_fairseq.criterions.disagreement_loss import LabelSmoothedCrossEntropyWithDisagreementCriterion
+from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel
+from test_disagreement_functions import naive_cosine, naive_overlap
+
+pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
+
+
+@pytest.fixture(scope="module")
+def task():
+    return tiny_task()
+
+
+def criterion(task, **kw):
+    return LabelSmoothedCrossEntropyWithDisagreementCriterion(task, sentence_avg=False, label_smoothing=0.1, **kw)
+
+
+def reference_similarity(model, sample, pad, terms, types):
+    """sim_total from the taps with plain loops: masked token mean, layer mean, sum over terms and types."""
+    src_pad = sample["net_input"]["src_tokens"].eq(pad)
+    tgt_pad = sample["target"].eq(pad)
+    total, per_key = 0.0, {}
+    for attention_type in types:
+        mods = [m for m in model.diverse_attention_modules() if m.attention_type == attention_type]
+        for term in terms:
+            vals = []
+            for m in mods:
+                if term == "sub":
+                    vals.append(naive_cosine(m.tapped["v"].detach(), tgt_pad if attention_type == "dec_self" else src_pad))
+                elif term == "out":
+                    vals.append(naive_cosine(m.tapped["o"].detach(), src_pad if attention_type == "enc_self" else tgt_pad))
+                else:
+                    vals.append(naive_overlap(m.tapped["a"].detach(), src_pad if attention_type == "enc_self" else tgt_pad))
+            per_key[f"{term}_{attention_type}"] = sum(vals) / len(vals)
+            total += per_key[f"{term}_{attention_type}"]
+    return total, per_key
+
+
+@pytest.mark.parametrize(
+    "terms,types",
+    [("out", "enc_self,dec_self,enc_dec"), ("sub,pos,out", "enc_self,dec_self,enc_dec"), ("pos", "enc_dec"),
+     ("sub", "dec_self,enc_self")],
+)
+def test_loss_is_ce_plus_lambda_sample_size_similarity(task, terms, types):
+    model = build(DiverseTransformerModel, "diverse_transformer", task).train()
+    sample = batch(task)
+    crit = criterion(task, disagreement_lambda=0.7, disagreement_terms=terms, disagreement_attention=types)
+    loss, sample_size, log = crit(model, sample)
+    # the taps were consumed (cleared); recompute them for the reference with a plain forward
+    assert all(m.tapped == {} for m in model.diverse_attention_modules())
+    net_output = model(**sample["net_input"])
+    ce, _ = LabelSmoothedCrossEntropyCriterion(task, False, 0.1).compute_loss(model, net_output, sample)
+    ref_total, ref_keys = reference_similarity(model, sample, task.target_dictionary.pad(), terms.split(","), types.split(","))
+    assert sample_size == sample["ntokens"]
+    assert loss.item() == pytest.approx(ce.item() + 0.7 * sample_size * ref_total, rel=1e-5)
+    for key, value in ref_keys.items():
+        assert log[f"sim_{key}"].item() / sample_size == pytest.approx(value, rel=1e-5, abs=1e-6)
+    assert {k for k in log if k.startswith("sim_")} == {f"sim_{k}" for k in ref_keys} | {"sim_total"}
+
+
+def test_taps_only_what_the_terms_need(task):
+    model = build(DiverseTransformerModel, "diverse_transformer", task)
+    crit = criterion(task, disagreement_terms="sub,out", disagreement_attention="enc_self,enc_dec",
+                     disagreement_layers="1")
+    crit.prepare_model(model)
+    for m in model.diverse_attention_modules():
+        selected = m.attention_type in ("enc_self", "enc_dec") and m.layer_idx == 1
+        assert m.taps == (frozenset({"v", "o"}) if selected else frozenset()), (m.attention_type, m.layer_idx)
+    crit2 = criterion(task, disagreement_terms="pos")
+    crit2.prepare_model(model)
+    assert all(m.taps == frozenset({"a"}) for m in model.diverse_attention_modules())
+
+
+def test_lambda_zero_logs_without_regularizing(task):
+    model = build(DiverseTransformerModel, "diverse_transformer", task).train()
+    sample = batch(task)
+    loss0, _, log0 = criterion(task, disagreement_lambda=0.0)(model, sample)
+    ce, _, _ = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)(model, sample)
+    assert (loss0 - ce).abs().item() <= 1e-4
+    assert log0["sim_out_enc_self"] > 0
+    # with λ > 0 the attention parameters get an extra gradient
+    q = model.encoder.layers[0].self_attn.v_proj.weight
+    g0 = torch.autograd.grad(loss0, q)[0]
+    loss1, _, _ = criterion(task, disagreement_lambda=1.0)(model, sample)
+    g1 = torch.autograd.grad(loss1, q)[0]
+    assert (g1 - g0).abs().max() > 1e-4
+
+
+def test_logged_similarity_is_a_sample_size_weighted_mean():
+    logs = [
+        {"loss": torch.tensor(10.0), "nll_loss": torch.tensor(9.0), "ntokens": 10, "nsentences": 2,
+         "sample_size": 10, "sim_out_enc_self": torch.tensor(0.5 * 10), "sim_total": torch.tensor(0.5 * 10)},
+        {"loss": torch.tensor(30.0), "nll_loss": torch.tensor(27.0), "ntokens": 30, "nsentences": 5,
+         "sample_size": 30, "sim_out_enc_self": torch.tensor(0.1 * 30), "sim_total": torch.tensor(0.1 * 30)},
+    ]
+    with metrics.aggregate() as agg:
+        LabelSmoothedCrossEntropyWithDisagreementCriterion.reduce_metrics(logs)
+    assert agg.get_smoothed_values()["sim_out_enc_self"] == pytest.approx(0.2)
+    assert agg.get_smoothed_values()["sim_total"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    "kw,flag",
+    [
+        (dict(disagreement_lambda=-1.0), "--disagreement-lambda"),
+        (dict(disagreement_lambda=float("nan")), "--disagreement-lambda"),
+        (dict(disagreement_terms="out,diff"), "--disagreement-terms"),
+        (dict(disagreement_terms=""), "--disagreement-terms"),
+        (dict(disagreement_attention="enc_self,cross"), "--disagreement-attention"),
+        (dict(disagreement_layers="0,x"), "--disagreement-layers"),
+        (dict(disagreement_layers="-1"), "--disagreement-layers"),
+    ],
+)
+def test_bad_flags_fail_at_construction(task, kw, flag):
+    with pytest.raises(ValueError, match=flag):
+        criterion(task, **kw)
+
+
+def test_layer_out_of_range_is_named(task):
+    model = build(DiverseTransformerModel, "diverse_transformer", task)
+    with pytest.raises(ValueError, match="--disagreement-layers 5 selects no enc_self layer"):
+        criterion(task, disagreement_layers="5").prepare_model(model)
+
+
+def test_refuses_a_model_without_heads(task):
+    model = build(TransformerModel, "transformer", task)
+    with pytest.raises(ValueError, match="needs a model whose attention modules expose their heads"):
+        criterion(task)(model, batch(task))
+
+
+def test_refuses_checkpoint_activations(task):
+    model = build(DiverseTransformerModel, "diverse_transformer", task, extra=["--checkpoint-activations"])
+    with pytest.raises(ValueError, match="--checkpoint-activations"):
+        criterion(task)(model, batch(task))
