@@ -25,6 +25,8 @@ def build_parser():
     p.add_argument("--data-bin", default=env("DATA_BIN", str(REPO / "data-bin")), help="[DATA_BIN]")
     p.add_argument("--train-args", default=env("TRAIN_ARGS", ""),
                    help="extra fairseq-train flags for every row, e.g. '--max-update 100' [TRAIN_ARGS]")
+    p.add_argument("--generate-args", default=env("GENERATE_ARGS", ""),
+                   help="extra fairseq-generate flags for every row, e.g. '--beam 1' [GENERATE_ARGS]")
     return p
 
 
@@ -60,7 +62,7 @@ def main(argv=None):
     out = Path(args.out or REPO / "results" / table.table)
     run = RunConfig(dataset=dataset, scale=args.scale, seeds=parse_seeds(args.seeds), gpus=args.gpus,
                     out_dir=out / f"{dataset}-{args.scale}", data_bin=Path(args.data_bin),
-                    train_args=shlex.split(args.train_args))
+                    train_args=shlex.split(args.train_args), generate_args=shlex.split(args.generate_args))
     if dataset == "demo":
         ensure_demo_data(run.data_bin / dataset)
     results = run_table(table, run)

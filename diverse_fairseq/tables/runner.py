@@ -31,6 +31,7 @@ class RunConfig:
     out_dir: Path
     data_bin: Path = REPO / "data-bin"
     train_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-train flags
+    generate_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-generate flags
 
     def run_dir(self, row: Row, seed: int) -> Path:
         return self.out_dir / "runs" / row.id / f"seed{seed}"
@@ -86,7 +87,7 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
         results = json.loads((out / "results.json").read_text())
     else:
         print(f"  [{row.id} seed {seed}] evaluating {checkpoint}", flush=True)
-        args = [checkpoint, str(data), "--out", str(out)]
+        args = [checkpoint, str(data), "--out", str(out), *run.generate_args]
         if run.gpus == 0:
             args.append("--cpu")
         results = evaluate_main(args)

@@ -1,0 +1,185 @@
+"""Head importance by ablation at test time (Michel, Levy, Neubig 2019, "Are Sixteen Heads Really Better
+than One?"; used by An et al., EMNLP 2020, Figure 2 "Distribution of heads by performance drop after
+masking at test time").
+
+Each head h of each attention module is masked in turn, by zeroing its output O_h before the heads are
+combined (``out_proj`` of the concatenation, or a routing aggregator; :mod:`.attention`), and the
+validation set is scored again. A head's importance is the resulting **increase** of the teacher-forced
+token NLL (nats per target token; a negative value means the model got better without the head) and,
+optionally, the **drop** of BLEU of beam-search translations. One pass per masked head; for the NLL, the layers below the masked one are not recomputed but replayed
+from the unmasked pass (:class:`LayerReplay`; their outputs cannot depend on the mask), which roughly
+halves the cost.
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .attention import AttentionSite, set_head_mask, set_taps
+from .collect import batch_nll
+
+
+@dataclass
+class HeadImportance:
+    attention_type: str
+    layer: int  # 0-based
+    head: int  # 0-based
+    nll: float
+    delta_nll: float  # masked − unmasked (positive: the head helps)
+    bleu: Optional[float] = None
+    delta_bleu: Optional[float] = None  # unmasked − masked (positive: the head helps)
+
+    def as_dict(self) -> Dict:
+        return {"attention_type": self.attention_type, "layer": self.layer + 1, "head": self.head + 1,
+                "nll": self.nll, "delta_nll": self.delta_nll, "bleu": self.bleu, "delta_bleu": self.delta_bleu}
+
+
+@dataclass
+class Importance:
+    base_nll: float
+    heads: List[HeadImportance] = field(default_factory=list)
+    base_bleu: Optional[float] = None
+    bleu_sentences: Optional[int] = None
+
+
+class _Replayed(nn.Module):
+    """Stands in for a layer: returns, call after call, the outputs that layer produced in the recorded pass."""
+
+    def __init__(self, outputs: List):
+        super().__init__()
+        self.outputs = outputs
+        self.calls = 0
+
+    def forward(self, *args, **kwargs):
+        out = self.outputs[self.calls]
+        self.calls += 1
+        return out
+
+
+class LayerReplay:
+    """Records the output of every encoder and decoder layer over one pass of ``batches``, then lets later
+    passes replay the layers below a given depth instead of recomputing them.
+
+    Found structurally (``model.encoder.layers``, ``model.decoder.layers``); a replayed layer returns exactly
+    the object the real layer returned (a tensor, or the decoder layer's tuple).
+    """
+
+    def __init__(self, model):
+        self.stacks = {"encoder": model.encoder.layers, "decoder": model.decoder.layers}
+        self.outputs = {(name, j): [] for name, layers in self.stacks.items() for j in range(len(layers))}
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        for recorded in self.outputs.values():
+            recorded.clear()
+        handles = [layer.register_forward_hook(self._hook(name, j))
+                   for name, layers in self.stacks.items() for j, layer in enumerate(layers)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _hook(self, name: str, j: int):
+        def hook(module, inputs, output):
+            self.outputs[(name, j)].append(output)
+        return hook
+
+    @contextlib.contextmanager
+    def replaying(self, below: Dict[str, int]) -> Iterator[None]:
+        """Replace ``layers[j]`` for ``j < below[stack]`` by their recorded outputs."""
+        originals = []
+        try:
+            for name, depth in below.items():
+                layers = self.stacks[name]
+                for j in range(depth):
+                    originals.append((layers, j, layers[j]))
+                    layers[j] = _Replayed(self.outputs[(name, j)])
+            yield
+        finally:
+            for layers, j, layer in reversed(originals):
+                layers[j] = layer
+
+    def first_affected(self, site: AttentionSite) -> Dict[str, int]:
+        """Layers per stack that a mask on ``site`` cannot change: all below it (the whole encoder for a
+        decoder-side site)."""
+        if site.attention_type == "enc_self":
+            return {"encoder": site.layer}
+        return {"encoder": len(self.stacks["encoder"]), "decoder": site.layer}
+
+
+@torch.no_grad()
+def mean_nll(model, batches: List[Dict], pad: int) -> float:
+    """Teacher-forced NLL (nats per target token) of the references in ``batches``."""
+    total, tokens = 0.0, 0
+    for sample in batches:
+        batch_sum, batch_tokens = batch_nll(model, sample, model(**sample["net_input"]), pad)
+        total += batch_sum
+        tokens += batch_tokens
+    return total / max(tokens, 1)
+
+
+@torch.no_grad()
+def corpus_bleu(model, task, batches: List[Dict], beam: int = 4) -> float:
+    """sacrebleu BLEU (tokenize=none) of beam-search output against the references, both as dictionary
+    symbols with subword markers removed. Comparable between ablations of one model, not to papers."""
+    import sacrebleu
+    from fairseq.sequence_generator import SequenceGenerator
+
+    tgt_dict = task.target_dictionary
+    generator = SequenceGenerator([model], tgt_dict, beam_size=beam, max_len_a=1.2, max_len_b=10)
+    hyps, refs = [], []
+    for sample in batches:
+        for i, hypos in enumerate(generator.generate([model], sample)):
+            hyps.append(_detok(tgt_dict, hypos[0]["tokens"]))
+            refs.append(_detok(tgt_dict, sample["target"][i]))
+    return float(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score)
+
+
+def _detok(dictionary, tokens) -> str:
+    text = dictionary.string(tokens.int().cpu(), bpe_symbol="sentencepiece" if _uses_spm(dictionary) else "subword_nmt")
+    return " ".join(text.split())
+
+
+def _uses_spm(dictionary) -> bool:
+    return any(sym.startswith("\u2581") for sym in dictionary.symbols[dictionary.nspecial:dictionary.nspecial + 200])
+
+
+@torch.no_grad()
+def head_importance(model, task, sites: Sequence[AttentionSite], batches: List[Dict], pad: int,
+                    bleu_batches: Optional[List[Dict]] = None, beam: int = 4, progress: bool = True,
+                    replay: bool = True) -> Importance:
+    """Mask every head of every site in turn; modules must be :func:`instrument`-ed.
+
+    Taps are set to {"o"} only to route forwards through the path where masks apply; the unmasked
+    reference NLL/BLEU are computed on that same path, so the differences are due to the mask alone.
+    With ``replay`` the NLL passes reuse the unmasked outputs of the layers below the masked module.
+    """
+    set_taps(sites, {"o"})
+    set_head_mask(sites, None)
+    layers = LayerReplay(model) if replay else None
+    with layers.recording() if layers is not None else contextlib.nullcontext():
+        result = Importance(base_nll=mean_nll(model, batches, pad))
+    if bleu_batches is not None:
+        result.base_bleu = corpus_bleu(model, task, bleu_batches, beam)
+        result.bleu_sentences = sum(b["target"].size(0) for b in bleu_batches)
+    jobs = [(site, h) for site in sites for h in range(site.num_heads)]
+    try:
+        for site, head in tqdm(jobs, desc="ablation", unit="head", disable=not progress):
+            set_head_mask(sites, site, head)
+            with layers.replaying(layers.first_affected(site)) if layers is not None else contextlib.nullcontext():
+                nll = mean_nll(model, batches, pad)
+            entry = HeadImportance(site.attention_type, site.layer, head, nll, nll - result.base_nll)
+            if bleu_batches is not None:
+                entry.bleu = corpus_bleu(model, task, bleu_batches, beam)
+                entry.delta_bleu = result.base_bleu - entry.bleu
+            result.heads.append(entry)
+    finally:
+        set_head_mask(sites, None)
+        for site in sites:
+            site.module.tapped = {}
+    return result

@@ -1,0 +1,89 @@
+"""Teacher-forced passes over the reference that gather what the report and the pictures need.
+
+One forward of the model on (source, reference shifted right) per batch, with every attention module
+tapped (V, A, O; SPEC §1): the disagreement scores of EMNLP 2018 Tables 4–5
+(:class:`~diverse_fairseq.analysis.scores.ScoreAccumulator`), each head's output averaged over all
+non-padding query tokens (the "head representations" of the journal version's Figure 3 t-SNE) and the
+model's token-level NLL.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from .attention import AttentionSite, set_taps
+from .scores import TOKEN_SIDE, ScoreAccumulator
+
+
+def pad_masks(sample: Dict, pad: int) -> Dict[str, Tensor]:
+    """``{"source": [B, S], "target": [B, T]}``, True at padding (fairseq left-pads sources: any side works)."""
+    return {"source": sample["net_input"]["src_tokens"].eq(pad), "target": sample["target"].eq(pad)}
+
+
+def batch_nll(model, sample: Dict, net_output, pad: int) -> Tuple[float, int]:
+    """Summed token NLL (nats) of the reference under teacher forcing, and the number of target tokens."""
+    lprobs = model.get_normalized_probs(net_output, log_probs=True)  # [B, T, V]
+    target = sample["target"]
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    keep = target.ne(pad)
+    return float(nll[keep].double().sum()), int(keep.sum())
+
+
+@dataclass
+class Collected:
+    scores: Dict[Tuple[str, int], ScoreAccumulator]
+    head_means: Dict[Tuple[str, int], Tensor]  # (type, layer) -> [H, d] mean head output over query tokens
+    nll: float  # mean over target tokens, nats
+    sentences: int
+    source_tokens: int
+    target_tokens: int
+
+
+@torch.no_grad()
+def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int, progress: bool = True) -> Collected:
+    """Scores, mean head outputs and NLL over ``batches`` (modules must be :func:`instrument`-ed)."""
+    set_taps(sites, {"v", "a", "o"})
+    scores = {(s.attention_type, s.layer): ScoreAccumulator() for s in sites}
+    out_sums: Dict[Tuple[str, int], Tensor] = {}
+    out_counts: Dict[Tuple[str, int], int] = {}
+    nll_sum, sentences, src_tokens, tgt_tokens = 0.0, 0, 0, 0
+    for sample in tqdm(batches, desc="scores", unit="batch", disable=not progress, leave=False):
+        net_output = model(**sample["net_input"])
+        masks = pad_masks(sample, pad)
+        for site in sites:
+            key, side = (site.attention_type, site.layer), TOKEN_SIDE[site.attention_type]
+            tapped = site.module.tapped
+            scores[key].update(tapped, key_pad=masks[side["sub"]], query_pad=masks[side["out"]])
+            o = tapped["o"].double()  # [B, H, T, d]
+            keep = (~masks[side["out"]]).to(o.dtype)  # [B, T]
+            summed = torch.einsum("bhtd,bt->hd", o, keep)  # [H, d]
+            out_sums[key] = out_sums[key] + summed if key in out_sums else summed
+            out_counts[key] = out_counts.get(key, 0) + int(keep.sum())
+        batch_sum, batch_tokens = batch_nll(model, sample, net_output, pad)
+        nll_sum += batch_sum
+        tgt_tokens += batch_tokens
+        src_tokens += int((~masks["source"]).sum())
+        sentences += sample["target"].size(0)
+    for site in sites:
+        site.module.tapped = {}
+    head_means = {key: (out_sums[key] / max(out_counts[key], 1)).float().cpu() for key in out_sums}
+    return Collected(scores, head_means, nll_sum / max(tgt_tokens, 1), sentences, src_tokens, tgt_tokens)
+
+
+@torch.no_grad()
+def attention_maps(model, sites: Sequence[AttentionSite], sample: Dict) -> Dict[Tuple[str, int], Tensor]:
+    """Attention probabilities of every head for a batch of one sentence: ``(type, layer) -> [H, T, S]``."""
+    set_taps(sites, {"a"})
+    model(**sample["net_input"])
+    maps = {(s.attention_type, s.layer): s.module.tapped["a"][0].float().cpu() for s in sites}
+    for site in sites:
+        site.module.tapped = {}
+    return maps
+
+
+def token_labels(dictionary, tokens: Tensor, pad: Optional[int] = None) -> List[str]:
+    """Dictionary symbols of a 1-D token tensor, padding dropped."""
+    return [dictionary[int(t)] for t in tokens.tolist() if pad is None or int(t) != pad]

@@ -1,0 +1,109 @@
+"""Load a fairseq translation checkpoint and a binarized split as a fixed list of collated batches.
+
+Any checkpoint that ``fairseq-generate`` can load works (stock ``transformer`` or ``diverse_transformer``);
+importing :mod:`diverse_fairseq` first registers the project's models and allowlists the classes fairseq
+pickles into checkpoints for torch's ``weights_only`` loader.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+import diverse_fairseq  # noqa: F401  (registrations, checkpoint allowlist)
+from fairseq import checkpoint_utils, utils
+from fairseq.data import data_utils
+from fairseq.dataclass.utils import overwrite_args_by_name
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    task: object
+    cfg: object
+    checkpoint: Path
+    data: Path
+
+    @property
+    def arch(self) -> str:
+        return str(getattr(self.cfg.model, "arch", None) or getattr(self.cfg.model, "_name", "?"))
+
+
+def _resolve_data(stored: Optional[str], checkpoint: Path) -> Path:
+    """The checkpoint's training data directory, tried as given, then relative to the checkpoint's ancestors."""
+    if not stored:
+        raise SystemExit(f"error: {checkpoint} names no data directory; pass --data DIR")
+    first = str(stored).split(":")[0]
+    path = Path(first)
+    if path.is_dir() or path.is_absolute():
+        return path
+    for ancestor in checkpoint.resolve().parents:
+        if (ancestor / path).is_dir():
+            return ancestor / path
+    raise SystemExit(f"error: data directory {first!r} stored in {checkpoint} not found (relative to the current "
+                     "directory or the checkpoint's ancestors); pass --data DIR")
+
+
+def load_checkpoint(checkpoint: str, data: Optional[str] = None, device: str = "cpu") -> LoadedModel:
+    """The first model of ``checkpoint`` in eval mode on ``device``, with its task set up on ``data``."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise SystemExit(f"error: checkpoint {path} not found")
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(path))  # read once, used for the data dir and the model
+    args = state.get("args")
+    if data is None:
+        stored = getattr(args, "data", None) if args is not None else state["cfg"]["task"].get("data")
+        data_dir = _resolve_data(stored, path)
+    else:
+        data_dir = Path(data)
+    if not data_dir.is_dir():
+        raise SystemExit(f"error: data directory {data_dir} not found")
+    if args is not None:  # argparse-era checkpoint
+        args.data = str(data_dir)
+    else:
+        overwrite_args_by_name(state["cfg"], {"data": str(data_dir)})
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], state=state)
+    model = models[0].to(device).eval()
+    return LoadedModel(model=model, task=task, cfg=cfg, checkpoint=path, data=data_dir)
+
+
+def load_batches(task, subset: str, max_sentences: Optional[int], max_tokens: int = 4096,
+                 batch_size: Optional[int] = None, device: str = "cpu") -> List[Dict]:
+    """The first ``max_sentences`` sentences of ``subset`` (file order; all if None), collated into batches
+    of similar length (at most ``max_tokens`` tokens), moved to ``device``. Deterministic."""
+    task.load_dataset(subset, combine=False, epoch=1)
+    dataset = task.dataset(subset)
+    count = len(dataset) if max_sentences is None else min(max_sentences, len(dataset))
+    if count == 0:
+        raise SystemExit(f"error: subset {subset!r} is empty")
+    indices = np.arange(count, dtype=np.int64)
+    sizes = np.array([dataset.num_tokens(int(i)) for i in indices])
+    indices = indices[np.argsort(sizes, kind="stable")]
+    chunks = data_utils.batch_by_size(indices, dataset.num_tokens, max_tokens=max_tokens, max_sentences=batch_size)
+    batches = []
+    for chunk in chunks:
+        sample = dataset.collater([dataset[int(i)] for i in chunk])
+        batches.append(utils.move_to_cuda(sample) if device == "cuda" else sample)
+    return batches
+
+
+def load_sentence(task, subset: str, index: int, device: str = "cpu") -> Dict:
+    """One sentence of ``subset`` (by its index in the split) as a batch of one."""
+    dataset = task.dataset(subset)
+    if not 0 <= index < len(dataset):
+        raise SystemExit(f"error: --sentence-id {index} out of range (subset {subset!r} has {len(dataset)} sentences)")
+    sample = dataset.collater([dataset[index]])
+    return utils.move_to_cuda(sample) if device == "cuda" else sample
+
+
+def pick_sentence(task, subset: str, limit: int, min_len: int = 5, max_len: int = 20) -> int:
+    """A legible default for the heatmaps: the first of the first ``limit`` sentences whose source and
+    target lengths (with </s>) are both within [min_len, max_len]; sentence 0 if there is none."""
+    dataset = task.dataset(subset)
+    for i in range(min(limit, len(dataset))):
+        src, tgt = dataset.src_sizes[i], dataset.tgt_sizes[i] if dataset.tgt_sizes is not None else 0
+        if min_len <= src <= max_len and min_len <= tgt <= max_len:
+            return i
+    return 0

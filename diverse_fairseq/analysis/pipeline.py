@@ -1,0 +1,194 @@
+"""The whole analysis of one checkpoint (and the side-by-side view of several), writing files to a directory.
+
+Per checkpoint, into its output directory:
+``scores.md``, ``scores.json`` (EMNLP 2018 Tables 4–5), ``importance.json`` (head ablation), and the PNGs
+``attention_<type>.png`` (heatmaps of every head for one sentence), ``tsne.png`` (journal Figure 3),
+``layer_scores.png`` (scores per layer), ``importance_hist.png`` (EMNLP 2020 Figure 2) and
+``importance_grid.png``. For several checkpoints also, in the common directory: ``compare.md``,
+``compare.json``, ``tsne.png`` (the heads of all models in one projection, as journal Figure 3),
+``layer_scores.png`` and ``importance_hist.png`` with one colour per model.
+"""
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import plots
+from .ablation import head_importance
+from .attention import ATTENTION_TYPES, attention_sites, instrument
+from .collect import attention_maps, collect, token_labels
+from .loading import load_batches, load_checkpoint, load_sentence, pick_sentence
+from .report import comparison_markdown, importance_payload, scores_markdown, scores_payload
+
+logger = logging.getLogger("diverse_fairseq.analysis")
+
+
+@dataclass
+class Options:
+    data: Optional[str] = None
+    subset: str = "valid"
+    max_sentences: Optional[int] = 500
+    max_tokens: int = 4096
+    sentence_id: Optional[int] = None
+    seed: int = 1
+    ablation: bool = True
+    ablation_bleu: bool = False
+    bleu_sentences: int = 100
+    beam: int = 4
+    device: str = "cpu"
+    progress: bool = True
+
+
+@dataclass
+class Analysis:
+    label: str
+    out: Path
+    scores: Dict
+    importance: Optional[Dict]
+    head_means: Dict  # (type, layer) -> [H, d] tensor
+
+
+def _write_json(path: Path, payload) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optional[str] = None) -> Analysis:
+    """Scores, head importance and pictures of one checkpoint, written to ``out``."""
+    start = time.time()
+    _seed_everything(opts.seed)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = load_checkpoint(checkpoint, opts.data, opts.device)
+    model, task = loaded.model, loaded.task
+    pad = task.target_dictionary.pad()
+    batches = load_batches(task, opts.subset, opts.max_sentences, opts.max_tokens, device=opts.device)
+    sites = attention_sites(model)
+    label = label or Path(checkpoint).parent.name
+    meta = {"label": label, "checkpoint": str(checkpoint), "arch": loaded.arch, "data": str(loaded.data),
+            "subset": opts.subset, "max_sentences": opts.max_sentences, "seed": opts.seed}
+    logger.info("%s: %d attention modules, %d batches of %s", label, len(sites), len(batches), opts.subset)
+
+    with instrument(sites):
+        collected = collect(model, sites, batches, pad, progress=opts.progress)
+        sentence_id = opts.sentence_id if opts.sentence_id is not None else pick_sentence(
+            task, opts.subset, opts.max_sentences or len(task.dataset(opts.subset)))
+        sentence = load_sentence(task, opts.subset, sentence_id, opts.device)
+        maps = attention_maps(model, sites, sentence)
+        importance = None
+        if opts.ablation:
+            bleu_batches = None
+            if opts.ablation_bleu:
+                bleu_batches = load_batches(task, opts.subset, opts.bleu_sentences, opts.max_tokens, device=opts.device)
+            importance = head_importance(model, task, sites, batches, pad, bleu_batches=bleu_batches,
+                                         beam=opts.beam, progress=opts.progress)
+
+    scores = scores_payload(collected, sites, {**meta, "heatmap_sentence": sentence_id})
+    imp = importance_payload(importance, meta) if importance is not None else None
+    _write_json(out / "scores.json", scores)
+    if imp is not None:
+        _write_json(out / "importance.json", imp)
+    (out / "scores.md").write_text(scores_markdown(scores, imp))
+
+    _plot_one(out, label, scores, imp, collected.head_means, maps, sentence, sentence_id, task, pad, opts.seed)
+    scores["seconds"] = round(time.time() - start, 1)
+    _write_json(out / "scores.json", scores)
+    logger.info("%s: analysis written to %s in %.1fs", label, out, scores["seconds"])
+    return Analysis(label, out, scores, imp, collected.head_means)
+
+
+def _plot_one(out: Path, label: str, scores: Dict, imp: Optional[Dict], head_means: Dict, maps: Dict,
+              sentence: Dict, sentence_id: int, task, pad: int, seed: int) -> None:
+    src = token_labels(task.source_dictionary, sentence["net_input"]["src_tokens"][0], pad)
+    dec = token_labels(task.target_dictionary, sentence["net_input"]["prev_output_tokens"][0], pad)
+    sides = {"enc_self": (src, src), "dec_self": (dec, dec), "enc_dec": (dec, src)}
+    for atype in ATTENTION_TYPES:
+        per_layer = {layer: m.numpy() for (t, layer), m in maps.items() if t == atype}
+        if per_layer:
+            rows, cols = sides[atype]
+            note = "; decoder positions show the decoder input" if atype != "enc_self" else ""
+            plots.plot_attention_heatmaps(
+                per_layer, rows, cols,
+                f"{label}: {plots.TYPE_TITLES[atype]}, sentence {sentence_id} (rows: queries, columns: keys{note})",
+                out / f"attention_{atype}.png")
+
+    panels = {}
+    for atype in ATTENTION_TYPES:
+        layers = sorted(layer for (t, layer) in head_means if t == atype)
+        if not layers:
+            continue
+        groups = {f"layer {l + 1}": (head_means[(atype, l)].numpy(), [f"h{h + 1}" for h in range(head_means[(atype, l)].shape[0])])
+                  for l in layers}
+        mean = torch.stack([head_means[(atype, l)] for l in layers]).mean(0).numpy()
+        groups["mean over layers"] = (mean, [f"h{h + 1}" for h in range(mean.shape[0])])
+        panels[atype] = groups
+    plots.plot_tsne(panels, out / "tsne.png", seed,
+                    f"{label}: t-SNE of the heads' mean outputs (journal Fig. 3; seed {seed})")
+    plots.plot_layer_scores({label: scores["by_layer"]}, out / "layer_scores.png",
+                            f"{label}: disagreement exp(D) per layer (EMNLP 2018 Table 5)")
+    if imp is not None:
+        by_type = {}
+        for h in imp["heads"]:
+            by_type.setdefault(h["attention_type"], []).append(h["delta_nll"])
+        plots.plot_importance_histogram(by_type, out / "importance_hist.png",
+                                        f"{label}: heads by NLL increase when masked (EMNLP 2020 Fig. 2)")
+        grids = {}
+        for atype in by_type:
+            entries = [h for h in imp["heads"] if h["attention_type"] == atype]
+            grid = np.zeros((max(h["layer"] for h in entries), max(h["head"] for h in entries)))
+            for h in entries:
+                grid[h["layer"] - 1, h["head"] - 1] = h["delta_nll"]
+            grids[atype] = grid
+        plots.plot_importance_grid(grids, out / "importance_grid.png", f"{label}: Δ NLL when one head is masked")
+
+
+def compare(analyses: Sequence[Analysis], out: Path, seed: int) -> None:
+    """Side-by-side report and joint pictures of several analysed checkpoints."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    payloads = {a.label: a.scores for a in analyses}
+    importances = {a.label: a.importance for a in analyses}
+    (out / "compare.md").write_text(comparison_markdown(payloads, importances))
+    _write_json(out / "compare.json", {"models": {a.label: {"scores": str(a.out / "scores.json"),
+                                                            "by_type": a.scores["by_type"]} for a in analyses}})
+    panels = {}
+    for atype in ATTENTION_TYPES:
+        groups = {}
+        for a in analyses:
+            layers = sorted(layer for (t, layer) in a.head_means if t == atype)
+            if layers:
+                mean = torch.stack([a.head_means[(atype, l)] for l in layers]).mean(0).numpy()  # [H, d]
+                groups[a.label] = (mean, [f"h{h + 1}" for h in range(mean.shape[0])])
+        if len(groups) == len(analyses) and len({g[0].shape[1] for g in groups.values()}) == 1:
+            panels[atype] = groups
+    if panels:
+        plots.plot_tsne(panels, out / "tsne.png", seed,
+                        f"t-SNE of the heads' outputs averaged over words and layers (journal Fig. 3; seed {seed})")
+    plots.plot_layer_scores({a.label: a.scores["by_layer"] for a in analyses}, out / "layer_scores.png",
+                            "disagreement exp(D) per layer (EMNLP 2018 Table 5)")
+    if all(a.importance is not None for a in analyses):
+        plots.plot_importance_histogram({a.label: [h["delta_nll"] for h in a.importance["heads"]] for a in analyses},
+                                        out / "importance_hist.png",
+                                        "heads by NLL increase when masked (EMNLP 2020 Fig. 2)")
+
+
+def unique_labels(checkpoints: Sequence[str]) -> List[str]:
+    """Short distinct names: the checkpoint directory's name, with more parent directories as needed."""
+    parts = [Path(c).resolve().parent.parts for c in checkpoints]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        labels = ["-".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"model{i + 1}" for i in range(len(checkpoints))]

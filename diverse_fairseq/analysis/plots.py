@@ -1,0 +1,199 @@
+"""PNG pictures of head diversity (matplotlib's Agg canvas, no display; deterministic for a given seed).
+
+* :func:`plot_attention_heatmaps`: every head's attention matrix for one sentence, a grid of layers × heads
+  per attention type (what "attending to different positions" looks like; EMNLP 2018 §5.5).
+* :func:`plot_tsne`: t-SNE (scikit-learn, ``random_state=seed``, PCA initialisation) of the heads' average
+  output representations, as in the journal version's Figure 3 ("we average the representations over all
+  the words and all the layers, obtaining 8 representation vectors for the 8 attention heads").
+* :func:`plot_layer_scores`: the disagreement scores per layer (EMNLP 2018 Table 5 as curves, all three
+  measures and all attention types), one line per model.
+* :func:`plot_importance_histogram` / :func:`plot_importance_grid`: the distribution of NLL increases when one
+  head is masked (EMNLP 2020 Figure 2), and the same numbers per layer × head.
+"""
+
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .scores import SCORE_NAMES
+
+TYPE_TITLES = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention",
+               "enc_dec": "encoder-decoder attention"}
+SCORE_TITLES = {"sub": "subspace (Sub.)", "pos": "position (Pos.)", "out": "output (Out.)"}
+DPI = 100
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=DPI)
+    return path
+
+
+def plot_attention_heatmaps(maps: Mapping[int, np.ndarray], query_labels: Sequence[str], key_labels: Sequence[str],
+                            title: str, path: Path, max_labels: int = 40) -> Path:
+    """One attention type: ``maps[layer] = [H, T, S]`` probabilities; rows = layers, columns = heads.
+
+    Each panel's colours run from 0 to that head's largest probability, so that the pattern of a flat
+    head stays visible; the panel title gives that maximum."""
+    layers = sorted(maps)
+    heads = maps[layers[0]].shape[0]
+    tgt_len, src_len = maps[layers[0]].shape[1:]
+    cell = 0.9 + 0.12 * max(tgt_len, src_len)
+    fig = _figure(min(2 + heads * cell, 40), min(1 + len(layers) * cell, 40))
+    axes = fig.subplots(len(layers), heads, squeeze=False)
+    show_labels = max(tgt_len, src_len) <= max_labels
+    for r, layer in enumerate(layers):
+        for h in range(heads):
+            ax = axes[r][h]
+            probs = np.asarray(maps[layer][h])  # [T, S]
+            ax.imshow(probs, cmap="viridis", vmin=0.0, vmax=max(float(probs.max()), 1e-6), aspect="auto",
+                      interpolation="nearest")  # colour scale per head: 0 .. its largest probability
+            ax.set_title(f"layer {layer + 1}, head {h + 1} (max {probs.max():.2f})", fontsize=8)
+            if show_labels:
+                ax.set_xticks(range(src_len))
+                ax.set_xticklabels(key_labels, rotation=90, fontsize=6)
+                ax.set_yticks(range(tgt_len))
+                ax.set_yticklabels(query_labels if h == 0 else [], fontsize=6)
+            else:
+                ax.set_xticks([])
+                ax.set_yticks([])
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def _tsne(points: np.ndarray, seed: int) -> np.ndarray:
+    """2-D t-SNE embedding of ``points`` [N, D] (exact method, PCA init: deterministic for a seed)."""
+    from sklearn.manifold import TSNE
+
+    n = points.shape[0]
+    if n < 3:
+        return np.pad(points[:, :2], ((0, 0), (0, max(0, 2 - points.shape[1]))))
+    perplexity = float(max(1.0, min(30.0, (n - 1) / 3.0)))
+    tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed, method="exact",
+                learning_rate="auto", max_iter=1000)
+    return tsne.fit_transform(points.astype(np.float64))
+
+
+def plot_tsne(panels: Mapping[str, Mapping[str, Tuple[np.ndarray, List[str]]]], path: Path, seed: int,
+              title: str) -> Path:
+    """One panel per key of ``panels`` (an attention type); in each, groups ``{label: ([N, D], names)}``
+    are projected jointly and coloured by group, each point annotated with its name."""
+    fig = _figure(5.0 * len(panels), 4.8)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    cmap = _colors()
+    for ax, (panel, groups) in zip(axes, panels.items()):
+        labels = list(groups)
+        stacked = np.concatenate([groups[g][0] for g in labels], axis=0)
+        coords = _tsne(stacked, seed)
+        start = 0
+        for gi, group in enumerate(labels):
+            pts, names = groups[group]
+            xy = coords[start:start + len(pts)]
+            start += len(pts)
+            ax.scatter(xy[:, 0], xy[:, 1], color=cmap[gi % len(cmap)], label=group, s=40)
+            for (x, y), name in zip(xy, names):
+                ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_title(TYPE_TITLES.get(panel, panel), fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_layer_scores(by_model: Mapping[str, Mapping[str, Sequence[Mapping[str, Optional[float]]]]],
+                      path: Path, title: str) -> Path:
+    """Rows = attention types, columns = sub/pos/out; ``by_model[label][type]`` is the list of per-layer
+    score dicts (layer order). sub/out on a linear axis with dotted lines at e^-1 (identical heads) and 1
+    (orthogonal heads), pos on a log axis (the paper's values are often below 0.01)."""
+    types = [t for t in TYPE_TITLES if any(t in m for m in by_model.values())]
+    fig = _figure(4.2 * len(SCORE_NAMES), 3.0 * len(types))
+    axes = fig.subplots(len(types), len(SCORE_NAMES), squeeze=False)
+    cmap = _colors()
+    for r, atype in enumerate(types):
+        for c, score in enumerate(SCORE_NAMES):
+            ax = axes[r][c]
+            seen: List[float] = []
+            for mi, (label, per_type) in enumerate(by_model.items()):
+                layers = per_type.get(atype, [])
+                ys = [entry.get(score) for entry in layers]
+                xs = [i + 1 for i, y in enumerate(ys) if y is not None]
+                ys = [y for y in ys if y is not None]
+                if ys:
+                    ax.plot(xs, ys, marker="o", color=cmap[mi % len(cmap)], label=label)
+                    seen += ys
+            if score == "pos":  # in (0, 1]
+                ax.set_yscale("log")
+                positive = [y for y in seen if y > 0]
+                ax.set_ylim(min([1e-3] + [0.5 * y for y in positive]), 1.0)
+            else:  # e^-1 for identical heads, 1 for orthogonal ones, up to e^(1/(H-1)) if anti-correlated
+                ax.axhline(1.0, color="gray", linestyle=":", linewidth=0.8)
+                ax.axhline(np.exp(-1.0), color="gray", linestyle=":", linewidth=0.8)
+                ax.set_ylim(0.0, max([1.05] + [1.05 * y for y in seen]))
+            ax.set_title(f"{TYPE_TITLES[atype]}: {SCORE_TITLES[score]}", fontsize=9)
+            ax.set_xlabel("layer", fontsize=8)
+            ax.set_ylabel("exp(D)", fontsize=8)
+            ax.grid(alpha=0.3)
+            if r == 0 and c == 0:
+                ax.legend(fontsize=7)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_importance_histogram(by_model: Mapping[str, Sequence[float]], path: Path, title: str,
+                              xlabel: str = "NLL increase when the head is masked (nats/token)") -> Path:
+    """Histogram of per-head ablation effects, one (overlaid) distribution per model or attention type."""
+    fig = _figure(6.4, 4.0)
+    ax = fig.subplots()
+    values = np.concatenate([np.asarray(v, dtype=float) for v in by_model.values()])
+    lo, hi = float(values.min()), float(values.max())
+    if hi - lo < 1e-12:
+        lo, hi = lo - 0.5, hi + 0.5
+    bins = np.linspace(lo, hi, 21)
+    cmap = _colors()
+    for i, (label, vals) in enumerate(by_model.items()):
+        ax.hist(np.asarray(vals, dtype=float), bins=bins, alpha=0.6, color=cmap[i % len(cmap)], label=label,
+                edgecolor="black", linewidth=0.4)
+    ax.axvline(0.0, color="black", linestyle="--", linewidth=0.8)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_ylabel("number of heads", fontsize=9)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_importance_grid(grids: Mapping[str, np.ndarray], path: Path, title: str) -> Path:
+    """Per attention type a layers × heads grid of NLL increases (diverging colours centred on 0)."""
+    fig = _figure(3.6 * len(grids) + 1.0, 3.4)
+    axes = fig.subplots(1, len(grids), squeeze=False)[0]
+    bound = max(float(np.abs(g).max()) for g in grids.values()) or 1.0
+    image = None
+    for ax, (atype, grid) in zip(axes, grids.items()):
+        image = ax.imshow(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto", interpolation="nearest")
+        ax.set_title(TYPE_TITLES.get(atype, atype), fontsize=9)
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_xticklabels([str(h + 1) for h in range(grid.shape[1])], fontsize=7)
+        ax.set_yticks(range(grid.shape[0]))
+        ax.set_yticklabels([str(l + 1) for l in range(grid.shape[0])], fontsize=7)
+        ax.set_xlabel("head", fontsize=8)
+        ax.set_ylabel("layer", fontsize=8)
+    fig.colorbar(image, ax=list(axes), shrink=0.8, label="Δ NLL (nats/token)")
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def _colors() -> List[str]:
+    return ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+            "tab:gray", "tab:olive", "tab:cyan"]

@@ -1,0 +1,203 @@
+"""Markdown and JSON reports of the head-diversity analysis.
+
+``scores.json`` / the first tables of ``scores.md``: the disagreement scores exp(D) of EMNLP 2018 Table 4
+(per attention type) and Table 5 (per layer; the paper shows positions of the encoder, we give all three
+measures for all three attention types). ``importance.json`` and the last table of ``scores.md``: the NLL
+increase (and optionally BLEU drop) when each head is masked (Michel et al. 2019; EMNLP 2020 Figure 2).
+"""
+
+import statistics
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from .ablation import Importance
+from .attention import ATTENTION_TYPES, AttentionSite
+from .collect import Collected
+from .scores import SCORE_NAMES, TOKEN_SIDE, combine_layers
+
+DEFINITION = (
+    "EMNLP 2018 Tables 4-5 / SPEC §1: sub, out = exp(-mean over non-padding tokens of the mean cosine over "
+    "head pairs i != j) of projected values V (sub, key tokens) and head outputs O (out, query tokens); "
+    "pos = mean over sentences of exp(-(1/H^2) sum_i sum_j sum_{t,s} A_i[t,s] A_j[t,s]) (query tokens t). "
+    "Tokens: source for enc_self and for sub of enc_dec, target otherwise. Teacher-forced forward on the "
+    "reference. Per attention type: exp(-mean over layers of the similarity) = geometric mean of the "
+    "layer scores. sub/out: e^-1 = identical heads, 1.0 = mutually orthogonal heads (above 1, at most "
+    "e^(1/(H-1)), only if heads are anti-correlated); pos: 1.0 = heads attend to disjoint positions."
+)
+PAPER_REFERENCE = ("EMNLP 2018 Table 4 (Zh=>En validation, encoder): baseline sub 0.882 / pos 0.007 / out 0.881; "
+                   "Out regularization: out 0.997")
+
+
+def scores_payload(collected: Collected, sites: Sequence[AttentionSite], meta: Mapping) -> Dict:
+    """The content of ``scores.json``."""
+    by_layer: Dict[str, List[Dict]] = {}
+    for site in sites:
+        acc = collected.scores[(site.attention_type, site.layer)]
+        entry = {"layer": site.layer + 1, "heads": site.num_heads, **acc.scores(),
+                 "similarity": acc.similarities()}
+        by_layer.setdefault(site.attention_type, []).append(entry)
+    for entries in by_layer.values():
+        entries.sort(key=lambda e: e["layer"])
+    by_type = {t: combine_layers(by_layer[t]) for t in ATTENTION_TYPES if t in by_layer}
+    return {
+        **meta,
+        "sentences": collected.sentences,
+        "source_tokens": collected.source_tokens,
+        "target_tokens": collected.target_tokens,
+        "nll": collected.nll,
+        "definition": DEFINITION,
+        "token_side": {t: TOKEN_SIDE[t] for t in by_type},
+        "by_type": by_type,
+        "by_layer": by_layer,
+    }
+
+
+def importance_payload(importance: Importance, meta: Mapping) -> Dict:
+    """The content of ``importance.json``."""
+    deltas = [h.delta_nll for h in importance.heads]
+    summary = {
+        "heads": len(deltas),
+        "mean_delta_nll": statistics.fmean(deltas) if deltas else None,
+        "max_delta_nll": max(deltas) if deltas else None,
+        "min_delta_nll": min(deltas) if deltas else None,
+        "heads_improving_when_masked": sum(d < 0 for d in deltas),
+    }
+    return {
+        **meta,
+        "method": "Michel et al. 2019 head ablation: zero one head's output O_h before the output projection; "
+                  "delta_nll = masked - unmasked teacher-forced NLL (nats/target token), "
+                  "delta_bleu = unmasked - masked BLEU; layer and head numbers are 1-based",
+        "base_nll": importance.base_nll,
+        "base_bleu": importance.base_bleu,
+        "bleu_sentences": importance.bleu_sentences,
+        "summary": summary,
+        "heads": [h.as_dict() for h in importance.heads],
+    }
+
+
+def fmt(value: Optional[float], digits: int = 3) -> str:
+    """Paper style (0.882); values too small for that in scientific notation; None as n/a."""
+    if value is None:
+        return "n/a"
+    if value != 0.0 and abs(value) < 10 ** -digits:
+        return f"{value:.1e}"
+    return f"{value:.{digits}f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def type_table(payload: Mapping) -> List[str]:
+    """EMNLP 2018 Table 4 layout: attention types × Sub./Pos./Out."""
+    rows = [[t, *(fmt(payload["by_type"][t][s]) for s in SCORE_NAMES)] for t in payload["by_type"]]
+    return _table(["attention", "Sub.", "Pos.", "Out."], rows)
+
+
+def layer_tables(payload: Mapping) -> List[str]:
+    """EMNLP 2018 Table 5 layout, for each measure: attention types × layers."""
+    lines: List[str] = []
+    depth = max(len(v) for v in payload["by_layer"].values())
+    for score in SCORE_NAMES:
+        lines += ["", f"**{score}** per layer", ""]
+        rows = []
+        for atype, entries in payload["by_layer"].items():
+            values = {e["layer"]: e[score] for e in entries}
+            rows.append([atype, *(fmt(values.get(l)) for l in range(1, depth + 1))])
+        lines += _table(["attention", *(str(l) for l in range(1, depth + 1))], rows)
+    return lines
+
+
+def importance_table(imp: Mapping) -> List[str]:
+    """Δ NLL per head: rows attention type × layer, columns heads."""
+    heads: Dict[tuple, Dict[int, Dict]] = {}
+    for h in imp["heads"]:
+        heads.setdefault((h["attention_type"], h["layer"]), {})[h["head"]] = h
+    width = max(len(v) for v in heads.values())
+    with_bleu = imp.get("base_bleu") is not None
+    rows = []
+    for (atype, layer), by_head in heads.items():
+        cells = []
+        for hi in range(1, width + 1):
+            h = by_head.get(hi)
+            if h is None:
+                cells.append("")
+            elif with_bleu:
+                cells.append(f"{h['delta_nll']:+.4f} / {h['delta_bleu']:+.2f}")
+            else:
+                cells.append(f"{h['delta_nll']:+.4f}")
+        rows.append([f"{atype} {layer}", *cells])
+    return _table(["attention, layer", *(f"head {i}" for i in range(1, width + 1))], rows)
+
+
+def scores_markdown(payload: Mapping, importance: Optional[Mapping] = None) -> str:
+    lines = [
+        f"# Head-diversity analysis: {payload['checkpoint']}",
+        "",
+        f"arch `{payload['arch']}`, data `{payload['data']}` subset `{payload['subset']}`: "
+        f"{payload['sentences']} sentences, {payload['source_tokens']} source / {payload['target_tokens']} "
+        f"target tokens; teacher-forced NLL {payload['nll']:.4f} nats/token.",
+        "",
+        "## Disagreement scores exp(D) (EMNLP 2018 Table 4 layout; larger = more diverse heads)",
+        "",
+        *type_table(payload),
+        "",
+        f"Paper for comparison: {PAPER_REFERENCE}.",
+        "",
+        "## Per layer (EMNLP 2018 Table 5 layout)",
+        *layer_tables(payload),
+        "",
+        f"Definition: {payload['definition']}",
+    ]
+    if importance is not None:
+        s = importance["summary"]
+        bleu = ""
+        if importance.get("base_bleu") is not None:
+            bleu = (f" Cells: Δ NLL / BLEU drop (BLEU {importance['base_bleu']:.2f} unmasked on the first "
+                    f"{importance['bleu_sentences']} sentences).")
+        lines += [
+            "",
+            "## Head importance by ablation (Michel et al. 2019; EMNLP 2020 Figure 2)",
+            "",
+            f"Unmasked NLL {importance['base_nll']:.4f} nats/token. Each cell: increase of the NLL when that head's "
+            f"output is zeroed (larger = more important; negative = the model is better without it).{bleu} "
+            f"Mean {fmt(s['mean_delta_nll'], 4)}, max {fmt(s['max_delta_nll'], 4)}; "
+            f"{s['heads_improving_when_masked']} of {s['heads']} heads improve the NLL when masked.",
+            "",
+            *importance_table(importance),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def comparison_markdown(payloads: Mapping[str, Mapping], importances: Mapping[str, Optional[Mapping]]) -> str:
+    """Several checkpoints side by side: per attention type a Table 4 (rows = models) and Table 5 rows."""
+    lines = ["# Head-diversity comparison", ""]
+    lines += [f"- **{label}**: `{p['checkpoint']}` (arch `{p['arch']}`, {p['sentences']} sentences of "
+              f"`{p['subset']}`, NLL {p['nll']:.4f})" for label, p in payloads.items()]
+    types = [t for t in ATTENTION_TYPES if any(t in p["by_type"] for p in payloads.values())]
+    for atype in types:
+        lines += ["", f"## {atype}: disagreement scores exp(D) (EMNLP 2018 Table 4 layout)", ""]
+        rows = [[label, *(fmt(p["by_type"].get(atype, {}).get(s)) for s in SCORE_NAMES)]
+                for label, p in payloads.items()]
+        lines += _table(["model", "Sub.", "Pos.", "Out."], rows)
+        depth = max(len(p["by_layer"].get(atype, [])) for p in payloads.values())
+        for score in SCORE_NAMES:
+            lines += ["", f"{atype}, **{score}** per layer (EMNLP 2018 Table 5 layout)", ""]
+            rows = []
+            for label, p in payloads.items():
+                values = {e["layer"]: e[score] for e in p["by_layer"].get(atype, [])}
+                rows.append([label, *(fmt(values.get(l)) for l in range(1, depth + 1))])
+            lines += _table(["model", *(str(l) for l in range(1, depth + 1))], rows)
+    if any(i is not None for i in importances.values()):
+        lines += ["", "## Head importance (Δ NLL when one head is masked)", ""]
+        rows = []
+        for label, imp in importances.items():
+            if imp is None:
+                continue
+            s = imp["summary"]
+            rows.append([label, fmt(imp["base_nll"], 4), fmt(s["mean_delta_nll"], 4), fmt(s["max_delta_nll"], 4),
+                         fmt(s["min_delta_nll"], 4), f"{s['heads_improving_when_masked']}/{s['heads']}"])
+        lines += _table(["model", "NLL", "mean Δ", "max Δ", "min Δ", "heads better masked"], rows)
+    lines += ["", f"Definition: {next(iter(payloads.values()))['definition']}"]
+    return "\n".join(lines) + "\n"
