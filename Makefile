@@ -7,11 +7,12 @@ PYTEST_ARGS ?=
 
 DATASET ?= demo
 
-.PHONY: install test demo bench clean-demo help data train evaluate average significance fixtures
+.PHONY: install test demo bench clean-demo help tables data train evaluate average significance fixtures
 
 help:
 	@echo "make install   create .venv with torch, fairseq-fixed and this package (idempotent)"
 	@echo "make demo      train and evaluate on the shipped demo corpus, print the results table"
+	@echo "make tables    list the paper-table targets: make table-<id> [SCALE=demo|paper] [DATASET=..] [SEEDS=..] [GPUS=..]"
 	@echo "make test      run the test suite"
 	@echo "make bench     speed/memory ratios against stock fairseq (JSON on the last line)"
 	@echo "make data DATASET=iwslt14_de_en|wmt14_en_de|wmt17_zh_en|demo   download and binarize a dataset"
@@ -28,13 +29,23 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: install
-	$(PY) scripts/demo.py
+	$(PY) -m diverse_fairseq.tables demo
+
+# One target per paper table (configs/tables/<table>.yaml), e.g. `make table-emnlp18_t1 SCALE=demo`.
+# Variables: DATASET, SCALE=demo|paper, SEEDS (a count or a list), GPUS (0 = CPU), TRAIN_ARGS, GENERATE_ARGS.
+TABLES := $(filter-out demo,$(basename $(notdir $(wildcard configs/tables/*.yaml))))
+
+tables:
+	@echo $(addprefix table-,$(TABLES))
+
+table-%: install
+	$(PY) -m diverse_fairseq.tables $*
 
 bench: install
 	$(PY) scripts/benchmark.py
 
 clean-demo:
-	rm -rf work/demo data-bin/demo checkpoints/demo results/demo
+	rm -rf work/demo data-bin/demo results/demo
 
 data: install
 	bash scripts/prepare_data.sh $(DATASET)

@@ -60,7 +60,7 @@ def test_tiny_table_end_to_end_and_resume(demo_bin):
     assert [r["id"] for r in summary["rows"]] == ["base", "dis"]
     for row in summary["rows"]:
         for key in ("bleu", "tok_bleu", "parameters", "train_steps_per_second", "decode_sentences_per_second",
-                    "updates", "signature"):
+                    "updates", "signature", "output_disagreement"):
             assert row[key] is not None, (row["id"], key)
         assert row["updates"] == 3
     # equal sizes: the disagreement model adds no parameter
@@ -79,4 +79,4 @@ def test_tiny_table_end_to_end_and_resume(demo_bin):
     # A second run resumes: both rows are finished, nothing is trained or decoded again.
     out = _run_table(demo_bin, table_path)
     assert out.count("training finished earlier") == 2
-    assert "evaluating" not in out
+    assert "evaluating" not in out and "head-diversity scores" not in out

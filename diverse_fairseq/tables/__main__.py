@@ -44,10 +44,13 @@ def parse_seeds(text: str):
 
 
 def ensure_demo_data(data: Path):
-    """The demo corpus ships with the repository: prepare (segment and binarize) it on first use."""
-    if not (data / "prepare.json").exists():
-        env = dict(os.environ, DATA_BIN=str(data.parent))
-        subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], check=True, cwd=REPO, env=env)
+    """The demo corpus ships with the repository: prepare (segment and binarize) it, or check that it is.
+
+    ``prepare_data`` skips every step whose output is complete and up to date, so this is quick after the
+    first run and redoes only what a changed corpus or recipe needs.
+    """
+    env = dict(os.environ, DATA_BIN=str(data.parent))
+    subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], check=True, cwd=REPO, env=env)
 
 
 def main(argv=None):
@@ -59,7 +62,7 @@ def main(argv=None):
             raise SystemExit("error: this table names no paper dataset; pass --dataset / DATASET")
     except TableSpecError as e:
         raise SystemExit(f"error: {e}")
-    out = Path(args.out or REPO / "results" / table.table)
+    out = Path(args.out or REPO / "results" / table.table).resolve()
     run = RunConfig(dataset=dataset, scale=args.scale, seeds=parse_seeds(args.seeds), gpus=args.gpus,
                     out_dir=out / f"{dataset}-{args.scale}", data_bin=Path(args.data_bin),
                     train_args=shlex.split(args.train_args), generate_args=shlex.split(args.generate_args))

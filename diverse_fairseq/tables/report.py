@@ -90,7 +90,7 @@ def to_markdown(summary: Dict) -> str:
     has_dis = any("output_disagreement" in r for r in rows)
     head = ["System", "BLEU", "tok. BLEU", "Δ", "params", "train steps/s", "decode sent/s"]
     if has_dis:
-        head.insert(4, "out. disagreement")
+        head.insert(4, "Out. disagreement (enc)")
     if has_paper:
         head.append("paper BLEU")
     lines = [f"### {summary['title']}", "",

@@ -94,6 +94,24 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
     return dict(results, out=str(out), target_lang=load_meta(data)["target_lang"])
 
 
+def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
+    """EMNLP 2018 Table 4 scores (exp(−similarity), off-diagonal) of one run, per attention type.
+
+    Computed by :mod:`diverse_fairseq.analysis` on up to 200 validation sentences without head ablation
+    (cached in ``analysis/scores.json``, beside the pictures).
+    """
+    out = run.run_dir(row, seed) / "analysis"
+    if not (out / "scores.json").exists():
+        from ..analysis.pipeline import Options, analyze_checkpoint
+
+        print(f"  [{row.id} seed {seed}] head-diversity scores", flush=True)
+        device = "cuda" if run.gpus else "cpu"
+        analyze_checkpoint(checkpoint, out, Options(data=str(run.data_bin / run.dataset), ablation=False,
+                                                    max_sentences=200, progress=False, device=device),
+                           label=row.id)
+    return json.loads((out / "scores.json").read_text())["by_type"]
+
+
 def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
     """Train and evaluate every row and seed; return ``{row id: [per-seed record]}``."""
     data = run.data_bin / run.dataset
@@ -106,5 +124,7 @@ def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
         for seed in run.seeds:
             record = train_row(row, run, seed)
             record["eval"] = evaluate_row(row, run, seed, record["checkpoint"])
+            record["disagreement"] = disagreement_scores(row, run, seed, record["checkpoint"])
+            record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
             results[row.id].append(record)
     return results
