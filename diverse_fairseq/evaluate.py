@@ -159,6 +159,7 @@ def main(argv=None):
     cmd = [sys.executable, "-m", "fairseq_cli.generate", str(data_dir), "--path", str(ckpt), "--user-dir", USER_DIR,
            "--task", "translation", "--source-lang", src, "--target-lang", tgt, "--gen-subset", args.subset,
            "--beam", str(beam), "--lenpen", str(lenpen), "--batch-size", str(args.batch_size),
+           "--max-len-a", str(meta.get("max_len_a", 0)), "--max-len-b", str(meta.get("max_len_b", 200)),
            "--post-process", meta["post_process"], "--results-path", str(out),
            # fairseq 0.12 drops the sentences of a last, partial batch when this is 8 (its default)
            "--required-batch-size-multiple", "1"]

@@ -323,6 +323,7 @@ class Preparer:
             "moses_tokenized": self.kind == "subword-nmt", "lowercase": r.lowercase,
             "aggressive_dash": r.aggressive_dash, "zh_seg": self.args.zh_seg if "zh" in r.langs else None,
             "joined_dictionary": r.joined_dictionary, "beam": r.beam, "lenpen": r.lenpen,
+            "max_len_a": r.max_len_a, "max_len_b": r.max_len_b,
             "sacrebleu_tokenize": "zh" if r.tgt == "zh" else "13a",
             "compound_split": r.tgt == "de", "references": refs, "sentences": counts,
             "created": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -48,6 +48,9 @@ class Recipe:
     valid_every: Optional[int] = None  # derive valid as every N-th line of the cleaned train set
     beam: int = 5
     lenpen: float = 1.0
+    # decoding length limit: at most max_len_a * source length + max_len_b tokens (fairseq's defaults: 0, 200)
+    max_len_a: float = 0.0
+    max_len_b: int = 200
     collect: Callable[["Context"], Dict[str, object]] = None  # writes raw/{split}.{lang}; returns params
     check: Optional[Callable[["Context"], None]] = None  # early checks before any download
     collect_key: Optional[Callable[["Context"], Dict[str, object]]] = None  # inputs of collect beyond archives
