@@ -20,10 +20,18 @@ statistics): the bytes a step must hold at its peak, i.e. parameters + gradients
 once (``torch.autograd.graph.saved_tensors_hooks``; parameter storages are not counted twice). The
 table also shows the activation part alone.
 
+Decoding cases (``mode="decode"``) time fairseq's beam search (``SequenceGenerator``, beam 5) over
+separate synthetic test batches (~``--decode-tokens`` source tokens each) against the same beam search
+with the baseline model, in the same rounds: each decode case and the baseline's decoding run twice per
+round in ABBA order (single decoding times on a shared CPU drift by a few percent). Every hypothesis is
+decoded for exactly ``--decode-len`` steps (EOS barred before, forced at that length): untrained models
+with different weights would otherwise stop at different lengths and the ratio would not compare equal work.
+
 Later issues add a case by adding one entry to ``CASES`` (see ``register_case``). The last line of
 output is one JSON object ``{case: time ratio, ..., case_peak_mem: memory ratio}``.
 
 Usage: python scripts/benchmark.py [--device cpu|cuda] [--steps N] [--only KEY[,KEY]] [--tokens N]
+       [--beam 5] [--decode-len 30] [--decode-tokens 300]
 """
 
 import argparse
@@ -73,6 +81,16 @@ class Context:
     arch: str
     extra_model_args: List[str]
     baseline_state: Optional[Dict[str, torch.Tensor]] = None
+    beam: int = 5
+    decode_len: int = 30
+
+    def generator(self, model: torch.nn.Module):
+        """fairseq's beam search with exactly ``decode_len`` steps for every hypothesis (EOS is barred
+        before and forced at that length), so that models with different weights do the same work."""
+        from fairseq.sequence_generator import SequenceGenerator
+
+        return SequenceGenerator([model], self.task.target_dictionary, beam_size=self.beam,
+                                 max_len_a=0, max_len_b=self.decode_len, min_len=self.decode_len)
 
     def model_args(self, arch: str, extra=()) -> argparse.Namespace:
         parser = options.get_training_parser()
@@ -80,19 +98,35 @@ class Context:
         return options.parse_args_and_arch(parser, input_args=argv)
 
     def finish(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Load the baseline's weights (same names) and move to the device, in training mode."""
+        """Load the baseline's weights (same names) and move to the device, in training mode.
+
+        A model with routing aggregators has no ``out_proj`` in its routed attention modules and
+        aggregator parameters the baseline lacks: exactly those are left out (and checked to be the only
+        differences), everything else is loaded."""
         if self.baseline_state is not None:
-            model.load_state_dict(self.baseline_state, strict=True)
+            routed = [name for name, m in model.named_modules() if getattr(m, "aggregator", None) is not None]
+            if not routed:
+                model.load_state_dict(self.baseline_state, strict=True)
+            else:
+                state = {k: v for k, v in self.baseline_state.items()
+                         if not any(k.startswith(f"{name}.out_proj.") for name in routed)}
+                missing, unexpected = model.load_state_dict(state, strict=False)
+                assert not unexpected, unexpected
+                assert all(any(k.startswith(f"{name}.aggregator.") for name in routed) for k in missing), missing
         return model.to(self.device).train()
 
 
 @dataclass
 class Case:
     model: torch.nn.Module
-    criterion: torch.nn.Module
+    criterion: Optional[torch.nn.Module]
     optimizer: object  # zero_grad(set_to_none=...) and step(), e.g. a torch optimizer
     report_memory: bool = False  # put "<key>_peak_mem" in the JSON (the table shows every case)
     times: List[float] = field(default_factory=list)
+    #: "train": one training step per round, against the baseline's training step; "decode": beam search
+    #: over one test batch per round with ``generator``, against the baseline model's beam search
+    mode: str = "train"
+    generator: Optional[object] = None
 
 
 def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -150,12 +184,54 @@ def repulsive_case(**options):
     return build
 
 
+def routing_args(routing: str = "em", encoder=None, decoder=None, enc_dec=None) -> List[str]:
+    """``--routing-*`` options: ``encoder`` / ``decoder`` / ``enc_dec`` are layer lists ("0,1", "all")."""
+    args = ["--routing-type", routing, "--routing-iterations", "3"]
+    for flag, layers in (("--routing-encoder-layers", encoder), ("--routing-decoder-layers", decoder),
+                         ("--routing-encoder-decoder-layers", enc_dec)):
+        if layers is not None:
+            args += [flag, layers]
+    return args
+
+
+def routing_case(report_memory=False, **placement):
+    """Training step of diverse_transformer with routing-by-agreement aggregation (NAACL 2019) in the
+    given attention modules, plain label-smoothed cross-entropy."""
+
+    def build(ctx: Context) -> Case:
+        args = ctx.model_args(ctx.arch, routing_args(**placement))
+        model = ctx.finish(DiverseTransformerModel.build_model(args, ctx.task))
+        criterion = LabelSmoothedCrossEntropyCriterion(ctx.task, sentence_avg=False, label_smoothing=LABEL_SMOOTHING)
+        return Case(model, criterion.to(ctx.device), adam(model), report_memory=report_memory)
+
+    return build
+
+
+def decode_case(train_builder: Callable[[Context], Case]):
+    """Beam search (``Context.beam`` beams, ``Context.decode_len`` steps) with the model that
+    ``train_builder`` builds, against the same beam search with the baseline model."""
+
+    def build(ctx: Context) -> Case:
+        case = train_builder(ctx)
+        case.model.eval()
+        return Case(case.model, None, None, mode="decode", generator=ctx.generator(case.model))
+
+    return build
+
+
 #: key -> builder(Context) -> Case. Later issues register their cases here.
 CASES: Dict[str, Callable[[Context], Case]] = {
     "disagreement_out_all": disagreement_case("out", report_memory=True),
     "disagreement_pos_all": disagreement_case("pos"),
     "disagreement_sub_all": disagreement_case("sub"),
     "repulsive_svgd_all": repulsive_case(repulsive_method="svgd"),
+    # routing-by-agreement (NAACL 2019): EM routing in the lowest two encoder layers (the paper's
+    # "Effective Aggregation"), in all encoder layers, in every attention module; beam search with the first
+    # (encoder routing runs once per test sentence, not once per decoding step)
+    "routing_em_enc2_train": routing_case(encoder="0,1", report_memory=True),
+    "routing_em_enc_all_train": routing_case(encoder="all"),
+    "routing_em_all_train": routing_case(encoder="all", decoder="all", enc_dec="all"),
+    "routing_em_enc2_decode": decode_case(routing_case(encoder="0,1")),
 }
 
 
@@ -206,6 +282,15 @@ def train_step(case: Case, sample: dict) -> None:
     grads = [p.grad for p in case.model.parameters() if p.grad is not None]
     torch._foreach_mul_(grads, 1.0 / float(sample_size))
     case.optimizer.step()
+
+
+def decode_step(case: Case, sample: dict) -> None:
+    """Beam search over one batch (``SequenceGenerator.generate`` runs without autograd)."""
+    case.generator.generate([case.model], {"net_input": sample["net_input"]})
+
+
+def run_step(case: Case, sample: dict) -> None:
+    (train_step if case.mode == "train" else decode_step)(case, sample)
 
 
 def _bytes(tensors) -> int:
@@ -266,6 +351,10 @@ def main(argv=None) -> dict:
                         help="step timer: process CPU time (default on CPU) or wall clock (default on CUDA)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--beam", type=int, default=5, help="beam size of the decode cases")
+    parser.add_argument("--decode-len", type=int, default=30, help="decoding steps per sentence (decode cases)")
+    parser.add_argument("--decode-tokens", type=int, default=300,
+                        help="source tokens per test batch of the decode cases (~12 sentences)")
     args = parser.parse_args(argv)
     # stock fairseq hands torch a bool key padding mask with a float causal mask (decoder self-attention)
     warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask")
@@ -289,7 +378,8 @@ def main(argv=None) -> dict:
         dictionary.add_symbol(f"w{i}")
     dictionary.pad_to_multiple_(8)
     task = TranslationTask(TranslationConfig(), dictionary, dictionary)
-    ctx = Context(task, device, args.arch, ["--share-decoder-input-output-embed", "--dropout", "0.3"])
+    ctx = Context(task, device, args.arch, ["--share-decoder-input-output-embed", "--dropout", "0.3"],
+                  beam=args.beam, decode_len=args.decode_len)
 
     torch.manual_seed(args.seed)
     baseline = build_baseline(ctx)
@@ -298,40 +388,67 @@ def main(argv=None) -> dict:
     for key in keys:
         torch.manual_seed(args.seed)
         cases[key] = CASES[key](ctx)
+    if any(cases[k].mode == "decode" for k in keys):  # the baseline model's beam search, on its own copy
+        stock = copy.deepcopy(baseline.model).eval()
+        cases["baseline_decode"] = Case(stock, None, None, mode="decode", generator=ctx.generator(stock))
+    reference = {"train": "baseline", "decode": "baseline_decode"}
     batches = [to_device(b, device) for b in synthetic_batches(dictionary, args.batches, tokens, args.seed)]
+    test_batches = [to_device(b, device)
+                    for b in synthetic_batches(dictionary, args.batches, args.decode_tokens, args.seed + 1)]
     n_params = sum(p.numel() for p in baseline.model.parameters())
     ntok = statistics.mean(int(b["ntokens"]) for b in batches)
     print(f"device {device} ({torch.get_num_threads()} threads, {clock_name} clock)  arch {args.arch}  params {n_params / 1e6:.1f}M  "
           f"~{ntok:.0f} target tokens / batch  {args.steps} rounds after {args.warmup} warm-up steps")
 
+    def data(case: Case, i: int) -> dict:
+        return (batches if case.mode == "train" else test_batches)[i % len(batches)]
+
+    timing_training = any(cases[k].mode == "train" for k in keys)  # else only decoding is timed
     for name, case in cases.items():  # warm-up (also creates the optimizer state)
+        if name == "baseline" and not timing_training:
+            continue
         for i in range(args.warmup):
-            train_step(case, batches[i % len(batches)])
+            run_step(case, data(case, i))
     sync(device)
+    def timed(name: str, r: int) -> float:
+        sync(device)
+        t0 = clock()
+        run_step(cases[name], data(cases[name], r))
+        sync(device)
+        return clock() - t0
+
     ratios: Dict[str, List[float]] = {k: [] for k in keys}
     for r in range(args.steps):
-        sample = batches[r % len(batches)]
-        order = list(cases) if r % 2 == 0 else list(reversed(list(cases)))
-        for name in order:
-            sync(device)
-            t0 = clock()
-            train_step(cases[name], sample)
-            sync(device)
-            cases[name].times.append(clock() - t0)
+        train = [n for n in cases if cases[n].mode == "train" and (n != "baseline" or timing_training)]
+        for name in train if r % 2 == 0 else list(reversed(train)):
+            cases[name].times.append(timed(name, r))
         for k in keys:
-            ratios[k].append(cases[k].times[-1] / cases["baseline"].times[-1])
+            if cases[k].mode == "train":
+                ratios[k].append(cases[k].times[-1] / cases["baseline"].times[-1])
+            else:  # a decode case and the baseline's decoding, twice each in ABBA order (drift cancels)
+                ref = reference["decode"]
+                pair = [k, ref, ref, k] if r % 2 == 0 else [ref, k, k, ref]
+                spent = {k: 0.0, ref: 0.0}
+                for name in pair:
+                    spent[name] += timed(name, r)
+                cases[k].times.append(spent[k] / 2)
+                cases[ref].times.append(spent[ref] / 2)
+                ratios[k].append(spent[k] / spent[ref])
 
     memory: Dict[str, Dict[str, float]] = {}
-    if not args.no_memory:
+    if not args.no_memory and timing_training:
         for name in cases:
-            memory[name] = peak_memory(cases[name], batches[0], device)
+            if cases[name].mode == "train":
+                memory[name] = peak_memory(cases[name], batches[0], device)
 
     result: Dict[str, float] = {}
     print(f"{'case':<28}{'median step (s)':>16}{'time ratio':>12}{'peak mem (MiB)':>16}{'mem ratio':>11}"
           f"{'activations (MiB)':>19}{'act. ratio':>12}")
     for name, case in cases.items():
-        ratio = 1.0 if name == "baseline" else statistics.median(ratios[name])
-        if name != "baseline":
+        if not case.times:  # the training baseline when only decoding was timed
+            continue
+        ratio = 1.0 if name in reference.values() else statistics.median(ratios[name])
+        if name not in reference.values():
             result[name] = round(ratio, 3)
         line = f"{name:<28}{statistics.median(case.times):>16.3f}{ratio:>12.3f}"
         if name in memory:

@@ -2,6 +2,7 @@
 
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,39 @@ def tiny_data(tiny_raw, tmp_path_factory):
         ],
     )
     return dest
+
+
+GLOO_FLAGS = ["--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-no-spawn",
+              "--ddp-backend", "legacy_ddp"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_two_gloo_ranks(rank_args, params_out=None, timeout=600):
+    """Run two data-parallel fairseq-train processes (gloo, legacy_ddp) on this machine and return their
+    outputs; fails the test if either exits non-zero (fairseq checks after every all-reduce that the
+    workers' gradient norms agree). ``rank_args(rank, gloo_flags)`` gives one rank's fairseq-train
+    arguments (append ``gloo_flags``). With ``params_out(rank)``, each rank runs through
+    ``repulsive_rank_params.py``, which saves that rank's parameters there (and at ``.init`` when built)."""
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    procs = []
+    for rank in range(2):
+        flags = [*GLOO_FLAGS, "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-rank", str(rank)]
+        args = list(map(str, rank_args(rank, flags)))
+        if params_out is None:
+            cmd = [sys.executable, "-m", "fairseq_cli.train", *args]
+        else:
+            cmd = [sys.executable, str(REPO / "tests" / "repulsive_rank_params.py"), str(params_out(rank)), *args]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-6000:]
+    return outputs
 
 
 def tiny_train_args(data, save_dir, arch="transformer", max_update=20, extra=()):

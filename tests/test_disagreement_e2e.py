@@ -3,12 +3,11 @@
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, USER_DIR, run_cli, tiny_train_args
+from conftest import REPO, USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
 
 pytestmark = pytest.mark.slow
 
@@ -63,30 +62,12 @@ def test_regularized_run_lowers_logged_output_similarity(single_runs):
     assert parse_log(single_runs[1.0], "valid")[-1]["sim_out_enc_self"] < parse_log(single_runs[0.0], "valid")[-1]["sim_out_enc_self"]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_process_gloo_matches_update_freq_2(tiny_data, tmp_path, single_runs):
-    port = _free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    procs = []
-    for rank in range(2):
-        args = tiny_train_args(
-            tiny_data, tmp_path / "ddp", arch="diverse_transformer", max_update=UPDATES,
-            extra=[*CRITERION, "--disagreement-lambda", "1.0", "--no-save",
-                   "--distributed-world-size", "2", "--distributed-backend", "gloo",
-                   "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-                   "--distributed-rank", str(rank), "--ddp-backend", "legacy_ddp"],
-        )
-        cmd = [sys.executable, "-m", "fairseq_cli.train", *map(str, args)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        # fairseq checks after every all-reduce that the workers' gradient norms agree
-        assert p.returncode == 0, out[-4000:]
+    def rank_args(rank, gloo):
+        return tiny_train_args(tiny_data, tmp_path / "ddp", arch="diverse_transformer", max_update=UPDATES,
+                               extra=[*CRITERION, "--disagreement-lambda", "1.0", "--no-save", *gloo])
+
+    outs = run_two_gloo_ranks(rank_args)
     ddp, single = parse_log(outs[0]), parse_log(single_runs[1.0])
     assert len(ddp) == len(single) == UPDATES
     for a, b in zip(ddp, single):  # same batches per update: [b0 | b1] on 2 ranks vs [b0, b1] accumulated

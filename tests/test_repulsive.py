@@ -2,23 +2,17 @@
 
 import functools
 import math
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import USER_DIR, run_cli, tiny_train_args
+from conftest import USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
 
 from diverse_fairseq.optim import repulsive_adam as repulsive_adam_module
 from diverse_fairseq.optim.particles import ParticleTag, find_particle_tags
 from diverse_fairseq.optim.repulsive import spos_direction, svgd_direction
 
-HERE = Path(__file__).resolve().parent
 
 # ------------------------------------------------------------------------------- core vs formula
 
@@ -395,29 +389,13 @@ def test_precision_paths_train_on_cpu(tiny_data, tmp_path, flags):
     assert "num_updates 3" in log and " nan " not in log
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_gloo_ranks_stay_identical_with_spos(tiny_data, tmp_path):
-    port = _free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    procs = []
-    for rank in range(2):
-        args = tiny_train_args(tiny_data, tmp_path / f"save{rank}", max_update=4, extra=[
-            "--optimizer", "repulsive_adam", "--repulsive-method", "spos", "--repulsive-beta", "0.001",
-            "--distributed-world-size", "2", "--distributed-backend", "gloo",
-            "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-            "--distributed-rank", str(rank), "--ddp-backend", "legacy_ddp",
-        ])
-        cmd = [sys.executable, str(HERE / "repulsive_rank_params.py"), str(tmp_path / f"rank{rank}.pt"), *map(str, args)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, out in zip(procs, outputs):
-        assert p.returncode == 0, out[-6000:]
+    def rank_args(rank, gloo):
+        return tiny_train_args(tiny_data, tmp_path / f"save{rank}", max_update=4, extra=[
+            "--optimizer", "repulsive_adam", "--repulsive-method", "spos", "--repulsive-beta", "0.001", *gloo])
+
+    outputs = run_two_gloo_ranks(rank_args, params_out=lambda rank: tmp_path / f"rank{rank}.pt", timeout=300)
     assert "num_updates 4" in outputs[0]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     start = torch.load(tmp_path / "rank0.pt.init")

@@ -54,7 +54,7 @@ def test_table_file_loads(path: Path):
     assert table.baseline in [r.id for r in table.rows]
     if table.table == "demo":
         assert table.rows[0].id == "baseline" and table.baseline == "baseline"
-        assert [r.id for r in table.rows] == ["baseline", "disagreement", "repulsive"]
+        assert [r.id for r in table.rows] == ["baseline", "disagreement", "aggregation", "repulsive", "all_three"]
         return
     assert table.paper_dataset in PAPER_DATASETS, f"{path.name}: paper_dataset {table.paper_dataset!r}"
     for row in table.rows:

@@ -6,10 +6,16 @@ tagged with ``attention_type`` ("enc_self", "dec_self", "enc_dec") and ``layer_i
 criteria (disagreement regularization, Li et al. EMNLP 2018) and optimizers (repulsive attention, An et
 al. EMNLP 2020) find them through :meth:`DiverseTransformerModel.diverse_attention_modules` and never
 by parameter names. With no taps set and no aggregator it trains exactly like ``transformer``.
+
+Routing-by-agreement (Li et al., NAACL 2019, §3-4): the ``--routing-*`` options replace concatenation +
+W_O of chosen attention modules by a :class:`~diverse_fairseq.modules.aggregation.RoutingAggregation`
+(vote network + simple or EM routing). None are routed by default; the ``routing_transformer_*``
+architectures route the encoder self-attention of layers 0 and 1 with EM routing, the paper's
+"Effective Aggregation" (NAACL 2019 Table 3, journal Table 5).
 """
 
 from argparse import Namespace
-from typing import Iterator
+from typing import Dict, Iterator, Optional, Tuple
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
@@ -27,13 +33,22 @@ from fairseq.models.transformer.transformer_legacy import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
 
+from ..modules.aggregation import build_aggregator, skip_padding
 from ..modules.diverse_attention import DiverseMultiheadAttention
-
+from ..modules.routing import ROUTING_TYPES
 
 
 class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer with a :class:`DiverseMultiheadAttention` self-attention."""
+    """fairseq's encoder layer with a :class:`DiverseMultiheadAttention` self-attention.
+
+    A routing aggregator in the self-attention skips the padded positions (their outputs are never used:
+    padded keys are masked, padded encoder outputs are ignored by the decoder)."""
+
+    def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
+        with skip_padding([self.self_attn.aggregator], encoder_padding_mask):
+            return super().forward(x, encoder_padding_mask, attn_mask)
 
     def build_self_attention(self, embed_dim, cfg):
         return DiverseMultiheadAttention(
@@ -48,7 +63,23 @@ class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
 
 
 class DiverseTransformerDecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's decoder layer with :class:`DiverseMultiheadAttention` self- and cross-attention."""
+    """fairseq's decoder layer with :class:`DiverseMultiheadAttention` self- and cross-attention.
+
+    Routing aggregators skip the padded target positions (their outputs do not reach any real position
+    through the causal self-attention and are excluded from the loss)."""
+
+    def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
+                prev_self_attn_state=None, prev_attn_state=None, self_attn_mask=None,
+                self_attn_padding_mask=None, need_attn=False, need_head_weights=False):
+        aggregators = [self.self_attn.aggregator, getattr(self.encoder_attn, "aggregator", None)]
+        with skip_padding(aggregators, self_attn_padding_mask):
+            return super().forward(
+                x, encoder_out=encoder_out, encoder_padding_mask=encoder_padding_mask,
+                incremental_state=incremental_state, prev_self_attn_state=prev_self_attn_state,
+                prev_attn_state=prev_attn_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn,
+                need_head_weights=need_head_weights,
+            )
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return DiverseMultiheadAttention(
@@ -119,9 +150,158 @@ class DiverseTransformerDecoder(TransformerDecoderBase):
         return _wrap_layer(DiverseTransformerDecoderLayer(cfg, no_encoder_attn), cfg)
 
 
+# ------------------------------------------------------------------------------ routing options
+# (flag destination, attention type, stack whose depth bounds the indices)
+ROUTING_PLACEMENTS = (
+    ("routing_encoder_layers", "enc_self", "encoder"),
+    ("routing_decoder_layers", "dec_self", "decoder"),
+    ("routing_encoder_decoder_layers", "enc_dec", "decoder"),
+)
+ROUTING_DEFAULTS = {
+    "routing_type": "em",
+    "routing_encoder_layers": "none",
+    "routing_decoder_layers": "none",
+    "routing_encoder_decoder_layers": "none",
+    "routing_iterations": 3,
+    "routing_capsules": None,
+    "routing_compile": False,
+}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_routing_layers(value, num_layers: int, flag: str) -> Tuple[int, ...]:
+    """0-based layer indices of a ``--routing-*-layers`` value, sorted, without duplicates.
+
+    ``value``: ``"all"``; ``"none"``, ``""`` or ``None`` (no layer); a comma list of integers where a
+    negative index counts from the last layer (``-1`` = the last of ``num_layers``); or, through hydra,
+    an integer or a list of integers. Raises ``ValueError`` naming ``flag`` for anything else and for
+    indices outside ``-num_layers .. num_layers-1``.
+    """
+    if value is None:
+        return ()
+    if isinstance(value, bool):
+        raise ValueError(f"{flag}: expected 'all', 'none' or comma-separated layer indices, got {value!r}")
+    if isinstance(value, int):
+        items = [value]
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", "none"):
+            return ()
+        if text == "all":
+            return tuple(range(num_layers))
+        items = [item.strip() for item in text.split(",")]
+    else:  # a list from a hydra config
+        items = list(value)
+    layers = set()
+    for item in items:
+        try:
+            idx = int(item) if not isinstance(item, bool) else None
+        except (TypeError, ValueError):
+            idx = None
+        if idx is None or (isinstance(item, float) and item != idx):
+            raise ValueError(
+                f"{flag}: expected 'all', 'none' or comma-separated layer indices, got {value!r}"
+            )
+        if not -num_layers <= idx < num_layers:
+            raise ValueError(
+                f"{flag} {value}: layer index {idx} is out of range for {num_layers} layers "
+                f"(valid: {-num_layers}..{num_layers - 1}, negative indices count from the last layer)"
+            )
+        layers.add(idx % num_layers)
+    return tuple(sorted(layers))
+
+
+def set_routing_defaults(args) -> None:
+    """Fill in the routing options a namespace lacks (no routing; older checkpoints have none)."""
+    for dest, default in ROUTING_DEFAULTS.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, default)
+
+
+def routing_plan(args) -> Dict[Tuple[str, int], dict]:
+    """Validate the routing options of ``args`` and return ``{(attention_type, layer): aggregator kwargs}``.
+
+    Errors (``ValueError``) name the flag: an unknown ``--routing-type``, a layer index out of range, a
+    ``--routing-iterations`` below 1, a ``--routing-capsules`` that does not divide the width of a
+    routed attention module.
+    """
+    set_routing_defaults(args)
+    routing = str(args.routing_type).strip().lower()
+    if routing not in ROUTING_TYPES:
+        raise ValueError(
+            f"--routing-type: unknown routing type {args.routing_type!r}; choose from {', '.join(ROUTING_TYPES)}"
+        )
+    iterations = args.routing_iterations
+    if not _is_int(iterations) or iterations < 1:
+        raise ValueError(f"--routing-iterations must be an integer >= 1, got {iterations!r}")
+    capsules = args.routing_capsules
+    if capsules is not None and (not _is_int(capsules) or capsules < 1):
+        raise ValueError(f"--routing-capsules must be a positive integer, got {capsules!r}")
+    depth = {
+        "encoder": len(str(args.encoder_layers_to_keep).split(",")) if getattr(args, "encoder_layers_to_keep", None)
+        else args.encoder_layers,
+        "decoder": len(str(args.decoder_layers_to_keep).split(",")) if getattr(args, "decoder_layers_to_keep", None)
+        else args.decoder_layers,
+    }
+    width = {"enc_self": args.encoder_embed_dim, "dec_self": args.decoder_embed_dim, "enc_dec": args.decoder_embed_dim}
+    plan = {}
+    for dest, attention_type, stack in ROUTING_PLACEMENTS:
+        layers = parse_routing_layers(getattr(args, dest), depth[stack], _flag(dest))
+        if layers and capsules is not None and width[attention_type] % int(capsules) != 0:
+            raise ValueError(
+                f"--routing-capsules {capsules} must divide the attention width {width[attention_type]} "
+                f"({_flag(dest)}: capsule width E/N)"
+            )
+        for layer in layers:
+            plan[(attention_type, layer)] = dict(
+                routing=routing,
+                num_capsules=None if capsules is None else int(capsules),
+                iterations=iterations,
+                compile=True if args.routing_compile else None,  # None: the environment variable decides
+            )
+    return plan
+
+
 @register_model("diverse_transformer")
 class DiverseTransformerModel(TransformerModel):
-    """fairseq's ``transformer`` built from :class:`DiverseMultiheadAttention` modules."""
+    """fairseq's ``transformer`` built from :class:`DiverseMultiheadAttention` modules, optionally with
+    routing-by-agreement aggregation (NAACL 2019) in chosen attention modules (``--routing-*``)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        """fairseq's Transformer options plus the routing-by-agreement options.
+
+        No argparse defaults (fairseq's convention for architecture options): the ``routing_transformer_*``
+        architectures set their own, everything else falls back to ``ROUTING_DEFAULTS`` (no routing).
+        """
+        super().add_args(parser)
+        layers = ("comma-separated 0-based layer indices (negative ones count from the last layer, "
+                  "-1 = the last), 'all' or 'none' (default: none)")
+        parser.add_argument("--routing-type", choices=ROUTING_TYPES, metavar="{simple,em}",
+                            help="routing-by-agreement algorithm aggregating the heads of the routed attention "
+                                 "modules: simple (NAACL 2019 Alg. 1) or em (Alg. 2) (default: em)")
+        parser.add_argument("--routing-encoder-layers", type=str, metavar="LAYERS",
+                            help="encoder self-attention layers whose heads are aggregated by routing "
+                                 "instead of concatenation + W_O: " + layers)
+        parser.add_argument("--routing-decoder-layers", type=str, metavar="LAYERS",
+                            help="decoder self-attention layers aggregated by routing: " + layers)
+        parser.add_argument("--routing-encoder-decoder-layers", type=str, metavar="LAYERS",
+                            help="encoder-decoder attention layers aggregated by routing: " + layers)
+        parser.add_argument("--routing-iterations", type=int, metavar="T",
+                            help="routing iterations T (default: 3, as in the paper)")
+        parser.add_argument("--routing-capsules", type=int, metavar="N",
+                            help="output capsules N per routed module, must divide the model width E "
+                                 "(capsule width E/N); default E, i.e. capsules of width 1 as in the paper")
+        parser.add_argument("--routing-compile", action="store_true",
+                            help="run the routing iterations through torch.compile (needs a working "
+                                 "TorchInductor toolchain; also DIVERSE_FAIRSEQ_COMPILE_ROUTING=1)")
 
     @classmethod
     def build_model(cls, args, task):
@@ -129,9 +309,35 @@ class DiverseTransformerModel(TransformerModel):
         # TransformerConfig.from_namespace would silently drop (FAIRSEQ-NOTES, "Hydra path bug")
         if isinstance(args, DictConfig):
             args = Namespace(**OmegaConf.to_container(args, resolve=True))
+        base_architecture(args)  # layer counts and widths, as TransformerModel.build_model does first
+        plan = routing_plan(args)  # validated before the model is built
         model = super().build_model(args, task)
         model.diverse_args = args
+        model.install_routing(plan)
         return model
+
+    def install_routing(self, plan: Dict[Tuple[str, int], dict]) -> None:
+        """Give each attention module named in ``plan`` (``{(attention_type, layer): kwargs}``, see
+        :func:`routing_plan`) a routing aggregator in place of its ``out_proj``."""
+        if plan and any(type(layer).__name__ == "FullyShardedDataParallel"
+                        for layer in (*self.encoder.layers, *self.decoder.layers)):
+            raise ValueError("routing (--routing-*) cannot be combined with --ddp-backend fully_sharded")
+        found = set()
+        for mha in self.diverse_attention_modules():
+            key = (mha.attention_type, mha.layer_idx)
+            if key not in plan:
+                continue
+            mha.set_aggregator(build_aggregator(embed_dim=mha.embed_dim, num_heads=mha.num_heads, **plan[key]))
+            found.add(key)
+        missing = set(plan) - found
+        if missing:  # e.g. --no-cross-attention with --routing-encoder-decoder-layers
+            raise ValueError(f"routing: no attention module for {sorted(missing)} in the built model")
+
+    def routed_attention_modules(self) -> Iterator[DiverseMultiheadAttention]:
+        """The attention modules whose heads are combined by a routing aggregator."""
+        for module in self.diverse_attention_modules():
+            if module.aggregator is not None:
+                yield module
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -195,3 +401,36 @@ def diverse_transformer_wmt_en_de_big_8heads(args):
     args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 8)
     args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 8)
     transformer_vaswani_wmt_en_de_big(args)
+
+
+# Routing-by-agreement, the paper's "Effective Aggregation" (NAACL 2019 Table 3 / journal Table 5): EM
+# routing, 3 iterations, N = E capsules, in the encoder self-attention of the lowest two layers. Each
+# sets these defaults (a command line or config still overrides them) and calls the diverse architecture.
+
+
+def routing_architecture(args):
+    """Routing defaults of the ``routing_transformer_*`` architectures: EM routing in encoder layers 0, 1."""
+    for dest, default in (("routing_type", "em"), ("routing_encoder_layers", "0,1"), ("routing_iterations", 3)):
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, default)
+
+
+@register_model_architecture("diverse_transformer", "routing_transformer_iwslt_de_en")
+def routing_transformer_iwslt_de_en(args):
+    """Transformer-small (IWSLT) with Effective Aggregation."""
+    routing_architecture(args)
+    diverse_transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("diverse_transformer", "routing_transformer_wmt_en_de")
+def routing_transformer_wmt_en_de(args):
+    """Transformer-base with Effective Aggregation: the NAACL 2019 / journal WMT14 En⇒De base setting."""
+    routing_architecture(args)
+    diverse_transformer_wmt_en_de(args)
+
+
+@register_model_architecture("diverse_transformer", "routing_transformer_vaswani_wmt_en_de_big")
+def routing_transformer_vaswani_wmt_en_de_big(args):
+    """Transformer-big with Effective Aggregation (journal Table 5, big)."""
+    routing_architecture(args)
+    diverse_transformer_vaswani_wmt_en_de_big(args)
