@@ -47,6 +47,8 @@ def _run_table(root, table_path):
            "--seeds", "1"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # no library debug chatter (matplotlib's font search in the analysis step, hydra's config loading)
+    assert " DEBUG " not in proc.stderr and "DEBUG:" not in proc.stderr, proc.stderr[-2000:]
     return proc.stdout
 
 

@@ -8,10 +8,11 @@ checkpoints, each gets its own subdirectory of ``--out`` and ``--out`` receives 
 """
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
+
+from ..cli_logging import setup_cli_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,10 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
-                        stream=sys.stderr, force=True)  # an import (fairseq's) leaves the root logger at DEBUG
-    for noisy in ("matplotlib", "PIL"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_cli_logging()
     import torch
 
     from .pipeline import Options, analyze_checkpoint, compare, unique_labels  # after logging is set up

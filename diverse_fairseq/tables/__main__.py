@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..cli_logging import setup_cli_logging
 from .report import summarise, write_report
 from .runner import RunConfig, run_table
 from .spec import REPO, TableSpecError, load_table
@@ -55,6 +56,7 @@ def ensure_demo_data(data: Path):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    setup_cli_logging()
     try:
         table = load_table(args.table)
         dataset = args.dataset or (table.paper_dataset if args.scale == "paper" else "demo")
