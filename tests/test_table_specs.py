@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from diverse_fairseq import training
+from diverse_fairseq.option_parsing import parse_names
 from diverse_fairseq.tables.spec import TABLE_DIR, TableSpecError, load_table, parse_table
 
 USER_DIR = training.USER_DIR
@@ -151,8 +152,8 @@ def test_row_args_parse_with_fairseq(table, row):
         from diverse_fairseq.criterions import disagreement_loss as dl
 
         assert row.family == "diverse_transformer", "the disagreement criterion needs --arch diverse_transformer*"
-        assert dl._parse_names(args.disagreement_terms, dl.TERMS, "--disagreement-terms")
-        assert dl._parse_names(args.disagreement_attention, dl.ATTENTION_TYPES, "--disagreement-attention")
+        assert parse_names(args.disagreement_terms, dl.TERMS, "--disagreement-terms")
+        assert parse_names(args.disagreement_attention, dl.ATTENTION_TYPES, "--disagreement-attention")
         layers = dl._parse_layers(args.disagreement_layers)
         assert layers is None or max(layers) < min(depth.values())
         assert args.disagreement_lambda > 0
@@ -160,8 +161,8 @@ def test_row_args_parse_with_fairseq(table, row):
         from diverse_fairseq.optim import repulsive_adam as ra
 
         assert args.repulsive_method in ra.METHODS
-        assert ra._parse_names(args.repulsive_attention, ra.ATTENTION_TYPES, "--repulsive-attention")
-        assert ra._parse_names(args.repulsive_projections, ra.PROJECTIONS, "--repulsive-projections")
+        assert parse_names(args.repulsive_attention, ra.ATTENTION_TYPES, "--repulsive-attention")
+        assert parse_names(args.repulsive_projections, ra.PROJECTIONS, "--repulsive-projections")
         layers = ra._parse_layers(args.repulsive_layers)
         if layers is not None:  # valid at paper depth and at the 3-layer demo depth (SCALE=demo)
             for d in (min(depth.values()), 3):

@@ -21,7 +21,6 @@ from torch import Tensor, nn
 
 from ..modules.diverse_attention import TAP_NAMES, DiverseMultiheadAttention
 
-ATTENTION_TYPES = ("enc_self", "dec_self", "enc_dec")
 #: the attribute holding each attention type inside an encoder / decoder layer
 _LAYER_ATTRS = (("encoder", "self_attn", "enc_self"), ("decoder", "self_attn", "dec_self"),
                 ("decoder", "encoder_attn", "enc_dec"))

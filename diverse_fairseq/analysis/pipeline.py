@@ -20,9 +20,10 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..modules.diverse_attention import ATTENTION_TYPES
 from . import plots
 from .ablation import head_importance
-from .attention import ATTENTION_TYPES, attention_sites, instrument
+from .attention import attention_sites, instrument
 from .collect import attention_maps, collect, token_labels
 from .loading import load_batches, load_checkpoint, load_sentence, pick_sentence
 from .report import comparison_markdown, importance_payload, scores_markdown, scores_payload

@@ -9,8 +9,9 @@ increase (and optionally BLEU drop) when each head is masked (Michel et al. 2019
 import statistics
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ..modules.diverse_attention import ATTENTION_TYPES
 from .ablation import Importance
-from .attention import ATTENTION_TYPES, AttentionSite
+from .attention import AttentionSite
 from .collect import Collected
 from .scores import SCORE_NAMES, TOKEN_SIDE, combine_layers
 

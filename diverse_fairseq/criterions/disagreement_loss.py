@@ -25,9 +25,10 @@ from fairseq.logging import metrics
 from torch import Tensor
 
 from ..disagreement import output_similarity, position_similarity, subspace_similarity
+from ..modules.diverse_attention import ATTENTION_TYPES
+from ..option_parsing import parse_names
 
 TERMS = ("sub", "pos", "out")
-ATTENTION_TYPES = ("enc_self", "dec_self", "enc_dec")
 _TAP_OF_TERM = {"sub": "v", "pos": "a", "out": "o"}
 _SIMILARITY = {"sub": subspace_similarity, "pos": position_similarity, "out": output_similarity}
 CRITERION_NAME = "label_smoothed_cross_entropy_with_disagreement"
@@ -54,19 +55,6 @@ class LabelSmoothedCrossEntropyWithDisagreementConfig(LabelSmoothedCrossEntropyC
         metadata={"help": "comma-separated 0-based layer indices to regularize in every selected "
                           "attention type (default: all layers)"},
     )
-
-
-def _parse_names(value, allowed, flag: str) -> Tuple[str, ...]:
-    if isinstance(value, str):
-        names = [n.strip() for n in value.split(",") if n.strip()]
-    else:  # a list given through hydra
-        names = [str(n).strip() for n in (value or [])]
-    if not names:
-        raise ValueError(f"{flag} is empty; choose one or more of {', '.join(allowed)}")
-    unknown = [n for n in names if n not in allowed]
-    if unknown:
-        raise ValueError(f"{flag}: unknown value(s) {', '.join(unknown)}; choose from {', '.join(allowed)}")
-    return tuple(n for n in allowed if n in names)  # canonical order, no duplicates
 
 
 def _parse_layers(value) -> Optional[Tuple[int, ...]]:
@@ -108,8 +96,8 @@ class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntro
         if not lam >= 0.0 or lam == float("inf"):
             raise ValueError(f"--disagreement-lambda must be a finite number >= 0, got {disagreement_lambda}")
         self.disagreement_lambda = lam
-        self.terms = _parse_names(disagreement_terms, TERMS, "--disagreement-terms")
-        self.attention_types = _parse_names(disagreement_attention, ATTENTION_TYPES, "--disagreement-attention")
+        self.terms = parse_names(disagreement_terms, TERMS, "--disagreement-terms")
+        self.attention_types = parse_names(disagreement_attention, ATTENTION_TYPES, "--disagreement-attention")
         self.layers = _parse_layers(disagreement_layers)
         self._prepared_for: Optional[int] = None
         self._regularized: Dict[str, List] = {}

@@ -22,6 +22,8 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
 
 TAP_NAMES = frozenset({"v", "a", "o"})
+#: the ``attention_type`` tags, in the order of a Transformer (encoder self, decoder self, encoder-decoder)
+ATTENTION_TYPES = ("enc_self", "dec_self", "enc_dec")
 
 
 class DiverseMultiheadAttention(MultiheadAttention):

@@ -36,7 +36,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-ATTENTION_TYPES = ("enc_self", "dec_self", "enc_dec")
+from ..modules.diverse_attention import ATTENTION_TYPES
+
 PROJECTIONS = ("q", "k", "v")
 
 _TRACKED_MODELS: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()

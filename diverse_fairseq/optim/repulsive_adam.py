@@ -44,6 +44,7 @@ from fairseq.optim.adam import Adam, FairseqAdam, FairseqAdamConfig
 from fairseq.optim.fairseq_optimizer import FairseqOptimizer
 from omegaconf import II
 
+from ..option_parsing import parse_names
 from .particles import ATTENTION_TYPES, PROJECTIONS, ParticleTag, find_particle_tags
 from .repulsive import NOISE_SCALES, parse_bandwidth, spos_update_, svgd_update_
 
@@ -117,17 +118,6 @@ def _option(cfg, name: str, default):
     if value is None or (isinstance(value, str) and value.startswith("${")):
         return default
     return value
-
-
-def _parse_names(value, allowed, flag: str) -> Tuple[str, ...]:
-    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else [str(n) for n in value]
-    names = [n for n in names if n]
-    if not names:
-        raise ValueError(f"{flag} is empty; choose one or more of {', '.join(allowed)}")
-    unknown = [n for n in names if n not in allowed]
-    if unknown:
-        raise ValueError(f"{flag}: unknown value(s) {', '.join(unknown)}; choose from {', '.join(allowed)}")
-    return tuple(n for n in allowed if n in names)
 
 
 def _parse_layers(value) -> Optional[Tuple[int, ...]]:
@@ -308,8 +298,8 @@ class RepulsiveAdam(FairseqAdam):
             raise ValueError(f"--repulsive-stepsize must be positive, got {self.stepsize}")
         if self.method == "spos" and self.beta < 0:
             raise ValueError(f"--repulsive-beta must be >= 0, got {self.beta}")
-        self.attention_types = _parse_names(cfg.repulsive_attention, ATTENTION_TYPES, "--repulsive-attention")
-        self.projections = _parse_names(cfg.repulsive_projections, PROJECTIONS, "--repulsive-projections")
+        self.attention_types = parse_names(cfg.repulsive_attention, ATTENTION_TYPES, "--repulsive-attention")
+        self.projections = parse_names(cfg.repulsive_projections, PROJECTIONS, "--repulsive-projections")
         self.layers = _parse_layers(cfg.repulsive_layers)
         self._groups = self._build_groups(params)
         self._unscaled_since_step = False
