@@ -1,4 +1,4 @@
-"""Repulsive attention (An et al., EMNLP 2020; SPEC §3): SVGD/SPOS core and ``--optimizer repulsive_adam``."""
+"""Repulsive attention (An et al., EMNLP 2020): SVGD/SPOS core and ``--optimizer repulsive_adam``."""
 
 import functools
 import math
@@ -18,7 +18,7 @@ from diverse_fairseq.optim.repulsive import spos_direction, svgd_direction
 
 
 def naive_svgd(theta, grad, alpha, stepsize, bandwidth):
-    """SPEC §3 written as a double loop over particle pairs (float64 reference)."""
+    """The update of ``diverse_fairseq.optim.repulsive`` written as a double loop over particle pairs (float64)."""
     m = theta.shape[0]
     sq = [[float(((theta[i] - theta[j]) ** 2).sum()) for j in range(m)] for i in range(m)]
     if bandwidth == "median":
@@ -27,10 +27,10 @@ def naive_svgd(theta, grad, alpha, stepsize, bandwidth):
         h, width, factor = med**2 / math.log(m), 1.0, None
     elif bandwidth == "authors":
         squared = sorted(sq[i][j] for i in range(m) for j in range(m))
-        h, width = squared[(len(squared) - 1) // 2] / math.log(m + 1), 2.0
+        h, width = 0.5 * squared[(len(squared) - 1) // 2] / math.log(m + 1), 2.0
     else:
         h, width = float(bandwidth), 1.0
-    # SPEC: a zero bandwidth (e.g. "authors" with M = 2: half of the M² squared distances are the
+    # a zero bandwidth (e.g. "authors" with M = 2: half of the M² squared distances are the
     # diagonal's zeros) means κ = 1 and no repulsion
     factor = 0.0 if h == 0 else (2.0 / h if width == 1.0 else 1.0 / h)
     out = torch.zeros_like(theta)
@@ -50,6 +50,40 @@ def test_svgd_matches_double_loop(bandwidth, m):
     got = svgd_direction(theta, grad, alpha=0.3, stepsize=0.1, bandwidth=bandwidth)
     want = naive_svgd(theta, grad, 0.3, 0.1, bandwidth)
     assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-13)
+
+
+def authors_rbf_svgd_literal(theta, grad, alpha, stepsize):
+    """The authors' ``rbf`` SVGD (their fairseq ``trainer.py``), transcribed element by element.
+
+    h = 0.5 · median of all M² squared distances (diagonal zeros included, lower middle value as
+    torch.median) / ln(M + 1); κ_ij = exp(−D²_ij / 2h); kernel_grad_i = Σ_j κ_ij (θ_i − θ_j) / h;
+    ĝ_i = ε/M (Σ_j κ_ij g_j − α kernel_grad_i). Plain Python floats, no tensor algebra.
+    """
+    m, n = len(theta), len(theta[0])
+    d2 = [[sum((theta[i][k] - theta[j][k]) ** 2 for k in range(n)) for j in range(m)] for i in range(m)]
+    flat = sorted(d2[i][j] for i in range(m) for j in range(m))
+    median = flat[(m * m - 1) // 2]
+    h = 0.5 * median / math.log(m + 1)
+    out = []
+    for i in range(m):
+        row = []
+        for k in range(n):
+            drive = sum(math.exp(-d2[i][j] / (2 * h)) * grad[j][k] for j in range(m))
+            kernel_grad = sum(math.exp(-d2[i][j] / (2 * h)) * (theta[i][k] - theta[j][k]) / h for j in range(m))
+            row.append(stepsize * (drive - alpha * kernel_grad) / m)
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("m", [3, 4, 5, 8])
+def test_authors_bandwidth_is_the_authors_rbf(m):
+    """``bandwidth="authors"``: the whole update equals the literal transcription of the authors' kernel."""
+    gen = torch.Generator().manual_seed(100 + m)
+    theta = torch.randn(m, 7, generator=gen, dtype=torch.float64)
+    grad = torch.randn(m, 7, generator=gen, dtype=torch.float64)
+    got = svgd_direction(theta, grad, alpha=0.7, stepsize=0.1, bandwidth="authors")
+    want = torch.tensor(authors_rbf_svgd_literal(theta.tolist(), grad.tolist(), 0.7, 0.1), dtype=torch.float64)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-13)
 
 
@@ -85,7 +119,7 @@ def test_single_particle_is_exactly_stepsize_times_gradient():
 @pytest.mark.parametrize("alpha", [0.0, 0.5])
 @pytest.mark.parametrize("bandwidth", ["median", "authors"])
 def test_identical_particles_get_the_mean_gradient(alpha, bandwidth):
-    """Zero bandwidth: κ = 1 and no repulsion, never NaN (α = 0 is SPEC's identity; α > 0 must agree)."""
+    """Zero bandwidth: κ = 1 and no repulsion, never NaN (α = 0 is the definition; α > 0 must agree)."""
     theta = torch.randn(1, 50, dtype=torch.float64).repeat(4, 1)
     grad = torch.randn(4, 50, dtype=torch.float64)
     got = svgd_direction(theta, grad, alpha=alpha, stepsize=0.1, bandwidth=bandwidth)

@@ -1,7 +1,8 @@
 """Which parameters are particles: per-head row blocks of the q/k/v projections of attention modules.
 
-SPEC §3: for each chosen attention module and each of W_Q, W_K, W_V ([out, in] layout), particle i
-is the row block W[i·d:(i+1)·d, :], so a weight viewed as [H, d·in] holds its M = H particles.
+An et al. (EMNLP 2020), as in the authors' code: for each chosen attention module and each of W_Q, W_K,
+W_V ([out, in] layout), particle i is the row block W[i·d:(i+1)·d, :], so a weight viewed as [H, d·in]
+holds its M = H particles.
 
 How the optimizer finds them (fairseq hands ``build_optimizer(cfg, params)`` only parameters):
 

@@ -6,23 +6,29 @@ Algorithm 1). Instead of each head following its own loss gradient g_i, the inne
 handed the particle-optimization direction of paper Eq. (4) (SVGD) or Eq. (5) (SPOS), written as a
 *gradient* (the negative of the paper's update direction φ, times the stepsize ε):
 
-    SVGD:  ĝ_i = ε · (1/M) Σ_j [ κ_ij g_j − α · f · (θ_i − θ_j) κ_ij ]                          (SPEC §3)
+    SVGD:  ĝ_i = ε · (1/M) Σ_j [ κ_ij g_j − α · f · (θ_i − θ_j) κ_ij ]
     SPOS:  ĝ_i = ε · ( (1/M) Σ_j [ κ_ij g_j − α · f · (θ_i − θ_j) κ_ij ] + β g_i − √(2β/ε) ξ_i )
 
 with ξ_i ~ N(0, I). The optimizer *subtracts* ĝ, so the term −α f (θ_i − θ_j) κ_ij moves θ_i away
-from θ_j: the heads repel each other. α is the repulsive weight of Appendix B.2; SPEC's β is the
-paper's β⁻¹ (the authors' code multiplies the gradient by ``beta``).
+from θ_j: the heads repel each other. α is the repulsive weight of Appendix B.2; our β is what the
+paper's SPOS (Eq. 5) writes as β⁻¹ (the authors' code multiplies the gradient by ``beta``).
+
+The stepsize ε (paper Appendix B.2.3: 0.1 for both translation tasks) multiplies the whole SVGD
+direction, and Adam's update is invariant to a constant factor on a parameter's gradient (up to Adam's
+tiny ε in the denominator): under Adam, ε changes nothing for SVGD. It matters only for SPOS, through
+the noise scale √(2β/ε) relative to the gradient terms.
 
 RBF kernel and bandwidth h (``bandwidth``):
 
 * ``"median"`` (paper, Appendix B.2): κ_ij = exp(−‖θ_i − θ_j‖² / h), h = med² / ln M, med the median
   of the M(M−1)/2 distances between distinct particles (lower middle value for an even count, as
-  ``torch.median``); ∇_{θ_j} κ_ij = (2/h)(θ_i − θ_j) κ_ij, so f = 2/h.
-* ``"authors"`` (SPEC §3's description of the authors' fairseq code): h = median of all M² squared
-  distances, the M zeros of the diagonal included / ln(M + 1), κ_ij = exp(−‖θ_i − θ_j‖² / 2h), f = 1/h.
-  (Their ``trainer.py`` also halves that h, ``h = 0.5 * median / log(M + 1)``, which gives a kernel half
-  as wide and a factor twice as large; SPEC's formula is what is implemented. For M = 2 at least half of
-  the M² values are the diagonal's zeros, so this bandwidth is always 0 there: no repulsion.)
+  ``torch.median``); ∇_{θ_j} κ_ij = (2/h)(θ_i − θ_j) κ_ij, so f = 2/h. At the median distance
+  κ = exp(−ln M) = 1/M.
+* ``"authors"`` (the ``rbf`` kernel of the authors' fairseq ``trainer.py``): h = 0.5 · median of all M²
+  squared distances, the M zeros of the diagonal included (lower middle value, as ``torch.median``)
+  / ln(M + 1); κ_ij = exp(−‖θ_i − θ_j‖² / 2h), f = 1/h (their kernel gradient is
+  Σ_j κ_ij (θ_i − θ_j) / h). For M = 2 at least half of the M² values are the diagonal's zeros, so this
+  bandwidth is always 0 there: no repulsion.
 * a positive float: that h with the paper's kernel (κ = exp(−D²/h), f = 2/h).
 
 If h comes out as 0 (identical particles, or M = 1) the kernel is 1 everywhere and the repulsive term
@@ -105,7 +111,7 @@ def rbf_kernel(d2: Tensor, bandwidth: Bandwidth = "median") -> Tuple[Tensor, Ten
             numerator = 2.0
         elif bandwidth == "authors":
             med2 = d2.reshape(g, m * m).median(dim=-1).values  # [G], zeros of the diagonal included
-            h = med2 / math.log(m + 1)
+            h = 0.5 * med2 / math.log(m + 1)
             numerator, scale = 1.0, 2.0
         else:
             raise ValueError(f"unknown bandwidth {bandwidth!r}; choose {', '.join(BANDWIDTHS)} or a number")
@@ -216,7 +222,7 @@ def svgd_direction(
     stepsize: float = 0.1,
     bandwidth: Union[str, float] = "median",
 ) -> Tensor:
-    """The SVGD replacement gradient of SPEC §3 (paper Eq. 4, with repulsive weight α).
+    """The SVGD replacement gradient (paper Eq. 4, with repulsive weight α; module docstring).
 
     Args:
         theta: particles, [M, D] or [G, M, D] (G independent sets).
@@ -243,12 +249,12 @@ def spos_direction(
     generator: Optional[torch.Generator] = None,
     noise_scale: str = "unit",
 ) -> Tensor:
-    """The SPOS replacement gradient of SPEC §3 (paper Eq. 5, β = the paper's β⁻¹).
+    """The SPOS replacement gradient (paper Eq. 5; our β is the paper's β⁻¹).
 
     ĝ_i = SVGD_i + ε (β g_i − √(2β/ε) ξ_i), ξ ~ N(0, I) of the shape of ``theta`` (as [G, M, D]) drawn
     in one ``torch.randn`` call from ``generator`` (on the device of ``theta``) in the compute dtype.
     ``noise_scale="grad_median"`` multiplies ξ by the median |g| of each set, as the authors' code does;
-    ``"unit"`` (default) is SPEC §3's formula.
+    ``"unit"`` (default) is the formula above.
     """
     theta, grad, single = _as_sets(theta, grad)
     out = torch.empty_like(theta)

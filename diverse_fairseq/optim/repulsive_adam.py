@@ -1,6 +1,6 @@
 """``--optimizer repulsive_adam``: Adam whose per-head Q/K/V gradients are replaced by SVGD or SPOS.
 
-Repulsive attention (An et al., EMNLP 2020, Algorithm 1; SPEC §3): every chosen q/k/v projection
+Repulsive attention (An et al., EMNLP 2020, Algorithm 1): every chosen q/k/v projection
 weight is a set of M = H particles (its per-head row blocks) and, inside ``step()``, its gradient is
 replaced by the particle-optimization direction of :mod:`diverse_fairseq.optim.repulsive` before the
 Adam update. All other parameters get plain fairseq Adam (``fairseq.optim.adam.Adam``; same math,
@@ -19,7 +19,7 @@ true, unscaled, clipped gradient in fp32:
   The transformed gradients are handed to Adam as fp32 tensors, never written back into fp16 ``.grad``.
 * ``--amp``: fairseq's ``AMPOptimizer`` unscales the inner torch optimizer in ``clip_grad_norm`` and then
   passes *this* object to ``GradScaler.step``, which would unscale the same gradients a second time
-  (FAIRSEQ-NOTES). This class sets ``_step_supports_amp_scaling``, so ``GradScaler.step`` only checks
+  (a known fairseq 0.12 trap). This class sets ``_step_supports_amp_scaling``, so ``GradScaler.step`` only checks
   for inf/NaN and calls ``step()`` with ``self.grad_scale`` / ``self.found_inf`` set: the step is skipped
   when ``found_inf``; the gradients are divided by ``grad_scale`` only if ``clip_grad_norm`` (which
   fairseq's AMP wrapper always precedes with the unscale) did not run since the last step.
@@ -66,23 +66,26 @@ class RepulsiveAdamConfig(FairseqAdamConfig):
     )
     repulsive_stepsize: float = field(
         default=0.1,
-        metadata={"help": "stepsize epsilon multiplying the particle update (0.1 for WMT; the authors' "
-                          "IWSLT script uses 0.01)"},
+        metadata={"help": "stepsize epsilon multiplying the particle update (the paper's value for both "
+                          "translation tasks, Appendix B.2.3: 0.1; the authors' IWSLT script uses 0.01). "
+                          "Adam is invariant to a constant factor on a gradient, so for svgd epsilon changes "
+                          "nothing; it matters only for spos (noise scale sqrt(2·beta/epsilon))"},
     )
     repulsive_beta: float = field(
         default=1e-3,
-        metadata={"help": "SPOS only: beta (the paper's 1/beta): adds beta·g_i and noise "
-                          "-sqrt(2·beta/epsilon)·xi_i inside the update"},
+        metadata={"help": "SPOS only: beta, which the paper's SPOS (Eq. 5) writes as beta^-1: adds "
+                          "beta·g_i and noise -sqrt(2·beta/epsilon)·xi_i inside the update"},
     )
     repulsive_bandwidth: str = field(
         default="median",
         metadata={"help": "RBF bandwidth: median (paper: h = med^2/ln M over distances between distinct "
-                          "heads), authors (the authors' code: median of all M^2 squared distances / "
-                          "ln(M+1), kernel exp(-D^2/2h)) or a fixed positive number h"},
+                          "heads, kernel exp(-D^2/h)), authors (the authors' code: h = 0.5 · median of all "
+                          "M^2 squared distances / ln(M+1), kernel exp(-D^2/2h), repulsive factor 1/h) or a "
+                          "fixed positive number h (paper kernel)"},
     )
     repulsive_noise_scale: ChoiceEnum(NOISE_SCALES) = field(
         default="unit",
-        metadata={"help": "SPOS only: unit (SPEC formula) or grad_median (noise times the median |g| of "
+        metadata={"help": "SPOS only: unit (the paper's formula) or grad_median (noise times the median |g| of "
                           "the particle set, as in the authors' code)"},
     )
     repulsive_attention: str = field(
