@@ -1,7 +1,8 @@
 """Head-similarity measures minimised by disagreement regularization.
 
 Li, Tu, Yang, Lyu, Zhang. *Multi-Head Attention with Disagreement Regularization*. EMNLP 2018, §3.2
-(Eq. 1 subspaces, Eq. 2 attended positions, Eq. 3 outputs); implemented as pinned down in SPEC §1:
+(Eq. 1 subspaces, Eq. 2 attended positions, Eq. 3 outputs); implemented as described in
+docs/methods.md#disagreement-regularization:
 per-token similarities averaged over the H² head pairs (the diagonal included), then a mean over the
 non-padding tokens of the whole batch. The paper's disagreement D is the negative of these numbers.
 

@@ -5,7 +5,7 @@
 #    created with --system-site-packages so that torch stays visible and is never replaced;
 #  * otherwise installs torch==2.13.0 (the CPU wheel on these machines);
 #  * installs fairseq-fixed==0.12.3.1 without build isolation and without its torchaudio pin
-#    (see ../shared/FAIRSEQ-NOTES.md), then this package with `pip install -e .[dev]`.
+#    (see docs/fairseq-notes.md), then this package with `pip install -e .[dev]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

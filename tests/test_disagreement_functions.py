@@ -1,4 +1,5 @@
-"""The three similarity functions of disagreement regularization (SPEC §1) against naive O(H²) loops."""
+"""The three similarity functions of disagreement regularization (docs/methods.md#disagreement-regularization)
+against naive O(H²) loops."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""Routing-by-agreement cores (NAACL 2019 Algorithms 1-2, SPEC §2) and the aggregation module.
+"""Routing-by-agreement cores (NAACL 2019 Algorithms 1-2, docs/methods.md#routing-by-agreement-aggregation) and the
+aggregation module.
 
 The fast cores are checked against slow references that loop over heads, output capsules and
 iterations exactly as Algorithms 1 and 2 are written (float64, no log-space tricks).
@@ -57,7 +58,7 @@ def ref_simple_routing(votes, iterations, coupling_over="outputs"):
 
 
 def ref_em_routing(votes, beta_a, beta_mu, iterations, lambdas=None, eps=1e-6):
-    """Algorithm 2 with the M-step and E-step of SPEC §2, line by line (Eq. 12 as a plain ratio)."""
+    """Algorithm 2 with the M-step and E-step of docs/methods.md#em-routing, line by line (Eq. 12 as a plain ratio)."""
     batch, (H, N, C) = votes.shape[:-3], votes.shape[-3:]
     V = votes.detach().double().reshape(-1, H, N, C)
     M = V.shape[0]
@@ -275,7 +276,7 @@ def _n_params(module):
 def test_parameter_count_matches_spec():
     simple = RoutingAggregation(512, 8, routing="simple", num_capsules=512)
     em = RoutingAggregation(512, 8, routing="em")  # N defaults to E
-    assert _n_params(simple) == 2_364_928  # SPEC §2
+    assert _n_params(simple) == 2_364_928  # docs/methods.md#votes
     assert em.num_capsules == 512
     assert _n_params(em) == 2_364_928 + 2 * 512  # + β_A, β_μ per output capsule
 

@@ -146,7 +146,7 @@ def test_routing_architectures(task):
 
 
 def test_parameter_counts_at_transformer_base():
-    """NAACL 2019 / SPEC §2: +2.1M per routed module at E=512, H=8: +12.6M for all six encoder layers,
+    """NAACL 2019 / docs/methods.md#votes: +2.1M per routed module at E=512, H=8: +12.6M for all six encoder layers,
     +4.2M for the lowest two. (The difference does not depend on the vocabulary; 32k joined as WMT14.)"""
     d = Dictionary()
     for i in range(32000 - d.nspecial):
@@ -526,7 +526,8 @@ def test_two_process_gloo_ranks_stay_identical(tiny_data, tmp_path):
 @pytest.mark.slow
 def test_hydra_train_passes_routing_options_through(tiny_data, tmp_path):
     """fairseq-hydra-train with configs/routing/wmt14_en_de_base_em_all.yaml (tiny sizes): the model config is
-    a DictConfig there, and the routing keys must survive into the built model (FAIRSEQ-NOTES, hydra trap)."""
+    a DictConfig there, and the routing keys must survive into the built model
+    (docs/fairseq-notes.md#fairseq-hydra-train)."""
     overrides = [
         f"task.data={tiny_data}", f"common.user_dir={USER_DIR}", "common.cpu=true", "common.log_interval=1",
         "optimization.max_update=3", f"checkpoint.save_dir={tmp_path / 'ckpt'}", "checkpoint.no_epoch_checkpoints=true",

@@ -2,7 +2,8 @@
 J = likelihood + λ·D, λ = 1).
 
 ``--criterion label_smoothed_cross_entropy_with_disagreement``. The training loss (a token sum, as
-fairseq's) is ``CE_sum + λ · sample_size · sim_total`` (SPEC §1), where ``sim_total`` sums, over the
+fairseq's) is ``CE_sum + λ · sample_size · sim_total`` (docs/methods.md#disagreement-regularization), where
+``sim_total`` sums, over the
 selected terms (sub, pos, out) and attention types (enc_self, dec_self, enc_dec), the layer mean of
 each module's masked token-mean head similarity (:mod:`diverse_fairseq.disagreement`). Each active
 (term, type) value is logged as ``sim_<term>_<type>`` for training and validation.

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bpe", choices=bpe_mod.KINDS, default=_env("BPE"),
                    help="segmentation [BPE]; default: the recipe's (sentencepiece for demo, subword-nmt otherwise)")
     p.add_argument("--bpe-size", type=int, default=_env("BPE_SIZE"),
-                   help="BPE merges / sentencepiece vocabulary [BPE_SIZE]; default: the recipe's (SPEC §4)")
+                   help="BPE merges / sentencepiece vocabulary [BPE_SIZE]; default: the recipe's")
     p.add_argument("--work-dir", default=_env("WORK_DIR", "work"), help="root of intermediate files [WORK_DIR]")
     p.add_argument("--data-bin", default=_env("DATA_BIN", "data-bin"), help="root of binarized datasets [DATA_BIN]")
     p.add_argument("--mirror", default=_env("DIVERSE_FAIRSEQ_MIRROR"),

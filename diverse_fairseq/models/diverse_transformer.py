@@ -306,7 +306,7 @@ class DiverseTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         # under fairseq-hydra-train the model config is a DictConfig, whose extra options
-        # TransformerConfig.from_namespace would silently drop (FAIRSEQ-NOTES, "Hydra path bug")
+        # TransformerConfig.from_namespace would silently drop (docs/fairseq-notes.md#fairseq-hydra-train)
         if isinstance(args, DictConfig):
             args = Namespace(**OmegaConf.to_container(args, resolve=True))
         base_architecture(args)  # layer counts and widths, as TransformerModel.build_model does first

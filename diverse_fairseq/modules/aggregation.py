@@ -1,7 +1,8 @@
 """Routing-by-agreement aggregation of attention heads: a drop-in replacement for ``out_proj``.
 
 Li, Yang, Dou, Wang, Lyu, Tu. *Information Aggregation for Multi-Head Attention with
-Routing-by-Agreement*. NAACL 2019, §4.1 (Eqs. 5-7) and §4.2; SPEC §2 (the authors' fused vote network).
+Routing-by-Agreement*. NAACL 2019, §4.1 (Eqs. 5-7) and §4.2; the authors' fused vote network
+(docs/methods.md#routing-by-agreement-aggregation).
 """
 
 from contextlib import contextmanager
@@ -20,17 +21,18 @@ __all__ = ["RoutingAggregation", "build_aggregator", "skip_padding"]
 class RoutingAggregation(nn.Module):
     """Aggregate the concatenated heads ``Ô`` [..., E] into [..., E] by routing-by-agreement.
 
-    Vote network, the authors' fused form of Eqs. 5-6 (SPEC §2)::
+    Vote network, the authors' fused form of Eqs. 5-6 (docs/methods.md#votes)::
 
         u     = ReLU(W1 · LayerNorm(Ô) + b1)              W1: E x E          (input capsules, Eq. 5)
         votes = W2 · u + b2 -> [..., H, N, E/N]           W2: E x H·E        (V_{h→n}, Eq. 6)
 
     then simple routing (Algorithm 1) or EM routing (Algorithm 2) over the H input capsules, and the N
     output capsules of width E/N are concatenated back to [..., E] (§4.1, "O = [Ω_1, .., Ω_N]").
-    With N = E (the default, as in the paper's experiments) W2 is the SPEC's E x H·N.
+    With N = E (the default, as in the paper's experiments) W2 is E x H·N.
 
     Parameters at E = 512, H = 8, N = 512: LayerNorm 1,024 + W1/b1 262,656 + W2/b2 2,101,248
-    = 2,364,928 (SPEC §2); EM routing adds the 2·N = 1,024 learned costs β_A, β_μ (2,365,952 in all).
+    = 2,364,928, i.e. +2.1M over W_O (NAACL 2019 Tables 2-3); EM routing adds the 2·N = 1,024 learned costs
+    β_A, β_μ (2,365,952 in all).
 
     Args:
         embed_dim: E, width of the concatenated heads and of the output.
@@ -38,7 +40,7 @@ class RoutingAggregation(nn.Module):
         routing: ``"simple"`` or ``"em"``.
         num_capsules: N output capsules, must divide E; default E (capsule width 1).
         iterations: routing iterations T (default 3).
-        eps: EM variance floor ε (SPEC: ε <= 1e-4).
+        eps: EM variance floor ε (at most 1e-4).
         compile: run the routing core through ``torch.compile``; ``None`` reads the environment
             variable ``DIVERSE_FAIRSEQ_COMPILE_ROUTING``.
 

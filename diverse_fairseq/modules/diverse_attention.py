@@ -1,8 +1,9 @@
 """fairseq ``MultiheadAttention`` whose heads can be observed (taps) and combined by a custom module.
 
 Disagreement regularization (Li et al., EMNLP 2018, §3) needs, per attention module and per forward,
-the projected values V, the attention probabilities A or the head outputs O (SPEC §1); routing-by-
-agreement (Li et al., NAACL 2019, §3) replaces the concatenation + W_O that combines the heads.
+the projected values V, the attention probabilities A or the head outputs O
+(docs/methods.md#disagreement-regularization); routing-by-agreement (Li et al., NAACL 2019, §4) replaces
+the concatenation + W_O that combines the heads.
 ``DiverseMultiheadAttention`` offers both without giving up fairseq's behaviour:
 
 * no taps and no aggregator: ``MultiheadAttention.forward`` unchanged (bit-identical to stock);

@@ -2,7 +2,8 @@
 
 Li, Yang, Dou, Wang, Lyu, Tu. *Information Aggregation for Multi-Head Attention with
 Routing-by-Agreement*. NAACL 2019, §4 (Algorithm 1: simple routing, Sabour et al. 2017; Algorithm 2:
-EM routing, Hinton et al. 2018). Where the paper and ``SPEC.md`` §2 differ, ``SPEC.md`` is followed.
+EM routing, Hinton et al. 2018). Where the paper leaves a choice open,
+docs/methods.md#routing-by-agreement-aggregation says which one is made.
 
 Both functions are pure: they take the votes ``V`` of shape ``[..., H, N, C]`` (H input capsules, i.e.
 heads; N output capsules; C the capsule width) and return the output capsules ``[..., N, C]``. Any
@@ -109,9 +110,10 @@ def simple_routing(votes: Tensor, iterations: int = 3) -> Tensor:
     Returns:
         the output capsules ``[Ω_1 .. Ω_N]`` of shape ``[..., N, C]``, in the dtype of ``votes``.
 
-    Per iteration (lines 3-6): ``C = softmax_n(B)`` (over the *output* capsules, as in the paper,
-    SPEC §2), ``s_n = Σ_h C_{h,n} V_{h,n} / Σ_h C_{h,n}`` (Eq. 7), ``Ω_n = squash(s_n)`` (Eq. 8) and
-    ``B_{h,n} += Ω_n · V_{h,n}``. The update of B after the last iteration does not affect the output
+    Per iteration (lines 3-6): ``C = softmax_n(B)`` (over the *output* capsules, as in the paper;
+    docs/methods.md#simple-routing), ``s_n = Σ_h C_{h,n} V_{h,n} / Σ_h C_{h,n}`` (Eq. 7),
+    ``Ω_n = squash(s_n)`` (Eq. 8) and ``B_{h,n} += Ω_n · V_{h,n}``. The update of B after the last iteration does
+    not affect the output
     and is skipped.
     """
     _check_iterations(iterations)
@@ -155,7 +157,7 @@ def _per_capsule(x: Union[Tensor, float], num_capsules: int, like: Tensor, name:
 
 def _inverse_temperature_schedule(inverse_temperatures, iterations: int) -> Sequence[float]:
     if inverse_temperatures is None:
-        return [float(t) for t in range(1, iterations + 1)]  # λ_t = t (SPEC §2)
+        return [float(t) for t in range(1, iterations + 1)]  # λ_t = t (docs/methods.md#em-routing)
     schedule = [float(x) for x in inverse_temperatures]
     if len(schedule) != iterations:
         raise ValueError(
@@ -174,7 +176,7 @@ def em_routing(
     *,
     fused: Optional[bool] = None,
 ) -> Tensor:
-    """Iterative EM routing (NAACL 2019 Algorithm 2 and Eqs. 9-12; Hinton et al. 2018), as in SPEC §2.
+    """Iterative EM routing (NAACL 2019 Algorithm 2, Eqs. 9-12; Hinton et al. 2018), as in docs/methods.md#em-routing.
 
     Args:
         votes: ``V_{h→n}`` of shape ``[..., H, N, C]``.
@@ -182,7 +184,7 @@ def em_routing(
         beta_mu: ``β_μ``, the per-input cost, a scalar or ``[N]``.
         iterations: number of routing iterations T (>= 1).
         inverse_temperatures: λ_1..λ_T; default ``1, 2, .., T``.
-        eps: variance floor ε added to σ² (SPEC: ε <= 1e-4).
+        eps: variance floor ε added to σ² (at most 1e-4).
         fused: use the fused core with a hand-derived backward (capsule width C = 1 only; see
             ``_EMRoutingWidth1``); ``None`` (default) uses it whenever C = 1 outside ``torch.compile``
             tracing (TorchInductor fuses the generic code itself), ``False`` forces the generic code.
