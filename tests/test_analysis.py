@@ -21,19 +21,49 @@ from diverse_fairseq.analysis.attention import AttentionSite, instrument, set_he
 from diverse_fairseq.analysis.scores import (
     ScoreAccumulator,
     combine_layers,
+    mean_pair_cosine,
     offdiag_cosine,
     output_score,
     position_score,
     sentence_position_overlap,
     subspace_score,
 )
-from diverse_fairseq.disagreement import subspace_similarity
+from diverse_fairseq.disagreement import output_similarity, subspace_similarity
 from diverse_fairseq.modules.diverse_attention import DiverseMultiheadAttention
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 # ------------------------------------------------------------------------------------------- scores
+
+
+def _pairs_loop(x, pad=None):
+    """Reference: per token (1/H²) Σ_i Σ_j cos and mean_{i≠j} cos by a double loop over head pairs, then the
+    mean over the non-padding tokens."""
+    heads = x.size(1)
+    unit = [F.normalize(x[:, i].double(), dim=-1, eps=1e-6) for i in range(heads)]  # H x [B, N, d]
+    total, offdiag = torch.zeros(x.size(0), x.size(2), dtype=torch.float64), 0.0
+    for i in range(heads):
+        for j in range(heads):
+            cos = (unit[i] * unit[j]).sum(-1)  # [B, N]
+            total = total + cos
+            offdiag = offdiag + (cos if i != j else 0.0)
+    keep = torch.ones_like(total, dtype=torch.bool) if pad is None else ~pad
+    return float((total / heads**2)[keep].mean()), float((offdiag / (heads * (heads - 1)))[keep].mean())
+
+
+@pytest.mark.parametrize("heads", [4, 8])
+def test_orthogonal_heads_score_exp_minus_one_over_h(heads):
+    """The paper's baseline 0.882 = exp(−1/8): mutually orthogonal heads, each paired with itself too."""
+    o = torch.eye(heads).mul(3.0).view(1, heads, 1, heads).expand(3, heads, 6, heads).contiguous()  # head i = 3·e_i
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    assert output_score(o, pad) == pytest.approx(math.exp(-1 / heads), abs=1e-12)
+    assert subspace_score(o) == pytest.approx(math.exp(-1 / heads), abs=1e-12)
+    assert mean_pair_cosine(o).numpy() == pytest.approx(np.full((3, 6), 1 / heads), abs=1e-12)
+    assert offdiag_cosine(o).numpy() == pytest.approx(np.zeros((3, 6)), abs=1e-12)
+    if heads == 8:
+        assert f"{output_score(o):.3f}" == "0.882"
 
 
 def test_identical_heads_score_e_to_minus_one():
@@ -44,32 +74,43 @@ def test_identical_heads_score_e_to_minus_one():
     assert offdiag_cosine(v).numpy() == pytest.approx(np.ones((2, 5)), abs=1e-12)
 
 
-def test_orthogonal_heads_score_one():
-    o = torch.eye(4).mul(3.0).view(1, 4, 1, 4).expand(3, 4, 6, 4).contiguous()  # head i = 3·e_i
+@pytest.mark.parametrize("heads", [2, 4])
+def test_cancelling_heads_score_one(heads):
+    """The maximum 1.0 needs the unit head vectors to sum to zero (here ±x, and 4 heads ±x, ±y)."""
+    x, y = torch.randn(2, 1, 3, 5), torch.randn(2, 1, 3, 5)
+    o = torch.cat([x, -x] if heads == 2 else [x, -x, 2 * y, -y], dim=1)
     assert output_score(o) == pytest.approx(1.0, abs=1e-12)
     assert subspace_score(o) == pytest.approx(1.0, abs=1e-12)
-
-
-def test_anticorrelated_heads_exceed_one_up_to_the_bound():
-    x = torch.randn(1, 1, 3, 5)
-    o = torch.cat([x, -x], dim=1)  # H = 2, cos = -1: the largest possible score e^(1/(H-1)) = e
-    assert output_score(o) == pytest.approx(math.e, rel=1e-9)
+    assert float(offdiag_cosine(o).mean()) == pytest.approx(-1 / (heads - 1), abs=1e-12)  # its lower bound
 
 
 def test_zero_vectors_give_no_nan():
     o = torch.zeros(1, 3, 2, 4)
-    o[0, 0] = 1.0  # head 1 nonzero, heads 2 and 3 zero: every cosine 0
-    assert output_score(o) == pytest.approx(1.0)
+    o[0, 0] = 1.0  # head 1 nonzero, heads 2 and 3 zero: only cos(x_1, x_1) = 1 is nonzero among 9 pairs
+    assert output_score(o) == pytest.approx(math.exp(-1 / 9))
+    assert float(offdiag_cosine(o).mean()) == 0.0
 
 
-def test_offdiagonal_matches_training_similarity():
-    """mean_{i≠j} = (H·mean_{all pairs} − 1)/(H − 1) for nonzero vectors, the latter from disagreement.py."""
+def test_scores_match_a_double_loop_over_head_pairs():
     torch.manual_seed(0)
-    v = torch.randn(3, 5, 7, 6) + 0.7  # correlated heads
+    v = torch.randn(3, 5, 7, 6) + 0.7  # correlated heads, H = 5
     pad = torch.arange(7).unsqueeze(0) >= torch.tensor([[7], [4], [2]])
-    heads = v.size(1)
-    expected = (heads * subspace_similarity(v, pad).item() - 1) / (heads - 1)
-    assert -math.log(subspace_score(v, pad)) == pytest.approx(expected, rel=1e-5)
+    all_pairs, offdiag = _pairs_loop(v, pad)
+    assert subspace_score(v, pad) == pytest.approx(math.exp(-all_pairs), rel=1e-12)
+    assert output_score(v, pad) == pytest.approx(math.exp(-all_pairs), rel=1e-12)
+    assert float(offdiag_cosine(v)[~pad].mean()) == pytest.approx(offdiag, rel=1e-12)
+    assert subspace_score(v) == pytest.approx(math.exp(-_pairs_loop(v)[0]), rel=1e-12)
+    # the padded tokens matter: without the mask the score differs
+    assert subspace_score(v) != pytest.approx(subspace_score(v, pad), rel=1e-6)
+
+
+def test_scores_use_the_training_similarity():
+    """The reported score is exp(−similarity) with the similarity training minimises (disagreement.py)."""
+    torch.manual_seed(0)
+    v = torch.randn(3, 5, 7, 6) + 0.7
+    pad = torch.arange(7).unsqueeze(0) >= torch.tensor([[7], [4], [2]])
+    assert -math.log(subspace_score(v, pad)) == pytest.approx(subspace_similarity(v, pad).item(), rel=1e-5)
+    assert -math.log(output_score(v, pad)) == pytest.approx(output_similarity(v, pad).item(), rel=1e-5)
 
 
 def test_position_score_hand_computed():
@@ -93,6 +134,26 @@ def test_position_score_sums_over_query_tokens():
     assert position_score(a) == pytest.approx(math.exp(-5.0))
 
 
+def test_position_score_matches_a_loop():
+    """Per sentence exp(−(1/H²) Σ_i Σ_j Σ_{t,s} A_i A_j) over its real queries, by loops; mean over sentences."""
+    torch.manual_seed(2)
+    heads = 3
+    a = torch.randn(3, heads, 4, 5).softmax(-1)
+    query_pad = torch.arange(4).unsqueeze(0) >= torch.tensor([[4], [2], [1]])
+    expected = []
+    for b in range(a.size(0)):
+        overlap = 0.0
+        for t in range(a.size(2)):
+            if query_pad[b, t]:
+                continue
+            for i in range(heads):
+                for j in range(heads):
+                    overlap += float((a[b, i, t].double() * a[b, j, t].double()).sum())
+        expected.append(math.exp(-overlap / heads**2))
+    assert position_score(a, query_pad) == pytest.approx(sum(expected) / len(expected), rel=1e-12)
+    assert torch.exp(-sentence_position_overlap(a, query_pad)).tolist() == pytest.approx(expected, rel=1e-12)
+
+
 def test_accumulator_is_a_token_mean_over_the_whole_set():
     torch.manual_seed(1)
     v1, v2 = torch.randn(2, 4, 6, 3), torch.randn(3, 4, 2, 3)
@@ -102,9 +163,14 @@ def test_accumulator_is_a_token_mean_over_the_whole_set():
     acc = ScoreAccumulator()
     acc.update({"v": v1, "o": v1, "a": a1}, key_pad=pad1, query_pad=pad1)
     acc.update({"v": v2, "o": v2, "a": a2}, key_pad=pad2, query_pad=pad2)
-    tokens = torch.cat([offdiag_cosine(v1)[~pad1], offdiag_cosine(v2)[~pad2]])  # 7 + 6 tokens
+    tokens = torch.cat([mean_pair_cosine(v1)[~pad1], mean_pair_cosine(v2)[~pad2]])  # 7 + 6 tokens
     assert acc.scores()["sub"] == pytest.approx(math.exp(-float(tokens.mean())))
     assert acc.scores()["out"] == pytest.approx(math.exp(-float(tokens.mean())))
+    assert acc.similarities()["sub"] == pytest.approx(float(tokens.mean()))
+    offdiag = torch.cat([offdiag_cosine(v1)[~pad1], offdiag_cosine(v2)[~pad2]])
+    assert acc.offdiag() == pytest.approx({"sub": float(offdiag.mean()), "out": float(offdiag.mean())})
+    # the two figures are tied for nonzero vectors: all pairs = 1/H + (H−1)/H · off-diagonal
+    assert acc.similarities()["out"] == pytest.approx(1 / 4 + 3 / 4 * acc.offdiag()["out"])
     sentences = torch.cat([sentence_position_overlap(a1, pad1), sentence_position_overlap(a2, pad2)])
     assert acc.scores()["pos"] == pytest.approx(float(torch.exp(-sentences).mean()))
 
@@ -117,6 +183,8 @@ def test_layer_combination_reproduces_paper_table4_from_table5():
     assert combine_layers(regularized)["pos"] == pytest.approx(0.219, abs=5e-4)
     sims = [0.1, 0.3]
     assert combine_layers([{"out": math.exp(-s)} for s in sims])["out"] == pytest.approx(math.exp(-0.2))
+    layers = [{"out": 0.8, "offdiag_cos": {"sub": 0.2, "out": 0.1}}, {"out": 0.9, "offdiag_cos": {"sub": 0.4, "out": None}}]
+    assert combine_layers(layers)["offdiag_cos"] == pytest.approx({"sub": 0.3, "out": 0.1})
 
 
 # ------------------------------------------------------------------------------------------- head masking
@@ -281,15 +349,21 @@ def test_analyze_cli_end_to_end(tiny_checkpoints, tmp_path):
             assert [e["layer"] for e in layers] == [1, 2]
             for e in layers:
                 assert 0.0 < e["pos"] <= 1.0
-                for name in ("sub", "out"):  # between identical (e^-1) and anti-correlated (e^(1/(H-1))) heads
-                    assert math.exp(-1) - 1e-9 <= e[name] <= math.exp(1 / 3) + 1e-9
-            assert scores["by_type"][atype] == pytest.approx(combine_layers(layers))
+                for name in ("sub", "out"):  # between identical heads (e^-1) and cancelling ones (1.0)
+                    assert math.exp(-1) - 1e-9 <= e[name] <= 1.0 + 1e-9
+                    # the two figures agree: exp(−(1/H + (H−1)/H · off-diagonal cosine)), H = 4
+                    assert e[name] == pytest.approx(math.exp(-(1 / 4 + 3 / 4 * e["offdiag_cos"][name])), rel=1e-5)
+            combined = combine_layers(layers)
+            assert {k: scores["by_type"][atype][k] for k in ("sub", "pos", "out")} == pytest.approx(
+                {k: combined[k] for k in ("sub", "pos", "out")})
+            assert scores["by_type"][atype]["offdiag_cos"] == pytest.approx(combined["offdiag_cos"])
         importance = json.loads((d / "importance.json").read_text())
         assert len(importance["heads"]) == 3 * 2 * 4
         assert importance["base_nll"] == pytest.approx(scores["nll"], rel=1e-4)
         assert any(abs(h["delta_nll"]) > 1e-6 for h in importance["heads"])
         markdown = (d / "scores.md").read_text()
         assert "| enc_self |" in markdown and "Head importance" in markdown
+        assert "exp(−mean over all H² head pairs, self-pairs included)" in markdown and "mean cos i≠j" in markdown
         for png in ("attention_enc_self", "attention_dec_self", "attention_enc_dec", "tsne", "layer_scores",
                     "importance_hist", "importance_grid"):
             assert_png(d / f"{png}.png")
@@ -322,3 +396,52 @@ def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoint
     assert all(abs(h.delta_nll) > 0 for h in fast.heads)
     assert len(loaded.model.encoder.layers) == 2 and all(
         type(layer).__name__ != "_Replayed" for layer in [*loaded.model.encoder.layers, *loaded.model.decoder.layers])
+
+
+@pytest.mark.slow
+def test_score_checkpoint_equals_the_full_pass(tiny_checkpoints, tiny_data):
+    """The scores-only pass (no output projection, no NLL, its own batching) gives the analysis' scores."""
+    from diverse_fairseq.analysis.attention import attention_sites
+    from diverse_fairseq.analysis.collect import collect
+    from diverse_fairseq.analysis.loading import load_batches, load_checkpoint
+    from diverse_fairseq.analysis.pipeline import Options, score_checkpoint
+    from diverse_fairseq.analysis.report import scores_payload
+
+    ckpt = str(tiny_checkpoints["diverse_transformer"])
+    fast = score_checkpoint(ckpt, Options(data=str(tiny_data), max_sentences=None, max_tokens=300, progress=False))
+    loaded = load_checkpoint(ckpt, str(tiny_data))
+    sites = attention_sites(loaded.model)
+    with instrument(sites):
+        collected = collect(loaded.model, sites, load_batches(loaded.task, "valid", None, 4096),
+                            loaded.task.target_dictionary.pad(), progress=False)
+    full = scores_payload(collected, sites, {})
+    assert fast["nll"] is None and full["nll"] > 0
+    assert fast["sentences"] == full["sentences"] == 60 and fast["max_sentences"] is None
+    for atype, layers in full["by_layer"].items():
+        for quick, slow in zip(fast["by_layer"][atype], layers, strict=True):
+            assert {k: quick[k] for k in ("sub", "pos", "out")} == pytest.approx(
+                {k: slow[k] for k in ("sub", "pos", "out")}, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_table_runner_scores_the_whole_set_per_layer_and_caches(tiny_checkpoints, tiny_data, tmp_path, capsys):
+    from diverse_fairseq.tables.runner import RunConfig, disagreement_scores
+    from diverse_fairseq.tables.spec import Row
+
+    run = RunConfig(dataset=tiny_data.name, scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
+                    data_bin=tiny_data.parent)
+    row = Row(id="dis", label="+ Disagreement", family="diverse_transformer")
+    ckpt = str(tiny_checkpoints["diverse_transformer"])
+    scores = disagreement_scores(row, run, 1, ckpt)
+    assert "head-diversity scores of 60 sentences" in capsys.readouterr().out  # the whole validation set
+    assert set(scores) == {"enc_self", "dec_self", "enc_dec"}
+    for atype, per_type in scores.items():
+        assert [e["layer"] for e in per_type["layers"]] == [1, 2]
+        assert per_type["out"] == pytest.approx(combine_layers(per_type["layers"])["out"])
+        assert math.exp(-1) <= per_type["sub"] <= 1.0 and set(per_type["offdiag_cos"]) == {"sub", "out"}
+    cache = run.run_dir(row, 1) / "analysis" / "disagreement.json"
+    assert disagreement_scores(row, run, 1, ckpt) == scores and "head-diversity" not in capsys.readouterr().out
+    stale = json.loads(cache.read_text())
+    stale["scale"] = "off-diagonal"  # a cache written on another scale is measured again
+    cache.write_text(json.dumps(stale))
+    assert disagreement_scores(row, run, 1, ckpt) == scores and "head-diversity" in capsys.readouterr().out

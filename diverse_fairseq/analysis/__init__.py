@@ -1,7 +1,7 @@
 """Head-diversity analysis of trained translation models (``python -m diverse_fairseq.analyze``).
 
-* :mod:`.scores`: the disagreement scores exp(D) of EMNLP 2018 Tables 4–5 (off-diagonal head pairs;
-  SPEC §1, "Reported disagreement scores");
+* :mod:`.scores`: the disagreement scores exp(D) of EMNLP 2018 Tables 4–5 on the paper's scale (mean over
+  all H² head pairs, self-pairs included), with the off-diagonal mean cosine as a second figure;
 * :mod:`.attention`: finds attention modules structurally and makes stock fairseq ``MultiheadAttention``
   as well as ``DiverseMultiheadAttention`` tappable and head-maskable for the duration of an analysis;
 * :mod:`.collect`: teacher-forced passes gathering scores, mean head outputs, NLL and attention maps;
@@ -12,6 +12,14 @@
 Not imported by ``import diverse_fairseq`` (training needs neither matplotlib nor scikit-learn's TSNE).
 """
 
-from .scores import offdiag_cosine, output_score, position_score, sentence_position_overlap, subspace_score
+from .scores import (
+    mean_pair_cosine,
+    offdiag_cosine,
+    output_score,
+    position_score,
+    sentence_position_overlap,
+    subspace_score,
+)
 
-__all__ = ["offdiag_cosine", "output_score", "position_score", "sentence_position_overlap", "subspace_score"]
+__all__ = ["mean_pair_cosine", "offdiag_cosine", "output_score", "position_score", "sentence_position_overlap",
+           "subspace_score"]

@@ -1,6 +1,6 @@
 """Find a translation model's attention modules and let them be observed and head-masked, stock ones too.
 
-The analysis needs, per attention module, the per-head tensors V, A, O (SPEC §1) and the ability to mask
+The analysis needs, per attention module, the per-head tensors V, A, O and the ability to mask
 one head's output O_h before the heads are combined (head ablation, Michel et al. 2019, as used in EMNLP
 2020 Figure 2). :class:`~diverse_fairseq.modules.diverse_attention.DiverseMultiheadAttention` already taps
 V/A/O and combines heads in one place (``combine_heads``). :func:`instrument` therefore temporarily turns

@@ -1,7 +1,7 @@
 """Teacher-forced passes over the reference that gather what the report and the pictures need.
 
 One forward of the model on (source, reference shifted right) per batch, with every attention module
-tapped (V, A, O; SPEC §1): the disagreement scores of EMNLP 2018 Tables 4–5
+tapped (V, A, O): the disagreement scores of EMNLP 2018 Tables 4–5
 (:class:`~diverse_fairseq.analysis.scores.ScoreAccumulator`), each head's output averaged over all
 non-padding query tokens (the "head representations" of the journal version's Figure 3 t-SNE) and the
 model's token-level NLL.
@@ -36,22 +36,26 @@ def batch_nll(model, sample: Dict, net_output, pad: int) -> Tuple[float, int]:
 class Collected:
     scores: Dict[Tuple[str, int], ScoreAccumulator]
     head_means: Dict[Tuple[str, int], Tensor]  # (type, layer) -> [H, d] mean head output over query tokens
-    nll: float  # mean over target tokens, nats
+    nll: Optional[float]  # mean over target tokens, nats (None when not computed)
     sentences: int
     source_tokens: int
     target_tokens: int
 
 
 @torch.no_grad()
-def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int, progress: bool = True) -> Collected:
-    """Scores, mean head outputs and NLL over ``batches`` (modules must be :func:`instrument`-ed)."""
+def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int, progress: bool = True,
+            nll: bool = True) -> Collected:
+    """Scores, mean head outputs and NLL over ``batches`` (modules must be :func:`instrument`-ed).
+
+    ``nll=False`` skips the NLL and the decoder's output projection (``features_only``), which is most of
+    the cost of a pass that only wants the scores."""
     set_taps(sites, {"v", "a", "o"})
     scores = {(s.attention_type, s.layer): ScoreAccumulator() for s in sites}
     out_sums: Dict[Tuple[str, int], Tensor] = {}
     out_counts: Dict[Tuple[str, int], int] = {}
     nll_sum, sentences, src_tokens, tgt_tokens = 0.0, 0, 0, 0
     for sample in tqdm(batches, desc="scores", unit="batch", disable=not progress, leave=False):
-        net_output = model(**sample["net_input"])
+        net_output = model(**sample["net_input"], features_only=not nll)
         masks = pad_masks(sample, pad)
         for site in sites:
             key, side = (site.attention_type, site.layer), TOKEN_SIDE[site.attention_type]
@@ -62,15 +66,16 @@ def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int
             summed = torch.einsum("bhtd,bt->hd", o, keep)  # [H, d]
             out_sums[key] = out_sums[key] + summed if key in out_sums else summed
             out_counts[key] = out_counts.get(key, 0) + int(keep.sum())
-        batch_sum, batch_tokens = batch_nll(model, sample, net_output, pad)
-        nll_sum += batch_sum
-        tgt_tokens += batch_tokens
+        if nll:
+            nll_sum += batch_nll(model, sample, net_output, pad)[0]
+        tgt_tokens += int((~masks["target"]).sum())
         src_tokens += int((~masks["source"]).sum())
         sentences += sample["target"].size(0)
     for site in sites:
         site.module.tapped = {}
     head_means = {key: (out_sums[key] / max(out_counts[key], 1)).float().cpu() for key in out_sums}
-    return Collected(scores, head_means, nll_sum / max(tgt_tokens, 1), sentences, src_tokens, tgt_tokens)
+    return Collected(scores, head_means, nll_sum / max(tgt_tokens, 1) if nll else None, sentences, src_tokens,
+                     tgt_tokens)
 
 
 @torch.no_grad()

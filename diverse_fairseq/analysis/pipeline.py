@@ -27,6 +27,7 @@ from .attention import attention_sites, instrument
 from .collect import attention_maps, collect, token_labels
 from .loading import load_batches, load_checkpoint, load_sentence, pick_sentence
 from .report import comparison_markdown, importance_payload, scores_markdown, scores_payload
+from .scores import SCALE
 
 logger = logging.getLogger("diverse_fairseq.analysis")
 
@@ -66,21 +67,44 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _prepare(checkpoint: str, opts: Options, label: Optional[str]):
+    """The loaded model, its batches of ``opts.subset``, its attention sites and the report's metadata."""
+    loaded = load_checkpoint(checkpoint, opts.data, opts.device)
+    batches = load_batches(loaded.task, opts.subset, opts.max_sentences, opts.max_tokens, device=opts.device)
+    sites = attention_sites(loaded.model)
+    label = label or Path(checkpoint).parent.name
+    meta = {"label": label, "checkpoint": str(checkpoint), "arch": loaded.arch, "data": str(loaded.data),
+            "subset": opts.subset, "max_sentences": opts.max_sentences, "seed": opts.seed}
+    logger.info("%s: %d attention modules, %d batches of %s", label, len(sites), len(batches), opts.subset)
+    return loaded, batches, sites, meta
+
+
+def score_checkpoint(checkpoint: str, opts: Options, label: Optional[str] = None) -> Dict:
+    """Only the disagreement scores of one checkpoint (no pictures, no ablation): the ``scores.json`` payload.
+
+    One teacher-forced forward per batch of ``opts.max_tokens`` tokens without the output projection (no NLL:
+    ``payload["nll"]`` is None); ``payload["seconds"]`` is the time taken, loading included.
+    """
+    start = time.time()
+    _seed_everything(opts.seed)
+    loaded, batches, sites, meta = _prepare(checkpoint, opts, label)
+    with instrument(sites):
+        collected = collect(loaded.model, sites, batches, loaded.task.target_dictionary.pad(), progress=opts.progress,
+                            nll=False)
+    scores = scores_payload(collected, sites, {**meta, "max_tokens": opts.max_tokens})
+    scores["seconds"] = round(time.time() - start, 2)
+    return scores
+
+
 def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optional[str] = None) -> Analysis:
     """Scores, head importance and pictures of one checkpoint, written to ``out``."""
     start = time.time()
     _seed_everything(opts.seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    loaded = load_checkpoint(checkpoint, opts.data, opts.device)
-    model, task = loaded.model, loaded.task
+    loaded, batches, sites, meta = _prepare(checkpoint, opts, label)
+    model, task, label = loaded.model, loaded.task, meta["label"]
     pad = task.target_dictionary.pad()
-    batches = load_batches(task, opts.subset, opts.max_sentences, opts.max_tokens, device=opts.device)
-    sites = attention_sites(model)
-    label = label or Path(checkpoint).parent.name
-    meta = {"label": label, "checkpoint": str(checkpoint), "arch": loaded.arch, "data": str(loaded.data),
-            "subset": opts.subset, "max_sentences": opts.max_sentences, "seed": opts.seed}
-    logger.info("%s: %d attention modules, %d batches of %s", label, len(sites), len(batches), opts.subset)
 
     with instrument(sites):
         collected = collect(model, sites, batches, pad, progress=opts.progress)
@@ -138,7 +162,7 @@ def _plot_one(out: Path, label: str, scores: Dict, imp: Optional[Dict], head_mea
     plots.plot_tsne(panels, out / "tsne.png", seed,
                     f"{label}: t-SNE of the heads' mean outputs (journal Fig. 3; seed {seed})")
     plots.plot_layer_scores({label: scores["by_layer"]}, out / "layer_scores.png",
-                            f"{label}: disagreement exp(D) per layer (EMNLP 2018 Table 5)")
+                            f"{label}: disagreement exp(D) per layer (EMNLP 2018 Table 5); {SCALE}")
     if imp is not None:
         by_type = {}
         for h in imp["heads"]:
@@ -178,7 +202,7 @@ def compare(analyses: Sequence[Analysis], out: Path, seed: int) -> None:
         plots.plot_tsne(panels, out / "tsne.png", seed,
                         f"t-SNE of the heads' outputs averaged over words and layers (journal Fig. 3; seed {seed})")
     plots.plot_layer_scores({a.label: a.scores["by_layer"] for a in analyses}, out / "layer_scores.png",
-                            "disagreement exp(D) per layer (EMNLP 2018 Table 5)")
+                            f"disagreement exp(D) per layer (EMNLP 2018 Table 5); {SCALE}")
     if all(a.importance is not None for a in analyses):
         plots.plot_importance_histogram({a.label: [h["delta_nll"] for h in a.importance["heads"]] for a in analyses},
                                         out / "importance_hist.png",

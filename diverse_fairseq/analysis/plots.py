@@ -6,7 +6,8 @@
   output representations, as in the journal version's Figure 3 ("we average the representations over all
   the words and all the layers, obtaining 8 representation vectors for the 8 attention heads").
 * :func:`plot_layer_scores`: the disagreement scores per layer (EMNLP 2018 Table 5 as curves, all three
-  measures and all attention types), one line per model.
+  measures and all attention types, on the paper's scale: exp(−mean over all H² head pairs, self-pairs
+  included)), one line per model.
 * :func:`plot_importance_histogram` / :func:`plot_importance_grid`: the distribution of NLL increases when one
   head is masked (EMNLP 2020 Figure 2), and the same numbers per layer × head.
 """
@@ -114,8 +115,9 @@ def plot_tsne(panels: Mapping[str, Mapping[str, Tuple[np.ndarray, List[str]]]], 
 def plot_layer_scores(by_model: Mapping[str, Mapping[str, Sequence[Mapping[str, Optional[float]]]]],
                       path: Path, title: str) -> Path:
     """Rows = attention types, columns = sub/pos/out; ``by_model[label][type]`` is the list of per-layer
-    score dicts (layer order). sub/out on a linear axis with dotted lines at e^-1 (identical heads) and 1
-    (orthogonal heads), pos on a log axis (the paper's values are often below 0.01)."""
+    score dicts (layer order; an entry's ``heads`` gives H). sub/out on a linear axis with dotted lines at
+    e^-1 (identical heads), exp(-1/H) (mutually orthogonal heads) and 1 (the maximum: heads that cancel), pos
+    on a log axis (the paper's values are often below 0.01)."""
     types = [t for t in TYPE_TITLES if any(t in m for m in by_model.values())]
     fig = _figure(4.2 * len(SCORE_NAMES), 3.0 * len(types))
     axes = fig.subplots(len(types), len(SCORE_NAMES), squeeze=False)
@@ -124,9 +126,11 @@ def plot_layer_scores(by_model: Mapping[str, Mapping[str, Sequence[Mapping[str, 
         for c, score in enumerate(SCORE_NAMES):
             ax = axes[r][c]
             seen: List[float] = []
+            heads = set()
             for mi, (label, per_type) in enumerate(by_model.items()):
                 layers = per_type.get(atype, [])
                 ys = [entry.get(score) for entry in layers]
+                heads.update(entry["heads"] for entry in layers if entry.get("heads"))
                 xs = [i + 1 for i, y in enumerate(ys) if y is not None]
                 ys = [y for y in ys if y is not None]
                 if ys:
@@ -136,10 +140,13 @@ def plot_layer_scores(by_model: Mapping[str, Mapping[str, Sequence[Mapping[str, 
                 ax.set_yscale("log")
                 positive = [y for y in seen if y > 0]
                 ax.set_ylim(min([1e-3] + [0.5 * y for y in positive]), 1.0)
-            else:  # e^-1 for identical heads, 1 for orthogonal ones, up to e^(1/(H-1)) if anti-correlated
-                ax.axhline(1.0, color="gray", linestyle=":", linewidth=0.8)
-                ax.axhline(np.exp(-1.0), color="gray", linestyle=":", linewidth=0.8)
-                ax.set_ylim(0.0, max([1.05] + [1.05 * y for y in seen]))
+            else:  # e^-1 for identical heads, exp(-1/H) for orthogonal ones, 1 (the maximum) if they cancel
+                for level in (1.0, np.exp(-1.0), *(np.exp(-1.0 / h) for h in heads)):
+                    ax.axhline(level, color="gray", linestyle=":", linewidth=0.8)
+                for h in sorted(heads):
+                    ax.text(1.0, np.exp(-1.0 / h), f" orthogonal, H={h}", transform=ax.get_yaxis_transform(),
+                            fontsize=6, color="gray", va="bottom", ha="right")
+                ax.set_ylim(min([0.3] + [y - 0.05 for y in seen]), 1.02)
             ax.set_title(f"{TYPE_TITLES[atype]}: {SCORE_TITLES[score]}", fontsize=9)
             ax.set_xlabel("layer", fontsize=8)
             ax.set_ylabel("exp(D)", fontsize=8)

@@ -2,8 +2,10 @@
 
 ``scores.json`` / the first tables of ``scores.md``: the disagreement scores exp(D) of EMNLP 2018 Table 4
 (per attention type) and Table 5 (per layer; the paper shows positions of the encoder, we give all three
-measures for all three attention types). ``importance.json`` and the last table of ``scores.md``: the NLL
-increase (and optionally BLEU drop) when each head is masked (Michel et al. 2019; EMNLP 2020 Figure 2).
+measures for all three attention types), on the paper's scale (:data:`~.scores.SCALE`), with the
+off-diagonal mean cosine of sub/out as a second, separately labelled figure (``offdiag_cos``).
+``importance.json`` and the last table of ``scores.md``: the NLL increase (and optionally BLEU drop) when
+each head is masked (Michel et al. 2019; EMNLP 2020 Figure 2).
 """
 
 import statistics
@@ -13,19 +15,21 @@ from ..modules.diverse_attention import ATTENTION_TYPES
 from .ablation import Importance
 from .attention import AttentionSite
 from .collect import Collected
-from .scores import SCORE_NAMES, TOKEN_SIDE, combine_layers
+from .scores import COSINE_NAMES, SCALE, SCORE_NAMES, TOKEN_SIDE, combine_layers
 
 DEFINITION = (
-    "EMNLP 2018 Tables 4-5 / SPEC §1: sub, out = exp(-mean over non-padding tokens of the mean cosine over "
-    "head pairs i != j) of projected values V (sub, key tokens) and head outputs O (out, query tokens); "
-    "pos = mean over sentences of exp(-(1/H^2) sum_i sum_j sum_{t,s} A_i[t,s] A_j[t,s]) (query tokens t). "
-    "Tokens: source for enc_self and for sub of enc_dec, target otherwise. Teacher-forced forward on the "
-    "reference. Per attention type: exp(-mean over layers of the similarity) = geometric mean of the "
-    "layer scores. sub/out: e^-1 = identical heads, 1.0 = mutually orthogonal heads (above 1, at most "
-    "e^(1/(H-1)), only if heads are anti-correlated); pos: 1.0 = heads attend to disjoint positions."
+    f"EMNLP 2018 Tables 4-5 on the paper's scale, {SCALE}: sub, out = exp(-mean over non-padding tokens of "
+    "(1/H^2) sum_i sum_j cos(x_i, x_j)) of projected values V (sub, key tokens) and head outputs O (out, query "
+    "tokens); pos = mean over sentences of exp(-(1/H^2) sum_i sum_j sum_{t,s} A_i[t,s] A_j[t,s]) (query tokens "
+    "t). Tokens: source for enc_self and for sub of enc_dec, target otherwise. Teacher-forced forward on the "
+    "reference. Per attention type: exp(-mean over layers of the similarity) = geometric mean of the layer "
+    "scores. sub/out: e^-1 = identical heads, exp(-1/H) = mutually orthogonal heads (0.882 at H = 8, 0.779 at "
+    "H = 4), 1.0 (the maximum) = the heads' unit vectors cancel; pos: 1.0 = heads attend to disjoint positions. "
+    "offdiag_cos (a second figure, not a score): mean over tokens of the mean cosine over head pairs i != j "
+    "(1 = identical, 0 = orthogonal, -1/(H-1) = cancelling); per attention type its mean over layers."
 )
-PAPER_REFERENCE = ("EMNLP 2018 Table 4 (Zh=>En validation, encoder): baseline sub 0.882 / pos 0.007 / out 0.881; "
-                   "Out regularization: out 0.997")
+PAPER_REFERENCE = ("EMNLP 2018 Table 4 (Zh=>En validation, encoder, H = 8): baseline sub 0.882 / pos 0.007 / "
+                   "out 0.881; Out regularization: out 0.997; Pos regularization: pos 0.219")
 
 
 def scores_payload(collected: Collected, sites: Sequence[AttentionSite], meta: Mapping) -> Dict:
@@ -34,7 +38,7 @@ def scores_payload(collected: Collected, sites: Sequence[AttentionSite], meta: M
     for site in sites:
         acc = collected.scores[(site.attention_type, site.layer)]
         entry = {"layer": site.layer + 1, "heads": site.num_heads, **acc.scores(),
-                 "similarity": acc.similarities()}
+                 "similarity": acc.similarities(), "offdiag_cos": acc.offdiag()}
         by_layer.setdefault(site.attention_type, []).append(entry)
     for entries in by_layer.values():
         entries.sort(key=lambda e: e["layer"])
@@ -45,6 +49,7 @@ def scores_payload(collected: Collected, sites: Sequence[AttentionSite], meta: M
         "source_tokens": collected.source_tokens,
         "target_tokens": collected.target_tokens,
         "nll": collected.nll,
+        "scale": SCALE,
         "definition": DEFINITION,
         "token_side": {t: TOKEN_SIDE[t] for t in by_type},
         "by_type": by_type,
@@ -90,10 +95,18 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
     return lines
 
 
+OFFDIAG_HEADER = [f"mean cos i≠j ({n.capitalize()}.)" for n in COSINE_NAMES]
+
+
+def _offdiag_cells(by_type: Mapping) -> List[str]:
+    return [fmt((by_type.get("offdiag_cos") or {}).get(n)) for n in COSINE_NAMES]
+
+
 def type_table(payload: Mapping) -> List[str]:
-    """EMNLP 2018 Table 4 layout: attention types × Sub./Pos./Out."""
-    rows = [[t, *(fmt(payload["by_type"][t][s]) for s in SCORE_NAMES)] for t in payload["by_type"]]
-    return _table(["attention", "Sub.", "Pos.", "Out."], rows)
+    """EMNLP 2018 Table 4 layout: attention types × Sub./Pos./Out., then the off-diagonal mean cosines."""
+    rows = [[t, *(fmt(payload["by_type"][t][s]) for s in SCORE_NAMES), *_offdiag_cells(payload["by_type"][t])]
+            for t in payload["by_type"]]
+    return _table(["attention", "Sub.", "Pos.", "Out.", *OFFDIAG_HEADER], rows)
 
 
 def layer_tables(payload: Mapping) -> List[str]:
@@ -142,6 +155,9 @@ def scores_markdown(payload: Mapping, importance: Optional[Mapping] = None) -> s
         "",
         "## Disagreement scores exp(D) (EMNLP 2018 Table 4 layout; larger = more diverse heads)",
         "",
+        f"Scale: {SCALE}, as in the paper (orthogonal heads: exp(-1/H)). The last two columns are a "
+        "different figure, the mean cosine over distinct head pairs (1 = identical heads, 0 = orthogonal).",
+        "",
         *type_table(payload),
         "",
         f"Paper for comparison: {PAPER_REFERENCE}.",
@@ -178,10 +194,11 @@ def comparison_markdown(payloads: Mapping[str, Mapping], importances: Mapping[st
               f"`{p['subset']}`, NLL {p['nll']:.4f})" for label, p in payloads.items()]
     types = [t for t in ATTENTION_TYPES if any(t in p["by_type"] for p in payloads.values())]
     for atype in types:
-        lines += ["", f"## {atype}: disagreement scores exp(D) (EMNLP 2018 Table 4 layout)", ""]
-        rows = [[label, *(fmt(p["by_type"].get(atype, {}).get(s)) for s in SCORE_NAMES)]
-                for label, p in payloads.items()]
-        lines += _table(["model", "Sub.", "Pos.", "Out."], rows)
+        lines += ["", f"## {atype}: disagreement scores exp(D) (EMNLP 2018 Table 4 layout)", "",
+                  f"Scale: {SCALE}; last two columns: mean cosine over distinct head pairs.", ""]
+        rows = [[label, *(fmt(p["by_type"].get(atype, {}).get(s)) for s in SCORE_NAMES),
+                 *_offdiag_cells(p["by_type"].get(atype, {}))] for label, p in payloads.items()]
+        lines += _table(["model", "Sub.", "Pos.", "Out.", *OFFDIAG_HEADER], rows)
         depth = max(len(p["by_layer"].get(atype, [])) for p in payloads.values())
         for score in SCORE_NAMES:
             lines += ["", f"{atype}, **{score}** per layer (EMNLP 2018 Table 5 layout)", ""]

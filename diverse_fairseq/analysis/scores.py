@@ -1,35 +1,43 @@
-"""Disagreement scores as reported in EMNLP 2018 Tables 4–5 (SPEC §1, "Reported disagreement scores").
+"""Disagreement scores as reported in EMNLP 2018 Tables 4–5, on the paper's scale.
 
 Li, Tu, Yang, Lyu, Zhang. *Multi-Head Attention with Disagreement Regularization*. EMNLP 2018, §5.5: the
-paper lists ``exp(D)`` (at most 1.0, larger = more disagreement) of the three disagreement measures. Unlike
-the training-time similarities of :mod:`diverse_fairseq.disagreement` (which average over all H² head
-pairs, diagonal included), the reported cosine scores use the **off-diagonal** pairs only, so that
+paper lists ``exp(D)`` ("larger value denotes more disagreement (at most 1.0)") of the three disagreement
+measures of §3.2 (Eq. 1–3), on the paper's own scale: the mean over **all H² head pairs, each head with
+itself included**, exactly the similarities that training minimises (:mod:`diverse_fairseq.disagreement`):
 
-* sub / out: ``exp(−mean over tokens of mean_{i≠j} cos(x_i, x_j))``: identical heads give e^−1 ≈ 0.368,
-  mutually orthogonal heads give 1.0;
-* pos: per sentence ``exp(−(1/H²) Σ_i Σ_j Σ_{t,s} A_i[t,s] A_j[t,s])`` (all H² pairs, summed over the
-  sentence's query tokens t and key tokens s), then the mean over sentences. Because it sums over t it
-  reaches the paper's 0.007 for a baseline whose heads attend alike.
+* sub / out: per token ``exp(−(1/H²) Σ_i Σ_j cos(x_i, x_j))``, the exponent averaged over tokens. Identical
+  heads give e^−1 ≈ 0.368, mutually orthogonal heads exp(−1/H) (0.882 at H = 8, the paper's baseline, 0.779
+  at H = 4), and 1.0, the maximum, only when the unit head vectors cancel (``Σ_i x_i/‖x_i‖ = 0``);
+* pos: per sentence ``exp(−(1/H²) Σ_i Σ_j Σ_{t,s} A_i[t,s] A_j[t,s])`` (summed over the sentence's query
+  tokens t and key tokens s), then the mean over sentences. Because it sums over t it reaches the paper's
+  0.007 for a baseline whose heads attend alike.
 
-Which tokens (SPEC §1): a cosine term averages over the tokens it is defined on, the non-padding keys for
-``sub`` (V is [B,H,S,d]) and the non-padding queries for ``out`` (O is [B,H,T,d]); ``pos`` sums over the
-non-padding queries (rows of A; padded keys carry zero probability). Hence **source tokens** for encoder
-self-attention (all three terms) and for ``sub`` of encoder-decoder attention, **target tokens** for
-decoder self-attention (all three) and for ``pos``/``out`` of encoder-decoder attention.
+For nonzero vectors the all-pairs mean is ``1/H + (H−1)/H · c`` with ``c = mean_{i≠j} cos`` the
+**off-diagonal** mean cosine, which reports give as a second, separately labelled figure
+(:func:`offdiag_cosine`, key ``offdiag_cos``: 1 = identical heads, 0 = orthogonal, −1/(H−1) = cancelling).
+A zero vector (norm below the floor) counts as cosine 0 with every head, itself included.
 
-Per attention type (EMNLP 2018 Table 4 reports "encoder-side" scores) the layers are combined as SPEC §1
-combines them for training, by the mean over layers of the similarity: ``exp(−mean_l sim_l)``, i.e. the
+Which tokens (as in training, :mod:`diverse_fairseq.disagreement`): a cosine term averages over the tokens
+it is defined on, the non-padding keys for ``sub`` (V is [B,H,S,d]) and the non-padding queries for ``out``
+(O is [B,H,T,d]); ``pos`` sums over the non-padding queries (rows of A; padded keys carry zero probability).
+Hence **source tokens** for encoder self-attention (all three terms) and for ``sub`` of encoder-decoder
+attention, **target tokens** for decoder self-attention (all three) and for ``pos``/``out`` of
+encoder-decoder attention.
+
+Per attention type (EMNLP 2018 Table 4 reports "encoder-side" scores) the layers are combined as training
+combines them, by the mean over layers of the similarity: ``exp(−mean_l sim_l)``, i.e. the
 geometric mean of the per-layer scores. This reproduces the paper's Table 4 from its Table 5 (baseline
 positions: geometric mean of 0.040 0.009 0.002 0.003 0.008 0.006 = 0.007, the Table 4 value; the
 arithmetic mean would be 0.011).
 
 Everything is vectorised over heads in O(H) with ``Σ_i Σ_j cos = ‖Σ_i u_i‖²`` (u_i unit vectors) and
 ``Σ_i Σ_j Σ_s A_i A_j = Σ_s (Σ_i A_i)²``, computed in fp64 (these are statistics, not training terms).
+The landmarks of the scale and its relation to the off-diagonal one: docs/methods.md#disagreement-scores.
 """
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -37,6 +45,9 @@ from torch import Tensor
 from ..disagreement import NORM_EPS
 
 SCORE_NAMES = ("sub", "pos", "out")
+COSINE_NAMES = ("sub", "out")  # the terms that also get an off-diagonal mean cosine
+#: how reports name the scale of the scores
+SCALE = "exp(−mean over all H² head pairs, self-pairs included)"
 #: query/key side whose non-padding tokens each term runs over, per attention type (see module docstring)
 TOKEN_SIDE = {
     "enc_self": {"sub": "source", "pos": "source", "out": "source"},
@@ -52,6 +63,31 @@ def _check(x: Tensor, name: str) -> None:
         raise ValueError(f"{name}: disagreement needs at least 2 heads, got H = {x.size(1)}")
 
 
+def _cosine_sums(x: Tensor, eps: float = NORM_EPS) -> Tuple[Tensor, Tensor]:
+    """Per token ``Σ_i Σ_j cos(x_i, x_j)`` (all H² pairs) and its diagonal ``Σ_i cos(x_i, x_i)``, both [B, N] fp64.
+
+    The diagonal is H, less one per zero vector (a vector below the norm floor has cosine 0 with everything).
+    """
+    xf = x.double()
+    unit = xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(eps)  # [B, H, N, d]
+    all_pairs = unit.sum(dim=1).pow(2).sum(dim=-1)  # [B, N] = ‖Σ_i u_i‖²
+    diagonal = unit.pow(2).sum(dim=-1).sum(dim=1)  # [B, N]
+    return all_pairs, diagonal
+
+
+def mean_pair_cosine(x: Tensor, eps: float = NORM_EPS) -> Tensor:
+    """Per-token mean cosine over all H² head pairs (self-pairs included): ``(1/H²) Σ_i Σ_j cos(x_i, x_j)``.
+
+    Args:
+        x: ``[B, H, N, d]`` per-head vectors (projected values V or head outputs O).
+        eps: floor on the norms; a zero vector has cosine 0 with every head (never NaN).
+    Returns:
+        ``[B, N]`` fp64 in [0, 1]: 1 for identical heads, 1/H for orthogonal ones, 0 when they cancel.
+    """
+    _check(x, "mean_pair_cosine")
+    return _cosine_sums(x, eps)[0] / x.size(1) ** 2
+
+
 def offdiag_cosine(x: Tensor, eps: float = NORM_EPS) -> Tensor:
     """Per-token mean cosine over distinct head pairs: ``mean_{i≠j} cos(x_i[b,n], x_j[b,n])``.
 
@@ -59,14 +95,11 @@ def offdiag_cosine(x: Tensor, eps: float = NORM_EPS) -> Tensor:
         x: ``[B, H, N, d]`` per-head vectors (projected values V or head outputs O).
         eps: floor on the norms; a zero vector has cosine 0 with every head (never NaN).
     Returns:
-        ``[B, N]`` fp64.
+        ``[B, N]`` fp64 in [−1/(H−1), 1]: 1 for identical heads, 0 for orthogonal ones.
     """
     _check(x, "offdiag_cosine")
     num_heads = x.size(1)
-    xf = x.double()
-    unit = xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(eps)  # [B, H, N, d]
-    all_pairs = unit.sum(dim=1).pow(2).sum(dim=-1)  # [B, N] = Σ_i Σ_j cos
-    diagonal = unit.pow(2).sum(dim=-1).sum(dim=1)  # [B, N] = Σ_i cos(x_i, x_i) (1, or 0 for a zero vector)
+    all_pairs, diagonal = _cosine_sums(x, eps)
     return (all_pairs - diagonal) / (num_heads * (num_heads - 1))
 
 
@@ -97,15 +130,13 @@ def _keep(pad_mask: Optional[Tensor], x: Tensor) -> Tensor:
 
 
 def subspace_score(v: Tensor, pad_mask: Optional[Tensor] = None) -> float:
-    """EMNLP 2018 Table 4 "Sub.": ``exp(−mean over tokens of mean_{i≠j} cos(V_i, V_j))``; v ``[B,H,S,d]``."""
-    keep = _keep(pad_mask, v)
-    return math.exp(-float(offdiag_cosine(v)[keep].mean()))
+    """EMNLP 2018 Table 4 "Sub.": ``exp(−mean over tokens of (1/H²) Σ_i Σ_j cos(V_i, V_j))``; v ``[B,H,S,d]``."""
+    return math.exp(-float(mean_pair_cosine(v)[_keep(pad_mask, v)].mean()))
 
 
 def output_score(o: Tensor, pad_mask: Optional[Tensor] = None) -> float:
-    """EMNLP 2018 Table 4 "Out.": ``exp(−mean over tokens of mean_{i≠j} cos(O_i, O_j))``; o ``[B,H,T,d]``."""
-    keep = _keep(pad_mask, o)
-    return math.exp(-float(offdiag_cosine(o)[keep].mean()))
+    """EMNLP 2018 Table 4 "Out.": ``exp(−mean over tokens of (1/H²) Σ_i Σ_j cos(O_i, O_j))``; o ``[B,H,T,d]``."""
+    return math.exp(-float(mean_pair_cosine(o)[_keep(pad_mask, o)].mean()))
 
 
 def position_score(a: Tensor, query_pad_mask: Optional[Tensor] = None) -> float:
@@ -113,27 +144,37 @@ def position_score(a: Tensor, query_pad_mask: Optional[Tensor] = None) -> float:
     return float(torch.exp(-sentence_position_overlap(a, query_pad_mask)).mean())
 
 
+def _zeros() -> Dict[str, float]:
+    return {k: 0.0 for k in SCORE_NAMES}
+
+
 @dataclass
 class ScoreAccumulator:
     """Running sums of one attention module's three scores over batches (fp64 scalars).
 
     ``update`` takes the module's tapped tensors ``{"v": [B,H,S,d], "a": [B,H,T,S], "o": [B,H,T,d]}`` and the
-    padding masks of its keys and queries; ``similarities``/``scores`` give the per-layer values.
+    padding masks of its keys and queries; ``similarities``/``scores``/``offdiag`` give the per-layer values.
     """
 
-    sums: Dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in SCORE_NAMES})
+    sums: Dict[str, float] = field(default_factory=_zeros)  # Σ over tokens (sentences for pos) of the similarity
+    offdiag_sums: Dict[str, float] = field(default_factory=_zeros)  # Σ over tokens of mean_{i≠j} cos
     counts: Dict[str, int] = field(default_factory=lambda: {k: 0 for k in SCORE_NAMES})
     pos_score_sum: float = 0.0  # Σ over sentences of exp(−overlap)
 
+    def _add_cosines(self, name: str, x: Tensor, pad: Tensor) -> None:
+        _check(x, name)
+        keep = _keep(pad, x)  # [B, N]
+        num_heads = x.size(1)
+        all_pairs, diagonal = _cosine_sums(x)  # [B, N] each
+        self.sums[name] += float(all_pairs[keep].sum()) / num_heads ** 2
+        self.offdiag_sums[name] += float((all_pairs - diagonal)[keep].sum()) / (num_heads * (num_heads - 1))
+        self.counts[name] += int(keep.sum())
+
     def update(self, tapped: Dict[str, Tensor], key_pad: Tensor, query_pad: Tensor) -> None:
         if "v" in tapped:
-            keep = _keep(key_pad, tapped["v"])
-            self.sums["sub"] += float(offdiag_cosine(tapped["v"])[keep].sum())
-            self.counts["sub"] += int(keep.sum())
+            self._add_cosines("sub", tapped["v"], key_pad)
         if "o" in tapped:
-            keep = _keep(query_pad, tapped["o"])
-            self.sums["out"] += float(offdiag_cosine(tapped["o"])[keep].sum())
-            self.counts["out"] += int(keep.sum())
+            self._add_cosines("out", tapped["o"], query_pad)
         if "a" in tapped:
             overlap = sentence_position_overlap(tapped["a"], query_pad)  # [B]
             self.sums["pos"] += float(overlap.sum())
@@ -141,8 +182,12 @@ class ScoreAccumulator:
             self.counts["pos"] += overlap.numel()
 
     def similarities(self) -> Dict[str, Optional[float]]:
-        """Mean off-diagonal cosine (sub, out) and mean per-sentence overlap (pos)."""
+        """Mean all-pairs cosine (sub, out; self-pairs included) and mean per-sentence overlap (pos)."""
         return {k: (self.sums[k] / self.counts[k] if self.counts[k] else None) for k in SCORE_NAMES}
+
+    def offdiag(self) -> Dict[str, Optional[float]]:
+        """The second figure: mean over tokens of the off-diagonal mean cosine ``mean_{i≠j} cos`` (sub, out)."""
+        return {k: (self.offdiag_sums[k] / self.counts[k] if self.counts[k] else None) for k in COSINE_NAMES}
 
     def scores(self) -> Dict[str, Optional[float]]:
         """The reported exp(−·) scores: sub/out of the token mean, pos as the mean of per-sentence scores."""
@@ -154,13 +199,14 @@ class ScoreAccumulator:
         }
 
 
-def combine_layers(layer_scores: Iterable[Dict[str, Optional[float]]]) -> Dict[str, Optional[float]]:
+def combine_layers(layer_scores: Iterable[Dict]) -> Dict:
     """Per attention type: the geometric mean of the per-layer scores, ``exp(mean_l log score_l)``.
 
-    For sub/out this is exactly ``exp(−mean over layers of the similarity)`` (SPEC §1's layer mean).
+    For sub/out this is exactly ``exp(−mean over layers of the similarity)`` (the layer mean of training). Where the
+    layers carry ``offdiag_cos`` (``{"sub": c, "out": c}``), the result carries its mean over layers too.
     """
     layer_scores = list(layer_scores)
-    combined: Dict[str, Optional[float]] = {}
+    combined: Dict = {}
     for name in SCORE_NAMES:
         values: List[float] = [s[name] for s in layer_scores if s.get(name) is not None]
         if not values:
@@ -169,4 +215,9 @@ def combine_layers(layer_scores: Iterable[Dict[str, Optional[float]]]) -> Dict[s
             combined[name] = 0.0
         else:
             combined[name] = math.exp(sum(math.log(v) for v in values) / len(values))
+    if layer_scores and all("offdiag_cos" in s for s in layer_scores):
+        combined["offdiag_cos"] = {}
+        for name in COSINE_NAMES:
+            values = [s["offdiag_cos"][name] for s in layer_scores if s["offdiag_cos"].get(name) is not None]
+            combined["offdiag_cos"][name] = sum(values) / len(values) if values else None
     return combined

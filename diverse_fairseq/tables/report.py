@@ -5,6 +5,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .disagreement_report import disagreement_entry, disagreement_section
 from .spec import Table
 
 UP, DOUBLE_UP = "↑", "⇑"  # p < 0.05, p < 0.01 against the baseline row (paired bootstrap)
@@ -75,6 +76,7 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
         for key in ("output_disagreement",):
             if all(key in r for r in runs):
                 entry[key] = _mean_std([r[key] for r in runs])[0]
+        entry.update(disagreement_entry(table, row, runs))  # EMNLP 2018 Tables 4-5 scores, ours and the paper's
         if row.id in marks:
             entry["significance"] = marks[row.id]
         rows.append(entry)
@@ -115,6 +117,7 @@ def to_markdown(summary: Dict) -> str:
     sig = rows[0].get("signature")
     if sig:
         lines += ["", f"sacrebleu signature: `{sig}`"]
+    lines += disagreement_section(summary)  # EMNLP 2018 Tables 4-5 layout, only for tables with those paper numbers
     return "\n".join(lines) + "\n"
 
 

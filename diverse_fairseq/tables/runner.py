@@ -95,21 +95,33 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
 
 
 def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
-    """EMNLP 2018 Table 4 scores (exp(−similarity), off-diagonal) of one run, per attention type.
+    """EMNLP 2018 Tables 4–5 disagreement scores of one run on the whole validation set, per attention type.
 
-    Computed by :mod:`diverse_fairseq.analysis` on up to 200 validation sentences without head ablation
-    (cached in ``analysis/scores.json``, beside the pictures).
+    On the paper's scale, exp(−mean over all H² head pairs, self-pairs included)
+    (:mod:`diverse_fairseq.analysis.scores`): ``{type: {"sub", "pos", "out", "offdiag_cos": {"sub", "out"},
+    "layers": [{"layer": 1, "heads", "sub", "pos", "out", "offdiag_cos", ...}, ...]}}``, the per-type numbers
+    being Table 4's and the per-layer ones Table 5's. Only the scores are computed (teacher-forced passes in
+    batches of 4096 tokens without the output projection; no NLL, pictures or head ablation: a few seconds
+    for the demo model's 1,000 validation sentences on one CPU thread), cached in
+    ``analysis/disagreement.json``; a cache on another scale or of part of the set is recomputed.
     """
-    out = run.run_dir(row, seed) / "analysis"
-    if not (out / "scores.json").exists():
-        from ..analysis.pipeline import Options, analyze_checkpoint
+    from ..analysis.scores import SCALE
+
+    path = run.run_dir(row, seed) / "analysis" / "disagreement.json"
+    payload = json.loads(path.read_text()) if path.exists() else {}
+    if payload.get("scale") != SCALE or payload.get("max_sentences") is not None:
+        from ..analysis.pipeline import Options, score_checkpoint
 
         print(f"  [{row.id} seed {seed}] head-diversity scores", flush=True)
         device = "cuda" if run.gpus else "cpu"
-        analyze_checkpoint(checkpoint, out, Options(data=str(run.data_bin / run.dataset), ablation=False,
-                                                    max_sentences=200, progress=False, device=device),
-                           label=row.id)
-    return json.loads((out / "scores.json").read_text())["by_type"]
+        opts = Options(data=str(run.data_bin / run.dataset), max_sentences=None, max_tokens=4096,
+                       ablation=False, progress=False, device=device)
+        payload = score_checkpoint(checkpoint, opts, label=row.id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=1) + "\n")
+        print(f"  [{row.id} seed {seed}] head-diversity scores of {payload['sentences']} sentences in "
+              f"{payload['seconds']:.1f}s", flush=True)
+    return {t: {**scores, "layers": payload["by_layer"][t]} for t, scores in payload["by_type"].items()}
 
 
 def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
