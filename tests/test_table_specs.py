@@ -56,6 +56,7 @@ def test_table_file_loads(path: Path):
     if table.table == "demo":
         assert table.rows[0].id == "baseline" and table.baseline == "baseline"
         assert [r.id for r in table.rows] == ["baseline", "disagreement", "aggregation", "repulsive", "all_three"]
+        assert all(r.description for r in table.rows), "every demo row says what it runs"
         return
     assert table.paper_dataset in PAPER_DATASETS, f"{path.name}: paper_dataset {table.paper_dataset!r}"
     for row in table.rows:
@@ -63,6 +64,10 @@ def test_table_file_loads(path: Path):
     # tables that mix model sizes name the setting on every row
     settings = {r.setting for r in table.rows}
     assert settings == {None} or None not in settings, f"{path.name}: setting given on some rows only"
+    # significance as the papers mark it: every row against the baseline of its own size
+    for row in table.rows:
+        base = table.row(row.baseline)
+        assert base.baseline == base.id and base.setting == row.setting, (path.name, row.id, base.id)
 
 
 # ------------------------------------------------------------------------------- fairseq's own parser
@@ -221,6 +226,48 @@ def test_good_description_parses():
         "non-numeric-paper-value", "args-not-a-list", "missing-label", "missing-title"])
 def test_malformed_description_is_rejected(edit, field):
     with pytest.raises(TableSpecError, match=field) as err:
+        parse_table(_bad(edit), "bad.yaml")
+    assert "bad.yaml" in str(err.value)
+
+
+def test_row_baseline_defaults_to_the_tables_and_can_be_set_per_row():
+    data = copy.deepcopy(GOOD)
+    data["rows"] += [
+        {"id": "big", "label": "Big", "family": "transformer", "setting": "big", "baseline": "big"},
+        {"id": "big_d", "label": "Big + D", "family": "diverse_transformer", "setting": "big", "baseline": "big",
+         "description": "the big model with the Output disagreement term"},
+    ]
+    data["rows"][1]["setting"] = None
+    table = parse_table(data, "good.yaml")
+    assert {r.id: r.baseline for r in table.rows} == {"none": "none", "d": "none", "big": "big", "big_d": "big"}
+    assert table.row("big_d").description == "the big model with the Output disagreement term"
+    assert table.row("d").description == ""
+
+
+def _with_big_rows(big_baseline, big_d_baseline):
+    def edit(d):
+        d["rows"][0]["setting"] = d["rows"][1]["setting"] = "base"
+        d["rows"] += [{"id": "big", "label": "Big", "family": "transformer", "setting": "big", "baseline": big_baseline},
+                      {"id": "big_d", "label": "Big + D", "family": "transformer", "setting": "big",
+                       "baseline": big_d_baseline}]
+    return edit
+
+
+@pytest.mark.parametrize("edit,message", [
+    (_with_big_rows("big", "nope"), r"rows\[3\] \(big_d\): field 'baseline' names 'nope', which is not a row id"),
+    # a Big row tested against Transformer-Base: the mixed-size table without per-row baselines
+    (_with_big_rows("none", "none"), r"rows\[2\] \(big\): field 'baseline' names 'none' of setting 'base', but "
+                                     r"this row's setting is 'big'"),
+    # a chain: big_d against d, which is itself tested against none
+    (_with_big_rows("big", "d"), r"field 'baseline' names 'd', which is not a baseline row"),
+    (lambda d: d["rows"][1].update(baseline=3), r"field 'baseline' must be a str"),
+    (lambda d: d["rows"][1].update(description="two\nlines"), r"field 'description' must be one non-empty line"),
+    (lambda d: d["rows"][1].update(description=""), r"field 'description' must be one non-empty line"),
+    (lambda d: d["rows"][1].update(description=["a"]), r"field 'description' must be a str"),
+], ids=["unknown-row-baseline", "big-against-base", "baseline-chain", "non-string-baseline", "multiline-description",
+        "empty-description", "list-description"])
+def test_bad_row_baseline_or_description_is_rejected(edit, message):
+    with pytest.raises(TableSpecError, match=message) as err:
         parse_table(_bad(edit), "bad.yaml")
     assert "bad.yaml" in str(err.value)
 

@@ -1,12 +1,27 @@
-"""The table runner end to end at demo scale with tiny settings: train, evaluate, report, resume."""
+"""The table runner and its report.
+
+* report: significance of every row against its own baseline (paired bootstrap and sign test), on the
+  concatenated outputs of several seeds, checked against a computation by hand; mean ± sd, per-seed values,
+  k/n seeds, notes (checkpoints, reused runs, parameter footnote, row descriptions) and the PNG;
+* runner: the cache key (the effective command), progress lines, the environment checks;
+* end to end at demo scale with tiny settings: train, evaluate, report, resume, retrain on a changed row.
+"""
 
 import json
+import math
 import os
+import random
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from diverse_fairseq.tables import report, runner
+from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs, parse_seeds
+from diverse_fairseq.tables.spec import parse_table
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
@@ -20,6 +35,7 @@ baseline: base
 rows:
   - id: base
     label: "Transformer"
+    description: "the plain model"
     family: transformer
   - id: dis
     label: "+ Disagreement"
@@ -28,46 +44,357 @@ rows:
 """
 
 
+# ------------------------------------------------------------------------------------------- BLEU by hand
+def _bleu_stats(hyp: str, ref: str):
+    """[hyp length, ref length, matches n=1..4, hyp n-grams n=1..4] of one sentence (words: no tokenization
+    needed for the lower-case letter words used here)."""
+    h, r = hyp.split(), ref.split()
+    stats = [len(h), len(r)]
+    grams = lambda words, n: Counter(tuple(words[i:i + n]) for i in range(len(words) - n + 1))  # noqa: E731
+    stats += [sum((grams(h, n) & grams(r, n)).values()) for n in range(1, 5)]
+    stats += [max(len(h) - n + 1, 0) for n in range(1, 5)]
+    return np.array(stats, dtype=np.float64)
+
+
+def _bleu(total) -> float:
+    """Corpus BLEU from summed statistics (no zero counts occur in this data: no smoothing)."""
+    hyp_len, ref_len = total[0], total[1]
+    log_p = sum(math.log(total[2 + n] / total[6 + n]) for n in range(4)) / 4
+    bp = 1.0 if hyp_len >= ref_len else math.exp(1 - ref_len / hyp_len)
+    return 100 * bp * math.exp(log_p)
+
+
+def _bootstrap_by_hand(base, system, refs, samples=1000, seed=12345):
+    """Koehn's paired bootstrap as sacrebleu runs it (its resampling indices, two-sided statistic)."""
+    b = np.stack([_bleu_stats(h, r) for h, r in zip(base, refs)])
+    s = np.stack([_bleu_stats(h, r) for h, r in zip(system, refs)])
+    idx = np.random.default_rng(seed).choice(len(refs), size=(samples, len(refs)), replace=True)
+    diffs = np.abs(np.array([_bleu(s[i].sum(0)) - _bleu(b[i].sum(0)) for i in idx]))
+    observed = abs(_bleu(s.sum(0)) - _bleu(b.sum(0)))
+    p = (np.sum(diffs - diffs.mean() > observed) + 1) / (samples + 1)
+    return _bleu(s.sum(0)) - _bleu(b.sum(0)), p
+
+
+def _sign_by_hand(base, system, refs):
+    b = np.stack([_bleu_stats(h, r) for h, r in zip(base, refs)])
+    s = np.stack([_bleu_stats(h, r) for h, r in zip(system, refs)])
+    total, plus, minus = b.sum(0), 0, 0
+    for i in range(len(refs)):
+        swapped = _bleu(total - b[i] + s[i])
+        plus += swapped > _bleu(total) + 1e-9
+        minus += swapped < _bleu(total) - 1e-9
+    return plus, minus
+
+
+# ------------------------------------------------------------------------------------- synthetic runs
+WORDS = [f"{a}{b}" for a in "bcdfg" for b in "aeiou"]
+
+
+def _corrupt(ref: str, rate: float, rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) if rng.random() < rate else w for w in ref.split())
+
+
+def _refs(n=60, seed=0):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 16))) for _ in range(n)]
+
+
+def _fake_run(root: Path, row_id: str, seed: int, hyps, refs, **record):
+    out = root / row_id / f"seed{seed}" / "eval"
+    out.mkdir(parents=True)
+    (out / "hyp.detok.de").write_text("".join(h + "\n" for h in hyps))
+    (out / "ref.detok.de").write_text("".join(r + "\n" for r in refs))
+    bleu = _bleu(sum(_bleu_stats(h, r) for h, r in zip(hyps, refs)))
+    base = {"seed": seed, "parameters": 1_440_000, "train_steps_per_second": 5.0, "updates": 3,
+            "checkpoint": str(root / row_id / f"seed{seed}" / "checkpoint_last.pt"),
+            "command": ["data", "--share-all-embeddings"], "averaged_checkpoints": 0, "reused": False,
+            "trained_at": "2024-01-01 00:00:00",
+            "eval": {"out": str(out), "target_lang": "de", "bleu": bleu, "tok_bleu": bleu,
+                     "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:x",
+                     "speed": {"sentences_per_second": 50.0}}}
+    base.update(record)
+    return base
+
+
+def _table(rows_yaml: str, baseline="base"):
+    import yaml
+
+    return parse_table(yaml.safe_load(f"table: t\ntitle: a table\nbaseline: {baseline}\nrows:\n{rows_yaml}"), "t.yaml")
+
+
+TWO_SIZES = """
+  - {id: base, label: Base, family: transformer, setting: base, paper: {bleu: 27.3, params: 88}}
+  - {id: base_d, label: Base + D, family: diverse_transformer, setting: base, description: "base with D"}
+  - {id: big, label: Big, family: transformer, setting: big, baseline: big}
+  - {id: big_d, label: Big + D, family: diverse_transformer, setting: big, baseline: big}
+"""
+
+
+@pytest.fixture
+def two_sizes(tmp_path):
+    """Base/Big × none/+D over two seeds: + D is better than its own baseline, Big better than Base."""
+    refs = _refs()
+    rates = {"base": 0.5, "base_d": 0.35, "big": 0.2, "big_d": 0.15}
+    results = {}
+    for row_id, rate in rates.items():
+        results[row_id] = []
+        for seed in (1, 2):
+            rng = random.Random(f"{row_id}-{seed}")
+            results[row_id].append(_fake_run(tmp_path, row_id, seed, [_corrupt(r, rate, rng) for r in refs], refs))
+    return _table(TWO_SIZES), results, refs
+
+
+def test_each_row_is_tested_against_its_own_baseline_on_the_concatenated_seeds(two_sizes):
+    table, results, refs = two_sizes
+    marks = report.significance(table, results)
+    assert set(marks) == {"base_d", "big_d"}  # baselines are not tested
+    assert marks["base_d"]["baseline"] == "base" and marks["big_d"]["baseline"] == "big"
+    for row_id, base_id in (("base_d", "base"), ("big_d", "big")):
+        # by hand: seed k of the row paired with seed k of its baseline, the references repeated per seed
+        base = [h for run in results[base_id] for h in Path(run["eval"]["out"], "hyp.detok.de").read_text().split("\n")[:-1]]
+        system = [h for run in results[row_id] for h in Path(run["eval"]["out"], "hyp.detok.de").read_text().split("\n")[:-1]]
+        delta, p = _bootstrap_by_hand(base, system, refs + refs)
+        m = marks[row_id]
+        assert m["sentences"] == 2 * len(refs) and m["seeds"] == [1, 2]
+        assert m["delta"] == pytest.approx(delta, abs=1e-6)
+        assert m["bootstrap"]["p_value"] == pytest.approx(p, abs=2 / 1001)
+        plus, minus = _sign_by_hand(base, system, refs + refs)
+        assert (m["sign_test"]["better"], m["sign_test"]["worse"]) == (plus, minus)
+        per_seed = sum(r["eval"]["bleu"] > b["eval"]["bleu"] for r, b in zip(results[row_id], results[base_id]))
+        assert (m["seeds_better"], m["seeds_total"]) == (per_seed, 2)
+    # Big + D is only slightly better than Big, far better than Base: tested against Base it would be ⇑
+    assert marks["big_d"]["delta"] < marks["base_d"]["delta"]
+
+
+def test_concatenation_is_not_the_first_seed_alone(tmp_path):
+    """A row that wins clearly on seed 2 only: one seed's test sees nothing, the concatenated one does."""
+    refs = _refs(80)
+    rng = random.Random(1)
+    base = [[_corrupt(r, 0.3, rng) for r in refs] for _ in range(2)]
+    system = [base[0], [_corrupt(r, 0.1, rng) for r in refs]]  # seed 1: identical outputs
+    results = {"base": [_fake_run(tmp_path, "base", s + 1, base[s], refs) for s in range(2)],
+               "d": [_fake_run(tmp_path, "d", s + 1, system[s], refs) for s in range(2)]}
+    table = _table("  - {id: base, label: B, family: transformer}\n  - {id: d, label: D, family: transformer}\n")
+    one_seed = report.significance(table, {k: v[:1] for k, v in results.items()})["d"]
+    both = report.significance(table, results)["d"]
+    assert one_seed["bootstrap"]["p_value"] == 1.0 and one_seed["bootstrap"]["mark"] == ""
+    assert both["bootstrap"]["mark"] == report.DOUBLE_UP and both["sign_test"]["mark"] == report.DOUBLE_DAGGER
+    assert (both["seeds_better"], both["seeds_total"]) == (1, 2)
+
+
+def test_markdown_and_picture_with_several_seeds(two_sizes, tmp_path):
+    table, results, _ = two_sizes
+    results["base"][1]["reused"] = True
+    summary = report.summarise(table, results, "wmt14_en_de", "paper")
+    md_path = report.write_report(summary, tmp_path / "out")
+    md = md_path.read_text()
+    rows = {r["id"]: r for r in summary["rows"]}
+    base_d = rows["base_d"]
+    values = base_d["bleu_per_seed"]
+    sd = math.sqrt(sum((v - sum(values) / 2) ** 2 for v in values))  # sample sd of two values
+    assert base_d["bleu_std"] == pytest.approx(sd)
+    line = next(line for line in md.splitlines() if line.startswith("| Base + D |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    mark = base_d["significance"]["bootstrap"]["mark"] + base_d["significance"]["sign_test"]["mark"]
+    assert mark  # 0.5 → 0.35 word error rate over 120 sentences is significant
+    assert cells[1] == f"{base_d['bleu']:.2f} ± {sd:.2f} {mark}"
+    assert cells[2] == f"{values[0]:.2f} / {values[1]:.2f}"  # per seed
+    assert cells[5] == "2/2"  # seeds > baseline
+    assert cells[6] == "Base"  # tested against (the table has two baselines)
+    big_d = next(line for line in md.splitlines() if line.startswith("| Big + D |"))
+    assert big_d.strip("|").split("|")[6].strip() == "Big"
+    # legends: which test and which p-level each mark means; the seeds; the baselines
+    for text in ("↑ p < 0.05, ⇑ p < 0.01 paired bootstrap resampling", "1000 samples",
+                 "† p < 0.05, ‡ p < 0.01 sign test (Collins et al. 2005", "seeds 1, 2 in that order",
+                 "outputs of all seeds concatenated", "**Base** for Base + D; **Big** for Big + D",
+                 "Checkpoints: a single checkpoint (the last) for every run",
+                 "Reused from earlier invocations (finished runs made by the same command): Base (seed 2, trained "
+                 "2024-01-01 00:00:00)", "- **Base + D**: base with D", "![BLEU per seed](wmt14_en_de.png)"):
+        assert text in md, text
+    # the paper's numbers beside ours, and why the parameter counts differ
+    base_line = [c.strip() for c in next(line for line in md.splitlines() if line.startswith("| Base |")).strip("|").split("|")]
+    assert base_line[-2:] == ["27.30", "88M"] and base_line[-5] == "1.44M" + report.PARAMS_NOTE
+    assert "¹ Our parameter count differs from the paper's (Base)" in md and "--share-all-embeddings" in md
+    # the PNG is a real image
+    import matplotlib.image
+
+    png = md_path.with_suffix(".png")
+    image = matplotlib.image.imread(png)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert json.loads(md_path.with_suffix(".json").read_text())["rows"][1]["bleu_per_seed"] == values
+
+
+def test_markdown_with_one_seed_and_averaged_checkpoints(two_sizes, tmp_path):
+    table, results, _ = two_sizes
+    one = {k: v[:1] for k, v in results.items()}
+    one["big"][0]["averaged_checkpoints"] = None  # an older record: the checkpoint's name tells
+    one["big"][0]["checkpoint"] = "/x/checkpoint_avg_last5.pt"
+    md = report.to_markdown(report.summarise(table, one, "demo", "demo"))
+    assert "| per seed |" not in md and " ± " not in md and "seeds > baseline" not in md
+    assert ("Checkpoints: a single checkpoint (the last) for Base, Base + D, Big + D; the average of the last 5 "
+            "checkpoints for Big.") in md
+    assert "Every run was trained by this invocation." in md
+    assert "The paper columns are the paper's numbers at full scale" in md and "at scale `demo` the model is the small demo setting" in md
+
+
+# --------------------------------------------------------------------------------------- the runner
+@pytest.fixture
+def prepared(tmp_path):
+    data = tmp_path / "data-bin" / "demo"
+    data.mkdir(parents=True)
+    meta = {"dataset": "demo", "source_lang": "en", "target_lang": "de", "joined_dictionary": True,
+            "bpe_size": 4000, "created": "2024-01-01 00:00:00"}
+    (data / "prepare.json").write_text(json.dumps(meta))
+    return tmp_path
+
+
+def _key(root: Path, out="results", seed=1, args=(), env=None, train_args=()):
+    run = runner.RunConfig(dataset="demo", scale="demo", seeds=[seed], gpus=0, out_dir=root / out,
+                           data_bin=root / "data-bin", train_args=list(train_args))
+    row = runner.Row(id="r", label="R", family="transformer", args=list(args))
+    run_dir = run.run_dir(row, seed)
+    full_env = dict(env or {}, SAVE_DIR=str(run_dir), SEED=str(seed), DATA_BIN=str(run.data_bin))
+    extra = ["--arch", "transformer", *args, "--log-file", str(run_dir / "train.log"), *run.train_args]
+    return runner.cache_key(run, seed, "tiny", extra, full_env)
+
+
+def test_cache_key_is_the_effective_command(prepared):
+    key = _key(prepared)
+    assert key == _key(prepared) and key["seed"] == 1 and key["dataset"] == "demo"
+    assert "<run>/train.log" in key["command"] and not any(str(prepared) in a for a in key["command"])
+    assert key == _key(prepared, out="moved")  # the results directory may move
+    for changed in (_key(prepared, args=["--dropout", "0.1"]), _key(prepared, seed=2),
+                    _key(prepared, train_args=["--max-update", "5"]), _key(prepared, env={"MAX_UPDATE": "7"}),
+                    _key(prepared, env={"AVERAGE": "2"})):
+        assert changed != key
+    meta_path = prepared / "data-bin" / "demo" / "prepare.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps(dict(meta, created="2025-01-01 00:00:00")))
+    assert _key(prepared) == key  # re-made, same data
+    meta_path.write_text(json.dumps(dict(meta, bpe_size=8000)))
+    assert _key(prepared) != key
+    diff = runner.key_difference(key, _key(prepared, args=["--dropout", "0.1"]))
+    assert "command (removed -; added --dropout 0.1)" in diff and "data" in diff
+    assert "older runner" in runner.key_difference(None, key)
+
+
+def test_progress_lines(capsys):
+    table = _table("  - {id: base, label: B, family: transformer}\n  - {id: d, label: D, family: transformer}\n")
+    run = runner.RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=Path("/tmp/x"), jobs=1)
+    progress = runner.Progress(table, run, total=4)
+    progress.begin(table.rows[0], 1)
+    progress.started[("base", 1)] -= 60  # it ran a minute
+    progress.end(table.rows[0], 1, {"eval": {"bleu": 12.345}})
+    progress.begin(table.rows[0], 2)
+    progress.end(table.rows[0], 2, {"eval": {"bleu": 12.0}, "reused": True, "trained_at": "yesterday"})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[t] row 1 of 2 (seed 1) B: started; elapsed 0:00:00, estimated remaining unknown")
+    assert "row 1 of 2 (seed 1) B: finished in 0:01:00, BLEU 12.35" in lines[1]
+    assert "estimated remaining 0:03:00" in lines[1]  # three jobs left at a minute each, one at a time
+    assert "reused the run trained yesterday" in lines[3] and "estimated remaining 0:02:00" in lines[3]
+
+
+def _settings(monkeypatch, **env):
+    for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return check_settings(build_parser().parse_args(["demo"]))
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"SCALE": "Paper"}, r"SCALE \(--scale\)='Paper' is not valid: use SCALE=demo or SCALE=paper"),
+    ({"SCALE": "full"}, r"SCALE \(--scale\)='full'"),
+    ({"SEEDS": "0"}, r"SEEDS \(--seeds\)='0' is not valid: use a count"),
+    ({"SEEDS": "1,-2"}, r"SEEDS \(--seeds\)='1,-2'"),
+    ({"SEEDS": "1,1"}, r"SEEDS \(--seeds\)='1,1'.*distinct"),
+    ({"SEEDS": "three"}, r"SEEDS"),
+    ({"GPUS": "-1"}, r"GPUS \(--gpus\)='-1' is not valid: use a non-negative integer"),
+    ({"GPUS": "one"}, r"GPUS"),
+    ({"THREADS": "0"}, r"THREADS \(--threads\)='0' is not valid: use a positive integer"),
+    ({"JOBS": "2.5"}, r"JOBS \(--jobs\)='2.5' is not valid: use a positive integer"),
+], ids=["scale-case", "scale-name", "seeds-zero", "seeds-negative", "seeds-repeated", "seeds-word", "gpus-negative",
+        "gpus-word", "threads-zero", "jobs-float"])
+def test_bad_environment_is_refused(monkeypatch, env, message):
+    with pytest.raises(SystemExit, match=message):
+        _settings(monkeypatch, **env)
+
+
+def test_good_environment(monkeypatch):
+    settings = _settings(monkeypatch, SCALE="paper", SEEDS="3", GPUS="0", THREADS="2", JOBS="4")
+    assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4}
+    assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
+    assert parse_seeds("5,2") == [5, 2]
+    assert default_jobs(1, 0) == 1 and default_jobs(100, 0) == len(os.sched_getaffinity(0))
+    assert default_jobs(100, 2) == 1
+
+
+def test_cli_refuses_a_bad_scale_before_any_work(tmp_path):
+    env = dict(os.environ, SCALE="Paper")
+    proc = subprocess.run([sys.executable, "-m", "diverse_fairseq.tables", "demo", "--out", str(tmp_path / "r"),
+                           "--data-bin", str(tmp_path / "d")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "SCALE (--scale)='Paper' is not valid" in proc.stderr
+    assert not (tmp_path / "r").exists() and not (tmp_path / "d").exists()
+
+
+# ------------------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def demo_bin(tmp_path_factory):
     root = tmp_path_factory.mktemp("tables")
-    env = dict(os.environ, DATA_BIN=str(root / "data-bin"), WORK_DIR=str(root / "work"),
-               DEMO_DIR=str(REPO / "tests" / "fixtures" / "demo_text"), BPE_SIZE="100")
-    env.pop("BPE", None)
-    subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], env=env, check=True,
+    subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], env=_demo_env(root), check=True,
                    capture_output=True, timeout=600)
     return root
 
 
-def _run_table(root, table_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+def _demo_env(root):
+    """The fixture's small demo corpus, so that the runner's own data check finds it up to date."""
+    env = dict(os.environ, DATA_BIN=str(root / "data-bin"), WORK_DIR=str(root / "work"),
+               DEMO_DIR=str(REPO / "tests" / "fixtures" / "demo_text"), BPE_SIZE="100")
+    env.pop("BPE", None)
+    return env
+
+
+def _run_table(root, table_path, seeds="2", jobs="2"):
+    env = dict(_demo_env(root), PYTHONUNBUFFERED="1", THREADS="1", JOBS=jobs)
     cmd = [sys.executable, "-m", "diverse_fairseq.tables", str(table_path), "--dataset", "demo", "--scale", "demo",
            "--data-bin", str(root / "data-bin"), "--out", str(root / "results"), "--train-args", TINY,
-           "--generate-args", "--beam 2 --max-len-b 5",
-           "--seeds", "1"]
+           "--generate-args", "--beam 2 --max-len-b 5", "--seeds", seeds]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "(ran 0 steps" in proc.stdout + proc.stderr, "the fixture's corpus was prepared again"
     # no library debug chatter (matplotlib's font search in the analysis step, hydra's config loading)
     assert " DEBUG " not in proc.stderr and "DEBUG:" not in proc.stderr, proc.stderr[-2000:]
     return proc.stdout
 
 
 @pytest.mark.slow
-def test_tiny_table_end_to_end_and_resume(demo_bin):
+def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_bin):
     table_path = demo_bin / "tiny_table.yaml"
     table_path.write_text(TABLE)
-    _run_table(demo_bin, table_path)
+    out = _run_table(demo_bin, table_path)  # 2 rows x 2 seeds, 2 jobs at a time
+    assert "4 jobs, 2 at a time, 1 CPU thread(s) each" in out
+    for row, label in ((1, "Transformer"), (2, "+ Disagreement")):
+        for seed in (1, 2):
+            assert f"row {row} of 2 (seed {seed}) {label}: started; elapsed " in out
+            assert f"row {row} of 2 (seed {seed}) {label}: finished in " in out
+    assert "estimated remaining" in out and "[4/4 jobs done]" in out
+    runs = demo_bin / "results" / "demo-demo" / "runs"
+    record = json.loads((runs / "dis" / "seed2" / "train.json").read_text())
+    assert record["key"]["seed"] == 2 and record["threads"] == 1 and "--disagreement-terms" in record["key"]["command"]
+    logs = demo_bin / "results" / "demo-demo" / "logs"
+    assert "fairseq" in (logs / "dis-seed2.log").read_text()  # the job's own output went to its log
 
     summary = json.loads((demo_bin / "results" / "demo.json").read_text())
     assert [r["id"] for r in summary["rows"]] == ["base", "dis"]
     for row in summary["rows"]:
-        for key in ("bleu", "tok_bleu", "parameters", "train_steps_per_second", "decode_sentences_per_second",
-                    "updates", "signature", "output_disagreement"):
+        for key in ("bleu", "bleu_std", "tok_bleu", "parameters", "train_steps_per_second",
+                    "decode_sentences_per_second", "updates", "signature", "output_disagreement"):
             assert row[key] is not None, (row["id"], key)
-        assert row["updates"] == 3
+        assert row["updates"] == 3 and len(row["bleu_per_seed"]) == 2 and row["reused_seeds"] == []
     # equal sizes: the disagreement model adds no parameter
     assert summary["rows"][0]["parameters"] == summary["rows"][1]["parameters"]
-    assert set(summary["rows"][1]["significance"]) == {"p_value", "delta", "mark"}
+    sig = summary["rows"][1]["significance"]
+    assert sig["baseline"] == "base" and sig["seeds_total"] == 2 and set(sig["sign_test"]) >= {"p_value", "mark"}
 
     md = (demo_bin / "results" / "demo.md").read_text()
     table_lines = [line for line in md.splitlines() if line.startswith("|")]
@@ -76,9 +403,16 @@ def test_tiny_table_end_to_end_and_resume(demo_bin):
     for line in table_lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert len(cells) == len(header) and all(cells), line
-    assert "sacrebleu signature: `nrefs:1|" in md
+    assert "sacrebleu signature: `nrefs:1|" in md and "- **Transformer**: the plain model" in md
+    assert (demo_bin / "results" / "demo.png").stat().st_size > 1000
 
-    # A second run resumes: both rows are finished, nothing is trained or decoded again.
-    out = _run_table(demo_bin, table_path)
-    assert out.count("training finished earlier") == 2
-    assert "evaluating" not in out and "head-diversity scores" not in out
+    # A changed row: its runs are moved aside and retrained; the unchanged row is reused, not even decoded.
+    table_path.write_text(TABLE.replace("--disagreement-terms, out]", "--disagreement-terms, out, --dropout, '0.1']"))
+    out = _run_table(demo_bin, table_path, seeds="1", jobs="1")  # in this process: the job output is printed
+    assert out.count("training finished earlier") == 1 and "[base seed 1]" in out
+    assert "[dis seed 1] the run in" in out and "changed: command (removed -; added --dropout 0.1)" in out
+    assert "evaluating" in out and out.count("evaluating") == 1
+    assert [p.name for p in (runs / "dis").iterdir() if ".stale-" in p.name][0].startswith("seed1.stale-")
+    assert json.loads((runs / "dis" / "seed1" / "train.json").read_text())["args"][-2:] == ["--dropout", "0.1"]
+    md = (demo_bin / "results" / "demo.md").read_text()
+    assert "Reused from earlier invocations (finished runs made by the same command): Transformer (seed 1" in md

@@ -1,4 +1,9 @@
-"""``python -m diverse_fairseq.tables TABLE [--dataset D] [--scale demo|paper] [--seeds 1,2] [--gpus N]``."""
+"""``python -m diverse_fairseq.tables TABLE [--dataset D] [--scale demo|paper] [--seeds 1,2] [--gpus N]
+[--threads N] [--jobs N]``.
+
+Every option defaults to an environment variable (in brackets), as the make targets pass them. The values
+are checked before any work starts; a bad one stops the run with a message naming the variable.
+"""
 
 import argparse
 import os
@@ -6,11 +11,14 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import List, Optional
 
 from ..cli_logging import setup_cli_logging
 from .report import summarise, write_report
 from .runner import RunConfig, run_table
 from .spec import REPO, TableSpecError, load_table
+
+SCALES = ("demo", "paper")
 
 
 def build_parser():
@@ -19,9 +27,16 @@ def build_parser():
     p.add_argument("table", help="a table id from configs/tables/ (e.g. demo, emnlp18_t1) or a YAML path")
     p.add_argument("--dataset", default=env("DATASET"), help="dataset to run on [DATASET]; default: the "
                    "table's paper dataset at scale paper, demo at scale demo")
-    p.add_argument("--scale", default=env("SCALE", "demo"), choices=("demo", "paper"), help="[SCALE]")
-    p.add_argument("--seeds", default=env("SEEDS", "1"), help="comma-separated seeds, or a count N [SEEDS]")
-    p.add_argument("--gpus", type=int, default=int(env("GPUS", "0")), help="GPUs per run, 0 = CPU [GPUS]")
+    p.add_argument("--scale", default=env("SCALE", "demo"), help="demo or paper, exactly [SCALE]")
+    p.add_argument("--seeds", default=env("SEEDS", "1"),
+                   help="a count N (seeds 1..N) or a comma-separated list of positive seeds [SEEDS]")
+    p.add_argument("--gpus", default=env("GPUS", "0"), help="GPUs per run, 0 = CPU [GPUS]")
+    p.add_argument("--threads", default=env("THREADS", "1"),
+                   help="CPU threads of every training/decoding job (OMP_NUM_THREADS, MKL_NUM_THREADS, torch): "
+                        "fixed, so that a seed gives the same numbers on any machine [THREADS]")
+    p.add_argument("--jobs", default=env("JOBS"),
+                   help="row/seed jobs run at once, each with its log in <out>/logs/ [JOBS]; default: the CPU "
+                        "cores (at most the number of jobs), 1 with GPUS > 0")
     p.add_argument("--out", default=env("RESULTS"), help="results directory (default results/<table>)")
     p.add_argument("--data-bin", default=env("DATA_BIN", str(REPO / "data-bin")), help="[DATA_BIN]")
     p.add_argument("--train-args", default=env("TRAIN_ARGS", ""),
@@ -31,17 +46,50 @@ def build_parser():
     return p
 
 
-def parse_seeds(text: str):
-    text = str(text).strip()
-    if "," not in text and text.isdigit() and int(text) > 0:
-        return list(range(1, int(text) + 1))
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        seeds = []
-    if not seeds:
-        raise SystemExit(f"error: --seeds/SEEDS must be a count (3) or a comma-separated list (1,2,3), got {text!r}")
-    return seeds
+def _bad(name: str, value, accepted: str):
+    return SystemExit(f"error: {name}={value!r} is not valid: {accepted}")
+
+
+def parse_scale(text) -> str:
+    if text not in SCALES:
+        raise _bad("SCALE (--scale)", text, "use SCALE=demo or SCALE=paper (exactly, lower case)")
+    return text
+
+
+def parse_int(name: str, text, minimum: int) -> int:
+    kind = "a positive integer (1, 2, ...)" if minimum == 1 else "a non-negative integer (0, 1, 2, ...)"
+    value = str(text).strip()
+    if not value.isdigit() or int(value) < minimum:
+        raise _bad(name, text, f"use {kind}")
+    return int(value)
+
+
+def parse_seeds(text) -> List[int]:
+    """``SEEDS``: a count N (seeds 1..N) or a comma-separated list of distinct positive integers."""
+    accepted = "use a count (3: seeds 1, 2, 3) or a comma-separated list of distinct positive integers (1,2,5)"
+    items = [s.strip() for s in str(text).split(",")]
+    if not all(s.isdigit() and int(s) > 0 for s in items):
+        raise _bad("SEEDS (--seeds)", text, accepted)
+    seeds = [int(s) for s in items]
+    if len(seeds) != len(set(seeds)):
+        raise _bad("SEEDS (--seeds)", text, accepted)
+    return list(range(1, seeds[0] + 1)) if "," not in str(text) else seeds
+
+
+def default_jobs(jobs: int, gpus: int) -> int:
+    """``JOBS`` unset: one job per CPU core (at most ``jobs``), or 1 when the jobs use GPUs."""
+    if gpus > 0:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, jobs))
+
+
+def check_settings(args) -> dict:
+    """The validated run settings; raises SystemExit naming the first bad variable."""
+    settings = {"scale": parse_scale(args.scale), "seeds": parse_seeds(args.seeds),
+                "gpus": parse_int("GPUS (--gpus)", args.gpus, 0), "threads": parse_int("THREADS (--threads)", args.threads, 1),
+                "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1)}
+    return settings
 
 
 def ensure_demo_data(data: Path):
@@ -54,27 +102,32 @@ def ensure_demo_data(data: Path):
     subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], check=True, cwd=REPO, env=env)
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None):
     args = build_parser().parse_args(argv)
+    settings = check_settings(args)  # before any work
     setup_cli_logging()
+    scale = settings["scale"]
     try:
         table = load_table(args.table)
-        dataset = args.dataset or (table.paper_dataset if args.scale == "paper" else "demo")
+        dataset = args.dataset or (table.paper_dataset if scale == "paper" else "demo")
         if not dataset:
             raise SystemExit("error: this table names no paper dataset; pass --dataset / DATASET")
     except TableSpecError as e:
         raise SystemExit(f"error: {e}")
     out = Path(args.out or REPO / "results" / table.table).resolve()
-    run = RunConfig(dataset=dataset, scale=args.scale, seeds=parse_seeds(args.seeds), gpus=args.gpus,
-                    out_dir=out / f"{dataset}-{args.scale}", data_bin=Path(args.data_bin),
-                    train_args=shlex.split(args.train_args), generate_args=shlex.split(args.generate_args))
+    n_jobs = len(table.rows) * len(settings["seeds"])
+    run = RunConfig(dataset=dataset, scale=scale, seeds=settings["seeds"], gpus=settings["gpus"],
+                    out_dir=out / f"{dataset}-{scale}", data_bin=Path(args.data_bin).resolve(),
+                    train_args=shlex.split(args.train_args), generate_args=shlex.split(args.generate_args),
+                    threads=settings["threads"], jobs=min(settings["jobs"] or default_jobs(n_jobs, settings["gpus"]),
+                                                          n_jobs))
     if dataset == "demo":
         ensure_demo_data(run.data_bin / dataset)
     results = run_table(table, run)
-    summary = summarise(table, results, dataset, args.scale)
+    summary = summarise(table, results, dataset, scale)
     md = write_report(summary, out)
     print("\n" + md.read_text(encoding="utf-8"))
-    print(f"written: {md} and {md.with_suffix('.json')}")
+    print(f"written: {md}, {md.with_suffix('.json')} and {md.with_suffix('.png')}")
     return summary
 
 

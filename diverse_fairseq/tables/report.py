@@ -1,6 +1,17 @@
-"""Summarise a table's runs: mean ± std over seeds, significance against the baseline, markdown and JSON."""
+"""Summarise a table's runs: mean ± std over seeds, significance against each row's baseline, markdown,
+JSON and a picture of the per-seed BLEU.
+
+Significance follows the papers: every row is tested against its own baseline (``baseline:`` in the table;
+a Big row against Transformer-Big) with both tests of :mod:`diverse_fairseq.significance`, paired bootstrap
+resampling (Koehn 2004, 1000 samples, as NAACL 2019 and the journal) and the sign test (Collins et al. 2005,
+as EMNLP 2018), on sacrebleu BLEU of the detokenized test output. With several seeds both run on the
+concatenated outputs of all seeds: seed k of a row paired with seed k of its baseline, over the references
+repeated once per seed, so a difference must hold across the seeds' outputs to be marked; the report adds
+how many seeds beat the baseline's BLEU of the same seed.
+"""
 
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -8,7 +19,14 @@ from typing import Dict, List, Optional
 from .disagreement_report import disagreement_entry, disagreement_section
 from .spec import Table
 
-UP, DOUBLE_UP = "↑", "⇑"  # p < 0.05, p < 0.01 against the baseline row (paired bootstrap)
+UP, DOUBLE_UP = "↑", "⇑"  # paired bootstrap: p < 0.05, p < 0.01 (only improvements are marked)
+DAGGER, DOUBLE_DAGGER = "†", "‡"  # sign test: p < 0.05, p < 0.01
+SAMPLES = 1000
+PARAMS_NOTE = "¹"
+# the paper's numbers a table row may carry, with their column names and formats
+PAPER_COLUMNS = (("bleu", "paper BLEU", "{:.2f}"), ("params", "paper params", "{:.0f}M"),
+                 ("train_speed", "paper train steps/s", "{:.2f}"), ("decode_speed", "paper decode sent/s", "{:.2f}"),
+                 ("relative_step_time", "paper step time (rel.)", "{:.2f}"))
 
 
 def _mean_std(values: List[Optional[float]]):
@@ -28,34 +46,96 @@ def _read_lines(path: Path) -> List[str]:
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
-def significance(results: Dict[str, List[Dict]], baseline_id: str, samples: int = 1000) -> Dict[str, Dict]:
-    """Paired bootstrap (sacrebleu's, ``samples`` resamples) of every row against the baseline (first seeds).
+def _mark(p_value: float, better: bool, single: str, double: str) -> str:
+    return (double if p_value < 0.01 else single if p_value < 0.05 else "") if better else ""
 
-    Returns ``{row id: {"p_value", "delta", "mark"}}``; the mark is ↑ / ⇑ only for an improvement.
+
+def _outputs(record):
+    out, tgt = Path(record["eval"]["out"]), record["eval"]["target_lang"]
+    return _read_lines(out / f"hyp.detok.{tgt}"), _read_lines(out / f"ref.detok.{tgt}")
+
+
+def concatenated(runs: List[Dict]):
+    """(hypotheses, references) of all seeds' test outputs, one seed after the other."""
+    hyps, refs = [], []
+    for record in runs:
+        h, r = _outputs(record)
+        hyps += h
+        refs += r
+    return hyps, refs
+
+
+def significance(table: Table, results: Dict[str, List[Dict]], samples: int = SAMPLES) -> Dict[str, Dict]:
+    """Both tests of every non-baseline row against its own baseline, on the concatenated seeds.
+
+    Returns ``{row id: {"baseline", "seeds", "sentences", "delta", "bootstrap": {"p_value", "mark"},
+    "sign_test": {"better", "worse", "ties", "p_value", "mark"}, "seeds_better", "seeds_total"}}``, where
+    ``delta`` is the BLEU difference on the concatenated outputs and marks are given to improvements only.
     """
-    from ..significance import paired_bootstrap
+    from ..significance import paired_bootstrap, sign_test
 
-    def hyps_and_refs(record):
-        out, tgt = Path(record["eval"]["out"]), record["eval"]["target_lang"]
-        return _read_lines(out / f"hyp.detok.{tgt}"), _read_lines(out / f"ref.detok.{tgt}")
-
-    base_hyps, refs = hyps_and_refs(results[baseline_id][0])
-    systems = {row_id: hyps_and_refs(runs[0])[0] for row_id, runs in results.items() if row_id != baseline_id}
-    if not systems:
-        return {}
-    _, scores = paired_bootstrap(base_hyps, systems, refs, samples=samples)
+    by_baseline: Dict[str, List[str]] = {}
+    for row in table.rows:
+        if row.baseline != row.id:
+            by_baseline.setdefault(row.baseline, []).append(row.id)
     marks = {}
-    for row_id in systems:
-        p, delta = scores[row_id]["p_value"], scores[row_id]["bleu"] - scores["baseline"]["bleu"]
-        better = delta > 0
-        marks[row_id] = {"p_value": p, "delta": delta,
-                         "mark": (DOUBLE_UP if p < 0.01 else UP if p < 0.05 else "") if better else ""}
+    for base_id, row_ids in by_baseline.items():
+        base_runs = results[base_id]
+        seeds = [r["seed"] for r in base_runs]
+        base_hyps, refs = concatenated(base_runs)
+        systems = {}
+        for row_id in row_ids:
+            if [r["seed"] for r in results[row_id]] != seeds:
+                raise ValueError(f"row {row_id} has seeds {[r['seed'] for r in results[row_id]]}, its baseline "
+                                 f"{base_id} {seeds}: the tests pair seed k with seed k")
+            hyps, row_refs = concatenated(results[row_id])
+            if row_refs != refs:
+                raise ValueError(f"rows {row_id} and {base_id} were scored against different references")
+            systems[f"row:{row_id}"] = hyps  # prefixed: a row may be called "baseline"
+        _, boot = paired_bootstrap(base_hyps, systems, refs, samples=samples)
+        for row_id in row_ids:
+            hyps = systems[f"row:{row_id}"]
+            delta = boot[f"row:{row_id}"]["bleu"] - boot["baseline"]["bleu"]
+            p_boot = boot[f"row:{row_id}"]["p_value"]
+            sign = sign_test(base_hyps, hyps, refs)
+            per_seed = zip(results[row_id], base_runs)
+            marks[row_id] = {
+                "baseline": base_id, "seeds": seeds, "sentences": len(refs), "delta": delta,
+                "bootstrap": {"p_value": p_boot, "samples": samples, "mark": _mark(p_boot, delta > 0, UP, DOUBLE_UP)},
+                "sign_test": dict(sign, mark=_mark(sign["p_value"], sign["better"] > sign["worse"], DAGGER,
+                                                   DOUBLE_DAGGER)),
+                "seeds_better": sum(r["eval"]["bleu"] > b["eval"]["bleu"] for r, b in per_seed),
+                "seeds_total": len(seeds),
+            }
     return marks
 
 
+def averaged_checkpoints(record: Dict) -> int:
+    """How many checkpoints were averaged into the evaluated model (0: a single checkpoint). From the train
+    record's ``averaged_checkpoints``, or, for records without it, the checkpoint's name."""
+    if record.get("averaged_checkpoints") is not None:
+        return int(record["averaged_checkpoints"])
+    found = re.search(r"checkpoint_avg_last(\d+)\.pt$", str(record.get("checkpoint", "")))
+    return int(found.group(1)) if found else 0
+
+
+def embedding_setup(record: Dict) -> Dict:
+    """How the run's embeddings are shared (from its command) and its dictionary sizes (from the data)."""
+    command = record.get("command") or []
+    sharing = ("all" if "--share-all-embeddings" in command else
+               "decoder" if "--share-decoder-input-output-embed" in command else "none")
+    data = Path(record["eval"].get("data", "")) if record.get("eval") else None
+    sizes = {}
+    if data and data.is_dir():
+        for path in sorted(data.glob("dict.*.txt")):
+            # fairseq adds 4 special symbols (<s>, <pad>, </s>, <unk>) to the entries of the file
+            sizes[path.name.split(".")[1]] = sum(1 for _ in path.open(encoding="utf-8")) + 4
+    return {"sharing": sharing, "dictionary_sizes": sizes}
+
+
 def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale: str) -> Dict:
-    """Per-row numbers (mean and std over seeds), significance marks and the paper's numbers."""
-    marks = significance(results, table.baseline)
+    """Per-row numbers (mean, std and per-seed values), significance marks and the paper's numbers."""
+    marks = significance(table, results)
     rows = []
     for row in table.rows:
         runs = results[row.id]
@@ -63,15 +143,22 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
         bleu = _mean_std([r["eval"]["bleu"] for r in runs])
         tok = _mean_std([r["eval"].get("tok_bleu") for r in runs])
         entry = {
-            "id": row.id, "label": row.label, "seeds": [r["seed"] for r in runs],
-            "bleu": bleu[0], "bleu_std": bleu[1], "tok_bleu": tok[0], "tok_bleu_std": tok[1],
+            "id": row.id, "label": row.label, "description": row.description, "baseline": row.baseline,
+            "seeds": [r["seed"] for r in runs],
+            "bleu": bleu[0], "bleu_std": bleu[1], "bleu_per_seed": [r["eval"]["bleu"] for r in runs],
+            "tok_bleu": tok[0], "tok_bleu_std": tok[1],
+            "tok_bleu_per_seed": [r["eval"].get("tok_bleu") for r in runs],
             "signature": runs[0]["eval"].get("signature"),
             "parameters": runs[0]["parameters"],
             "train_steps_per_second": _mean_std([r["train_steps_per_second"] for r in runs])[0],
             "decode_sentences_per_second": _mean_std(
                 [(r["eval"].get("speed") or {}).get("sentences_per_second") for r in runs])[0],
             "updates": runs[0]["updates"],
-            "paper": row.paper if dataset == table.paper_dataset else {},
+            "averaged_checkpoints": [averaged_checkpoints(r) for r in runs],
+            "reused_seeds": [r["seed"] for r in runs if r.get("reused")],
+            "trained_at": [r.get("trained_at") for r in runs],
+            "embeddings": embedding_setup(runs[0]),
+            "paper": row.paper,
         }
         for key in ("output_disagreement",):
             if all(key in r for r in runs):
@@ -81,39 +168,141 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
             entry["significance"] = marks[row.id]
         rows.append(entry)
     return {"table": table.table, "title": table.title, "dataset": dataset, "scale": scale,
-            "baseline": table.baseline, "rows": rows}
+            "paper_dataset": table.paper_dataset, "baseline": table.baseline, "rows": rows}
+
+
+def _params_differ(r: Dict) -> bool:
+    paper = r["paper"].get("params")
+    return paper is not None and r["parameters"] is not None and round(r["parameters"] / 1e6) != round(paper)
+
+
+def params_footnote(summary: Dict, rows: List[Dict]) -> str:
+    """Why our parameter counts (``rows``) differ from the paper's."""
+    emb = rows[0]["embeddings"]
+    sizes = emb["dictionary_sizes"]
+    vocab = " / ".join(f"{lang} {n:,}" for lang, n in sizes.items())
+    sharing = {
+        "all": "one embedding matrix shared by the source, the target and the output projection "
+               "(`--share-all-embeddings`, joined dictionary)",
+        "decoder": "the target embedding shared with the output projection (`--share-decoder-input-output-embed`)",
+        "none": "separate embedding matrices",
+    }[emb["sharing"]]
+    text = (f"{PARAMS_NOTE} Our parameter count differs from the paper's ({', '.join(r['label'] for r in rows)}): "
+            f"ours is fairseq's count of the trained parameters of the model trained here, with {sharing}"
+            + (f", over our dictionaries ({vocab} types incl. 4 special symbols)" if vocab else "") +
+            f"; the paper's count comes from its own "
+            f"vocabulary and embedding set-up, so the embedding matrices account for the difference")
+    if summary["scale"] != "paper":
+        text += f"; besides, at scale `{summary['scale']}` the model is the small demo setting, not the paper's size"
+    return text + "."
+
+
+def checkpoints_note(rows: List[Dict]) -> str:
+    """Whether the evaluated models are single checkpoints or averages (from the train records)."""
+    counts = sorted({n for r in rows for n in r["averaged_checkpoints"]})
+    if counts == [0]:
+        return "Checkpoints: a single checkpoint (the last) for every run, as the papers report single models."
+    parts = []
+    for n in counts:
+        what = f"the average of the last {n} checkpoints" if n else "a single checkpoint (the last)"
+        parts.append(what + " for " + ", ".join(r["label"] for r in rows if n in r["averaged_checkpoints"]))
+    return "Checkpoints: " + "; ".join(parts) + "."
+
+
+def reused_note(rows: List[Dict]) -> str:
+    """Which runs this invocation reused instead of training them (same cache key)."""
+    parts, total = [], sum(len(r["seeds"]) for r in rows)
+    for r in rows:
+        if r["reused_seeds"]:
+            when = sorted({t for t, seed in zip(r["trained_at"], r["seeds"]) if seed in r["reused_seeds"] and t})
+            parts.append(f"{r['label']} (seed{'s' if len(r['reused_seeds']) > 1 else ''} "
+                         f"{', '.join(map(str, r['reused_seeds']))}, trained {', '.join(when) or 'earlier'})")
+    if not parts:
+        return "Every run was trained by this invocation."
+    reused = sum(len(r["reused_seeds"]) for r in rows)
+    return ("Reused from earlier invocations (finished runs made by the same command): " + "; ".join(parts)
+            + (". No run was trained by this invocation." if reused == total else
+               ". The other runs were trained by this invocation."))
 
 
 def to_markdown(summary: Dict) -> str:
-    """The summary as a markdown table (BLEU, significance, parameters, speeds, paper numbers)."""
+    """The summary as a markdown table (BLEU, significance, parameters, speeds, paper numbers) and its notes."""
     rows = summary["rows"]
+    by_id = {r["id"]: r for r in rows}
     seeds = max(len(r["seeds"]) for r in rows)
-    has_paper = any(r["paper"] for r in rows)
+    paper_keys = [c for c in PAPER_COLUMNS if any(c[0] in r["paper"] for r in rows)]
     has_dis = any("output_disagreement" in r for r in rows)
-    head = ["System", "BLEU", "tok. BLEU", "Δ", "params", "train steps/s", "decode sent/s"]
-    if has_dis:
-        head.insert(4, "Out. disagreement (enc)")
-    if has_paper:
-        head.append("paper BLEU")
+    has_rel = any("relative_step_time" in r["paper"] for r in rows)
+    baselines = sorted({r["baseline"] for r in rows}, key=list(by_id).index)
+    head = ["System", "BLEU"] + (["per seed"] if seeds > 1 else []) + ["tok. BLEU", "Δ"]
+    head += (["seeds > baseline"] if seeds > 1 else []) + (["tested against"] if len(baselines) > 1 else [])
+    head += (["Out. disagreement (enc)"] if has_dis else []) + ["params", "train steps/s"]
+    head += (["step time (rel.)"] if has_rel else []) + ["decode sent/s"] + [c[1] for c in paper_keys]
+    seed_list = ", ".join(map(str, rows[0]["seeds"]))
     lines = [f"### {summary['title']}", "",
-             f"dataset `{summary['dataset']}`, scale `{summary['scale']}`, seeds {rows[0]['seeds']}; "
-             f"{UP} p < 0.05, {DOUBLE_UP} p < 0.01 against **{summary['baseline']}** (paired bootstrap, "
-             f"1000 samples)", "",
+             f"dataset `{summary['dataset']}`, scale `{summary['scale']}`, seed{'s' if seeds > 1 else ''} {seed_list}"
+             + (" (BLEU: mean ± standard deviation over the seeds)" if seeds > 1 else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base_bleu = next(r["bleu"] for r in rows if r["id"] == summary["baseline"])
     for r in rows:
-        mark = (r.get("significance") or {}).get("mark", "")
-        cells = [r["label"], _fmt(r["bleu"], r["bleu_std"], seeds=seeds) + mark,
-                 _fmt(r["tok_bleu"], r["tok_bleu_std"], seeds=seeds),
-                 "–" if r["id"] == summary["baseline"] else f"{r['bleu'] - base_bleu:+.2f}",
-                 f"{r['parameters'] / 1e6:.2f}M" if r["parameters"] else "–",
-                 f"{r['train_steps_per_second']:.2f}" if r["train_steps_per_second"] else "–",
-                 f"{r['decode_sentences_per_second']:.1f}" if r["decode_sentences_per_second"] else "–"]
+        base = by_id[r["baseline"]]
+        sig = r.get("significance") or {}
+        mark = (sig.get("bootstrap") or {}).get("mark", "") + (sig.get("sign_test") or {}).get("mark", "")
+        cells = [r["label"], _fmt(r["bleu"], r["bleu_std"], seeds=seeds) + (" " + mark if seeds > 1 and mark else mark)]
+        if seeds > 1:
+            cells.append(" / ".join(f"{b:.2f}" for b in r["bleu_per_seed"]))
+        cells += [_fmt(r["tok_bleu"], r["tok_bleu_std"], seeds=seeds),
+                  "–" if base is r else f"{r['bleu'] - base['bleu']:+.2f}"]
+        if seeds > 1:
+            cells.append("–" if base is r else f"{sig['seeds_better']}/{sig['seeds_total']}")
+        if len(baselines) > 1:
+            cells.append("–" if base is r else base["label"])
         if has_dis:
-            cells.insert(4, f"{r['output_disagreement']:.3f}" if "output_disagreement" in r else "–")
-        if has_paper:
-            cells.append(f"{r['paper']['bleu']:.2f}" if "bleu" in r["paper"] else "–")
+            cells.append(f"{r['output_disagreement']:.3f}" if "output_disagreement" in r else "–")
+        cells.append((f"{r['parameters'] / 1e6:.2f}M" if r["parameters"] else "–")
+                     + (PARAMS_NOTE if _params_differ(r) else ""))
+        ups = r["train_steps_per_second"]
+        cells.append(f"{ups:.2f}" if ups else "–")
+        if has_rel:
+            base_ups = base["train_steps_per_second"]
+            cells.append(f"{base_ups / ups:.2f}" if ups and base_ups else "–")
+        cells.append(f"{r['decode_sentences_per_second']:.1f}" if r["decode_sentences_per_second"] else "–")
+        for key, _, fmt in paper_keys:
+            cells.append(fmt.format(r["paper"][key]) if key in r["paper"] else "–")
         lines.append("| " + " | ".join(cells) + " |")
+
+    notes = [
+        f"Significance of each row against its baseline (improvements only): {UP} p < 0.05, {DOUBLE_UP} p < 0.01 "
+        f"paired bootstrap resampling (Koehn 2004; sacrebleu, {SAMPLES} samples); {DAGGER} p < 0.05, "
+        f"{DOUBLE_DAGGER} p < 0.01 sign test (Collins et al. 2005, the test of EMNLP 2018); both on the BLEU "
+        f"column (sacrebleu, detokenized). Δ: BLEU minus the baseline's."]
+    if len(baselines) > 1:
+        notes.append("As in the papers, each row is tested against the baseline of its own size: "
+                     + "; ".join(f"**{by_id[b]['label']}** for " + ", ".join(
+                         r["label"] for r in rows if r["baseline"] == b and r["id"] != b) for b in baselines
+                         if any(r["baseline"] == b and r["id"] != b for r in rows)) + ".")
+    else:
+        notes.append(f"Baseline: **{by_id[baselines[0]]['label']}**.")
+    if seeds > 1:
+        notes.append(f"With {seeds} seeds, \"per seed\" lists the BLEU of seeds {seed_list} in that order, and both "
+                     f"tests run on the outputs of all seeds concatenated (seed k of a row paired with seed k of its "
+                     f"baseline, over the test references repeated {seeds} times); \"seeds > baseline\" counts the "
+                     f"seeds whose BLEU beats the baseline's of the same seed.")
+    notes += [checkpoints_note(rows), reused_note(rows)]
+    paper_dataset = summary.get("paper_dataset")
+    if paper_keys and (summary["dataset"] != paper_dataset or summary["scale"] != "paper"):
+        notes.append("The paper columns are the paper's numbers" + (f" on `{paper_dataset}`" if paper_dataset else "")
+                     + f" at full scale, for reference: this run used `{summary['dataset']}` at scale "
+                     f"`{summary['scale']}`.")
+    if has_rel:
+        notes.append("Step time (rel.): the baseline's training steps/s divided by the row's.")
+    differ = [r for r in rows if _params_differ(r)]
+    if differ:
+        notes.append(params_footnote(summary, differ))
+    lines += [""] + [n for note in notes for n in (note, "")]
+    described = [r for r in rows if r.get("description")]
+    if described:
+        lines += ["Rows:", ""] + [f"- **{r['label']}**: {r['description']}" for r in described] + [""]
+    lines.append(f"![BLEU per seed]({summary['dataset']}.png)")
     sig = rows[0].get("signature")
     if sig:
         lines += ["", f"sacrebleu signature: `{sig}`"]
@@ -121,9 +310,40 @@ def to_markdown(summary: Dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot_seeds(summary: Dict, path: Path) -> Path:
+    """Per-seed BLEU of every row (points) and its mean (bar), as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary["rows"]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(rows) + 1.5), 3.6))
+    for x, r in enumerate(rows):
+        values = r["bleu_per_seed"]
+        offsets = [(k - (len(values) - 1) / 2) * 0.08 for k in range(len(values))]
+        ax.scatter([x + o for o in offsets], values, s=18, color="tab:blue", zorder=3,
+                   label="one seed" if x == 0 else None)
+        ax.hlines(r["bleu"], x - 0.3, x + 0.3, color="black", linewidth=2, zorder=2,
+                  label="mean over seeds" if x == 0 else None)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r["label"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("BLEU (sacrebleu)")
+    ax.set_title(f"{summary['table']}: {summary['dataset']}, scale {summary['scale']}, "
+                 f"seeds {', '.join(map(str, rows[0]['seeds']))}", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_report(summary: Dict, out_dir: Path) -> Path:
+    """``<out_dir>/<dataset>.md``, ``.json`` and ``.png``; returns the markdown's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / f"{summary['dataset']}.md"
     md.write_text(to_markdown(summary), encoding="utf-8")
     (out_dir / f"{summary['dataset']}.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+    plot_seeds(summary, out_dir / f"{summary['dataset']}.png")
     return md

@@ -1,21 +1,42 @@
 """Train, evaluate and measure every row of a table, resuming whatever is already finished.
 
-For each row and seed the runner
+For each row and seed (one *job*) the runner
 
 1. trains with :func:`diverse_fairseq.training.run` (``fairseq-train --user-dir diverse_fairseq`` with the
    dataset's setting) into ``<out>/runs/<row>/seed<N>/``; fairseq resumes from ``checkpoint_last.pt`` there,
-   and a finished run leaves ``train.json`` and is skipped next time;
-2. evaluates the run's checkpoint (averaged where the setting averages) with :mod:`diverse_fairseq.evaluate`
-   (sacrebleu and tokenized BLEU, decoding speed; skipped when ``eval/results.json`` exists);
+   and a finished run leaves ``train.json`` and is reused next time;
+2. evaluates the run's checkpoint (the average of the last checkpoints where training made one) with
+   :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU, decoding speed; reused while
+   ``eval/key.json`` matches);
 3. records parameters and training steps/s from fairseq's log.
+
+Cache key. A run is reused only if it was made by the same effective command: ``cache_key`` is the full
+fairseq-train command line (the setting's hyper-parameters, the row's and ``TRAIN_ARGS``' flags, seed,
+precision, batch), the checkpoint averaging, the dataset's ``prepare.json`` and the package version, with the
+run's own paths left out (so a results directory can move). It is written to ``key.json`` when training
+starts and to ``train.json`` when it ends. When a row's YAML, the setting or the data change, the old run
+directory is **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained
+afresh; a run interrupted under the same key resumes from its last checkpoint. The report lists the runs
+reused from earlier invocations.
+
+Reproducibility and parallelism. Every job runs with a fixed number of CPU threads (``threads``: the
+``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` of fairseq-train and fairseq-generate, ``torch.set_num_threads``
+for the in-process analysis), so a seed gives the same numbers on any machine size. ``jobs`` row/seed jobs
+run at once, each in its own process with its output in ``<out>/logs/<row>-seed<N>.log``; the runner prints
+one line when a job starts and one when it ends, with the progress (row i of n, seed, elapsed time,
+estimated time remaining). With ``jobs = 1`` the jobs run one after the other in this process and their
+output goes to the console.
 """
 
 import json
 import os
 import shlex
+import shutil
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from .. import training
 from . import logs
@@ -32,6 +53,8 @@ class RunConfig:
     data_bin: Path = REPO / "data-bin"
     train_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-train flags
     generate_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-generate flags
+    threads: int = 1  # CPU threads of every job (fairseq-train, fairseq-generate, in-process torch)
+    jobs: int = 1  # row/seed jobs run at once (each in its own process when > 1)
 
     def run_dir(self, row: Row, seed: int) -> Path:
         return self.out_dir / "runs" / row.id / f"seed{seed}"
@@ -42,31 +65,115 @@ class RunConfig:
             return "tiny"
         return row.setting or training.DEFAULT_SETTING[self.dataset]
 
+    def thread_env(self) -> Dict[str, str]:
+        """The environment that pins a job's subprocesses to ``threads`` CPU threads."""
+        return {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+
+    def log_path(self, row: Row, seed: int) -> Path:
+        return self.out_dir / "logs" / f"{row.id}-seed{seed}.log"
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def cache_key(run: RunConfig, seed: int, setting: str, extra: List[str], env: Dict[str, str]) -> Dict:
+    """What a finished run must match to be reused: the effective fairseq-train command (as
+    :func:`training.build_command` makes it for these ``extra`` flags and ``env``) with the run's own paths
+    replaced by ``<run>`` / ``<data-bin>`` / ``<user-dir>``, checkpoint averaging, setting, dataset (its ``prepare.json``
+    without the creation time), seed and package version. JSON-normalised, so it compares equal to a stored one."""
+    args, _, info = training.build_command(run.dataset, setting, extra, env=env, gpus=run.gpus)
+    paths = [(str(Path(env["SAVE_DIR"])), "<run>"), (str(run.data_bin), "<data-bin>"),
+             (training.USER_DIR, "<user-dir>")]
+
+    def neutral(arg: str) -> str:
+        for path, name in paths:
+            arg = arg.replace(path, name)
+        return arg
+
+    meta = json.loads((run.data_bin / run.dataset / "prepare.json").read_text())
+    meta.pop("created", None)
+    key = {"command": [neutral(a) for a in args], "average": info["average"], "setting": setting,
+           "dataset": run.dataset, "data": meta, "seed": seed, "version": _version()}
+    return json.loads(json.dumps(key))
+
+
+def key_difference(old: Optional[Dict], new: Dict) -> str:
+    """A short account of how two cache keys differ, for the message that retrains a run."""
+    if not old:
+        return "no cache key stored (made by an older runner)"
+    parts = []
+    for name in new:
+        if old.get(name) == new[name]:
+            continue
+        if name == "command":
+            from difflib import SequenceMatcher
+
+            before, after = old.get(name) or [], new[name]
+            gone, added = [], []
+            for op, i1, i2, j1, j2 in SequenceMatcher(None, before, after, autojunk=False).get_opcodes():
+                if op != "equal":
+                    gone += before[i1:i2]
+                    added += after[j1:j2]
+            parts.append(f"command (removed {shlex.join(gone) or '-'}; added {shlex.join(added) or '-'})")
+        else:
+            parts.append(name)
+    return "changed: " + ", ".join(parts)
+
+
+def _move_aside(run_dir: Path, why: str, tag: str):
+    stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(stale)
+    print(f"  [{tag}] the run in {run_dir} was made by a different command ({why}): moved it to {stale.name}/ "
+          f"and training afresh", flush=True)
+
 
 def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
-    """Train one row/seed (or reuse its finished run) and return its training record."""
+    """Train one row/seed (or reuse its finished run) and return its training record.
+
+    A finished run (``train.json``) or an interrupted one (``key.json``) is reused or resumed only when its
+    cache key equals this run's; otherwise its directory is moved aside and the row is trained afresh.
+    The record says ``reused: true`` when training finished in an earlier invocation."""
     run_dir = run.run_dir(row, seed)
-    record_path = run_dir / "train.json"
-    if record_path.exists():
-        print(f"  [{row.id} seed {seed}] training finished earlier; reusing {run_dir}", flush=True)
-        return json.loads(record_path.read_text())
-    run_dir.mkdir(parents=True, exist_ok=True)
+    record_path, key_path = run_dir / "train.json", run_dir / "key.json"
+    tag = f"{row.id} seed {seed}"
     setting = run.setting(row)
     arch = row.arch(training.SETTINGS[setting].arch)
+    row_args = list(row.args)
     log_file = run_dir / "train.log"
     env = dict(os.environ, SAVE_DIR=str(run_dir), SEED=str(seed), DATA_BIN=str(run.data_bin),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **run.thread_env())
     if run.gpus == 0:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    extra = ["--arch", arch, *row.args, "--log-file", str(log_file), *run.train_args]
-    print(f"  [{row.id} seed {seed}] training {arch} ({setting}): {shlex.join(row.args + run.train_args)}",
+    extra = ["--arch", arch, *row_args, "--log-file", str(log_file), *run.train_args]
+    key = cache_key(run, seed, setting, extra, env)
+    if record_path.exists():
+        record = json.loads(record_path.read_text())
+        if record.get("key") == key:
+            print(f"  [{tag}] training finished earlier ({record.get('trained_at', 'unknown time')}); "
+                  f"reusing {run_dir}", flush=True)
+            # the checkpoint beside train.json, also when the results directory has moved since
+            return dict(record, checkpoint=str(run_dir / Path(record["checkpoint"]).name), reused=True)
+        _move_aside(run_dir, key_difference(record.get("key"), key), tag)
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        old = json.loads(key_path.read_text()) if key_path.exists() else None
+        if old != key:
+            _move_aside(run_dir, key_difference(old, key), tag)
+        else:
+            print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key_path.write_text(json.dumps(key, indent=1) + "\n")
+    print(f"  [{row.id} seed {seed}] training {arch} ({setting}): {shlex.join(row_args + run.train_args)}",
           flush=True)
     info = training.run(run.dataset, setting, extra, env=env, gpus=run.gpus)
     log = log_file.read_text(encoding="utf-8", errors="replace")
     train = logs.last_summary(log, "train")
     record = {
         "row": row.id, "seed": seed, "arch": arch, "setting": setting, "command": info["command"][3:],
-        "checkpoint": info["checkpoint"],
+        "key": key, "trained_at": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": run.threads,
+        "checkpoint": info["checkpoint"], "args": row_args,
         "parameters": logs.model_parameters(log),
         "updates": int(train.get("num_updates", 0)),
         "train_steps_per_second": train.get("ups"),
@@ -74,23 +181,30 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
         "valid_loss": logs.last_summary(log, "valid").get("loss"),
     }
     record_path.write_text(json.dumps(record, indent=1) + "\n")
-    return record
+    return dict(record, reused=False)
 
 
 def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
-    """Decode and score the test set with one row/seed's checkpoint (cached in eval/results.json)."""
+    """Decode and score the test set with one row/seed's checkpoint (cached in eval/results.json while
+    eval/key.json, the checkpoint and the decoding flags, matches)."""
     from ..evaluate import load_meta, main as evaluate_main
 
     data = run.data_bin / run.dataset
     out = run.run_dir(row, seed) / "eval"
-    if (out / "results.json").exists():
+    args = [checkpoint, str(data), "--out", str(out), *run.generate_args]
+    if run.gpus == 0:
+        args.append("--cpu")
+    key = {"checkpoint": Path(checkpoint).name, "generate_args": run.generate_args, "cpu": run.gpus == 0,
+           "version": _version()}
+    if (out / "results.json").exists() and (out / "key.json").exists() and \
+            json.loads((out / "key.json").read_text()) == key:
         results = json.loads((out / "results.json").read_text())
     else:
         print(f"  [{row.id} seed {seed}] evaluating {checkpoint}", flush=True)
-        args = [checkpoint, str(data), "--out", str(out), *run.generate_args]
-        if run.gpus == 0:
-            args.append("--cpu")
+        if out.exists():
+            shutil.rmtree(out)  # made with other decoding flags
         results = evaluate_main(args)
+        (out / "key.json").write_text(json.dumps(key, indent=1) + "\n")
     return dict(results, out=str(out), target_lang=load_meta(data)["target_lang"])
 
 
@@ -124,19 +238,144 @@ def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) ->
     return {t: {**scores, "layers": payload["by_layer"][t]} for t, scores in payload["by_type"].items()}
 
 
+def run_job(row: Row, run: RunConfig, seed: int) -> Dict:
+    """One row and seed: train (or reuse), evaluate, measure head disagreement; the per-seed record."""
+    record = train_row(row, run, seed)
+    record["eval"] = evaluate_row(row, run, seed, record["checkpoint"])
+    record["disagreement"] = disagreement_scores(row, run, seed, record["checkpoint"])
+    record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
+    return record
+
+
+def limit_threads(threads: int):
+    """Pin this process (in-process torch) and the subprocesses it starts to ``threads`` CPU threads."""
+    import torch
+
+    os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    torch.set_num_threads(threads)
+
+
+def _worker_init(threads: int):
+    from ..cli_logging import setup_cli_logging
+
+    limit_threads(threads)
+    setup_cli_logging()
+
+
+def _worker_job(row: Row, run: RunConfig, seed: int) -> Dict:
+    """``run_job`` in a worker process, its output (and its subprocesses') appended to the job's log."""
+    log_path = run.log_path(row, seed)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(log_path, "a", encoding="utf-8") as log:
+        saved = os.dup(1), os.dup(2)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            print(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {row.id} seed {seed}", flush=True)
+            return run_job(row, run, seed)
+        except SystemExit as e:  # a failed fairseq-train/-generate: an ordinary error for the parent
+            raise RuntimeError(str(e)) from None
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """Start and end lines of the jobs: ``row i of n (seed s)``, elapsed time, estimated time remaining.
+
+    The estimate is the mean duration of the jobs that trained in this invocation (reused runs take no
+    time) applied to the queued jobs and the rest of the running ones, spread over the parallel jobs."""
+
+    def __init__(self, table: Table, run: RunConfig, total: int):
+        self.name, self.rows, self.run, self.total = table.table, table.rows, run, total
+        self.start, self.started, self.durations, self.done = time.time(), {}, [], 0
+
+    def _where(self, row: Row, seed: int) -> str:
+        i = next(i for i, r in enumerate(self.rows, 1) if r.id == row.id)
+        return f"[{self.name}] row {i} of {len(self.rows)} (seed {seed}) {row.label}"
+
+    def remaining(self, now: float) -> str:
+        if self.done == self.total:
+            return "0:00:00"
+        if not self.durations:
+            return "unknown"
+        mean = sum(self.durations) / len(self.durations)
+        queued = self.total - self.done - len(self.started)
+        work = queued * mean + sum(max(mean - (now - t), 0.0) for t in self.started.values())
+        return _clock(work / max(1, min(self.run.jobs, self.total - self.done)))
+
+    def _line(self, text: str):
+        now = time.time()
+        print(f"{text}; elapsed {_clock(now - self.start)}, estimated remaining {self.remaining(now)}", flush=True)
+
+    def begin(self, row: Row, seed: int):
+        self.started[(row.id, seed)] = time.time()
+        self._line(f"{self._where(row, seed)}: started")
+
+    def end(self, row: Row, seed: int, record: Optional[Dict] = None, error: Optional[str] = None):
+        seconds = time.time() - self.started.pop((row.id, seed))
+        self.done += 1
+        if error is not None:
+            what = f"FAILED after {_clock(seconds)}: {error}"
+        elif record.get("reused"):
+            what = f"reused the run trained {record.get('trained_at', 'earlier')}, BLEU {record['eval']['bleu']:.2f}"
+        else:
+            self.durations.append(seconds)
+            what = f"finished in {_clock(seconds)}, BLEU {record['eval']['bleu']:.2f}"
+        if self.run.jobs > 1:
+            what += f" (log: {self.run.log_path(row, seed)})"
+        self._line(f"{self._where(row, seed)}: {what} [{self.done}/{self.total} jobs done]")
+
+
 def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
-    """Train and evaluate every row and seed; return ``{row id: [per-seed record]}``."""
+    """Train and evaluate every row and seed (``run.jobs`` at once); return ``{row id: [per-seed record]}``."""
     data = run.data_bin / run.dataset
     if not (data / "prepare.json").exists():
         raise SystemExit(f"error: no prepared dataset in {data}. Prepare it first: make data DATASET={run.dataset}")
-    results = {}
-    for i, row in enumerate(table.rows, 1):
-        print(f"[{table.table}] row {i}/{len(table.rows)}: {row.label}", flush=True)
-        results[row.id] = []
-        for seed in run.seeds:
-            record = train_row(row, run, seed)
-            record["eval"] = evaluate_row(row, run, seed, record["checkpoint"])
-            record["disagreement"] = disagreement_scores(row, run, seed, record["checkpoint"])
-            record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
-            results[row.id].append(record)
-    return results
+    todo = [(row, seed) for row in table.rows for seed in run.seeds]
+    progress = Progress(table, run, len(todo))
+    print(f"[{table.table}] {len(table.rows)} rows x {len(run.seeds)} seed(s) = {len(todo)} jobs, {run.jobs} at a "
+          f"time, {run.threads} CPU thread(s) each", flush=True)
+    records, failed = {}, []
+    if run.jobs == 1:
+        limit_threads(run.threads)
+        for row, seed in todo:
+            progress.begin(row, seed)
+            records[row.id, seed] = run_job(row, run, seed)
+            progress.end(row, seed, records[row.id, seed])
+    else:
+        import multiprocessing
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        queue, running = list(todo), {}
+        with ProcessPoolExecutor(run.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_worker_init, initargs=(run.threads,)) as pool:
+            while queue or running:
+                while queue and len(running) < run.jobs:
+                    row, seed = queue.pop(0)
+                    progress.begin(row, seed)
+                    running[pool.submit(_worker_job, row, run, seed)] = (row, seed)
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    row, seed = running.pop(future)
+                    try:
+                        records[row.id, seed] = future.result()
+                        progress.end(row, seed, records[row.id, seed])
+                    except Exception as e:  # noqa: BLE001 - reported below with the job's log
+                        failed.append((row, seed))
+                        progress.end(row, seed, error=str(e) or type(e).__name__)
+    if failed:
+        logs_ = "\n".join(f"  {row.id} seed {seed}: {run.log_path(row, seed)}" for row, seed in failed)
+        raise SystemExit(f"error: {len(failed)} job(s) failed; their logs:\n{logs_}")
+    return {row.id: [records[row.id, seed] for seed in run.seeds] for row in table.rows}

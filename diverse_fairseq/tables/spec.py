@@ -5,14 +5,21 @@ A table file::
     table: emnlp18_t1                      # id, used for results/<table>/
     title: "EMNLP 2018 Table 1: ..."
     paper_dataset: wmt17_zh_en             # the dataset the paper's numbers are for (optional)
-    baseline: none                         # id of the row significance is measured against
+    baseline: none                         # id of the row significance is measured against by default
     rows:
       - id: none
         label: "Transformer-Base"
         family: transformer                # model family: transformer or diverse_transformer
         setting: base                      # optional model size at paper scale (small, base, big)
         args: []                           # extra fairseq-train flags (criterion, optimizer, features)
-        paper: {bleu: 24.13, train_speed: 1.21}   # the paper's numbers (optional)
+        paper: {bleu: 24.13, train_speed: 1.21}   # the paper's numbers (optional; params in millions)
+        description: "..."                 # one line saying what the row runs (optional; printed below the table)
+        baseline: none                     # the row this one is tested against (optional; default: the
+                                           # table's baseline)
+
+Significance follows the papers: every "+" row is tested against its own-size baseline, so a table with
+Base and Big rows gives each Big row ``baseline: big``. A row whose baseline is itself is a baseline (no
+test); a row's baseline must be such a baseline row, of the same ``setting`` where both name one.
 
 Hyper-parameters are not repeated here: a row is trained by :func:`diverse_fairseq.training.run` with the
 dataset's paper setting (``scale: paper``; the row's ``setting`` if it names one) or the CPU demo setting
@@ -31,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 TABLE_DIR = REPO / "configs" / "tables"
 FAMILIES = ("transformer", "diverse_transformer")
 SETTING_NAMES = ("small", "base", "big")
+ROW_FIELDS = ("id", "label", "family", "setting", "args", "paper", "description", "baseline")
 
 
 class TableSpecError(ValueError):
@@ -45,6 +53,8 @@ class Row:
     args: List[str] = field(default_factory=list)
     paper: Dict[str, float] = field(default_factory=dict)
     setting: Optional[str] = None
+    baseline: Optional[str] = None  # id of the row this one is tested against; None before parse_table fills it
+    description: str = ""
 
     def arch(self, setting_arch: str) -> str:
         """The setting's architecture name with this row's model family, e.g. diverse_transformer_wmt_en_de."""
@@ -79,6 +89,15 @@ def _string_list(value, where):
     return [str(v) for v in value]
 
 
+def _one_line(row, where) -> str:
+    if "description" not in row:
+        return ""
+    text = _require(row, "description", str, where).strip()
+    if not text or "\n" in text:
+        raise TableSpecError(f"{where}: field 'description' must be one non-empty line, got {text!r}")
+    return text
+
+
 def _check_unknown(mapping, allowed, where):
     unknown = sorted(set(mapping) - set(allowed))
     if unknown:
@@ -96,7 +115,7 @@ def parse_table(data, source="<table>") -> Table:
     rows = []
     for i, r in enumerate(rows_data):
         where = f"{source}: rows[{i}]"
-        _check_unknown(r if isinstance(r, dict) else {}, ("id", "label", "family", "setting", "args", "paper"), where)
+        _check_unknown(r if isinstance(r, dict) else {}, ROW_FIELDS, where)
         family = _require(r, "family", str, where)
         if family not in FAMILIES:
             raise TableSpecError(f"{where}: field 'family' must be one of {', '.join(FAMILIES)}, got {family!r}")
@@ -113,6 +132,8 @@ def parse_table(data, source="<table>") -> Table:
             args=_string_list(r.get("args", []), f"{where}: field 'args'"),
             paper={k: float(v) for k, v in paper.items()},
             setting=r.get("setting"),
+            baseline=_require(r, "baseline", str, where) if "baseline" in r else None,
+            description=_one_line(r, where),
         ))
     ids = [r.id for r in rows]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
@@ -121,6 +142,7 @@ def parse_table(data, source="<table>") -> Table:
     baseline = _require(data, "baseline", str, source)
     if baseline not in ids:
         raise TableSpecError(f"{source}: field 'baseline' names {baseline!r}, which is not a row id ({', '.join(ids)})")
+    _resolve_baselines(rows, baseline, source)
     return Table(
         table=_require(data, "table", str, source),
         title=_require(data, "title", str, source),
@@ -129,6 +151,25 @@ def parse_table(data, source="<table>") -> Table:
         paper_dataset=data.get("paper_dataset"),
         source=Path(source) if source != "<table>" else None,
     )
+
+
+def _resolve_baselines(rows: List[Row], default: str, source: str):
+    """Give every row its baseline (default: the table's) and check that each "+" row is tested against a
+    baseline row (one whose baseline is itself) of its own setting."""
+    by_id = {r.id: r for r in rows}
+    for row in rows:
+        row.baseline = row.baseline or default
+    for i, row in enumerate(rows):
+        where = f"{source}: rows[{i}] ({row.id}): field 'baseline'"
+        base = by_id.get(row.baseline)
+        if base is None:
+            raise TableSpecError(f"{where} names {row.baseline!r}, which is not a row id ({', '.join(by_id)})")
+        if base.baseline != base.id:
+            raise TableSpecError(f"{where} names {base.id!r}, which is not a baseline row (its own baseline is "
+                                 f"{base.baseline!r}); give {base.id!r} 'baseline: {base.id}'")
+        if None not in (base.setting, row.setting) and base.setting != row.setting:
+            raise TableSpecError(f"{where} names {base.id!r} of setting {base.setting!r}, but this row's setting "
+                                 f"is {row.setting!r}: each row is tested against a baseline of its own size")
 
 
 def load_table(name_or_path) -> Table:
