@@ -1,5 +1,6 @@
 """Evaluate a checkpoint on a prepared dataset: detokenized output, sacrebleu BLEU with its signature,
-the papers' tokenized BLEU (compound-split for German), and decoding speed.
+a tokenized BLEU (case-sensitive, compound-split for German: the figure to put beside the papers' "NIST BLEU",
+which it is not; docs/paper-settings.md#evaluation), and decoding speed.
 
     python -m diverse_fairseq.evaluate CHECKPOINT DATASET [options] [extra fairseq-generate options]
     scripts/evaluate.sh CHECKPOINT DATASET [...]
@@ -94,7 +95,7 @@ def bleu_scores(hyps_detok: List[str], refs_detok: List[str], hyps_tok: List[str
 
 def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: List[str], data_dir: Path, subset: str,
                    meta: Dict[str, object]):
-    """The tokenized hypothesis and reference lines for the papers' tokenized BLEU."""
+    """The tokenized hypothesis and reference lines for the tokenized BLEU."""
     from .data.text import compound_split, tokenize
 
     tgt = meta["target_lang"]
@@ -209,7 +210,7 @@ def main(argv=None):
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     speed = parsed["speed"]
     print(f"BLEU (sacrebleu, detokenized) = {results['bleu']:.2f}   {results['signature']}\n"
-          f"BLEU ({results['tok_bleu_kind']}, as the papers report) = {results['tok_bleu']:.2f}\n" +
+          f"BLEU ({results['tok_bleu_kind']}; compare with the papers' NIST BLEU) = {results['tok_bleu']:.2f}\n" +
           (f"decoding: {speed['sentences']} sentences in {speed['seconds']:.1f}s = "
            f"{speed['sentences_per_second']:.2f} sentences/s ({speed['tokens_per_second']:.1f} tokens/s)\n" if speed else "") +
           f"outputs and results.json in {out}", flush=True)
