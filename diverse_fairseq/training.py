@@ -11,12 +11,16 @@ fairseq-train after ours, so they override them (e.g. ``--criterion ... --optimi
 
 Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs
 with ``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs
-go to ``SAVE_DIR/tensorboard``. After training, the last N checkpoints are averaged into
-``SAVE_DIR/checkpoint_avg_lastN.pt`` (fairseq's averaging, see :mod:`diverse_fairseq.average_checkpoints`).
+go to ``SAVE_DIR/tensorboard``. The papers report single models, so no setting averages checkpoints; with
+``AVERAGE=N`` the last N checkpoints are averaged after training into ``SAVE_DIR/checkpoint_avg_lastN.pt``
+(fairseq's averaging, see :mod:`diverse_fairseq.average_checkpoints`), and that average is evaluated.
+
+These settings are the single source of the papers' hyper-parameters: the hydra configs in ``configs/``
+must give the same fairseq options (``tests/test_hydra_configs.py`` compares them).
 
 Environment: DATA_BIN (data-bin), CHECKPOINTS (checkpoints), SAVE_DIR (CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>),
 MAX_TOKENS,
-UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32), AVERAGE (N, 0 = off),
+UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32), AVERAGE (N, default 0 = off),
 SEED, DRY_RUN=1 (print the command only). Multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT
 (the command is then started through torchrun on each node), or run under SLURM (``srun`` with one task
 per node; fairseq reads the SLURM variables, we add ``--distributed-port``).
@@ -47,32 +51,37 @@ class Setting:
     max_update: int
     weight_decay: float = 0.0
     warmup: int = 4000
+    layers: int = 6  # encoder layers = decoder layers of the model (the architecture's, or set in ``extra``)
     save_interval_updates: int = 0  # 0: one checkpoint per epoch
     keep_checkpoints: int = 10
-    average: int = 0  # average the last N checkpoints after training (0: no averaging)
+    average: int = 0  # average the last N checkpoints after training (0: no averaging, the papers' choice)
     log_interval: int = 100
     extra: List[str] = field(default_factory=list)
 
 
+TINY_LAYERS = 2
 SETTINGS: Dict[str, Setting] = {
-    # fairseq's IWSLT14 Transformer recipe (SPEC §4); one GPU of 4096 tokens as the repulsive-attention
-    # paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes (pay_less_attention_paper)
+    # fairseq's IWSLT14 Transformer recipe: lr 5e-4, warmup 4000, dropout 0.3, weight decay 1e-4, 4096 tokens
+    # on one GPU as the repulsive-attention paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes
+    # (pay_less_attention_paper; the papers give no number of updates)
     "small": Setting("transformer_iwslt_de_en", lr=5e-4, dropout=0.3, weight_decay=1e-4, max_tokens=4096,
                      batch_tokens=4096, max_update=50000),
-    # Vaswani et al. 2017 base: peak lr 512^-0.5 * 4000^-0.5 = 7e-4, 100k updates, average of the last 5
-    # checkpoints; the papers' 8 P40 GPUs x 4096 tokens
+    # The papers follow Vaswani et al. 2017 (journal §4.1.1): "learning rate initially 1.0" warmed up over
+    # 4000 steps, i.e. a peak of 1.0 · d^-0.5 · 4000^-0.5 = 7e-4 for d = 512; 8 P40 GPUs x 4096 tokens;
+    # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates (Vaswani et al.).
     "base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
-                    max_update=100000, save_interval_updates=1000, keep_checkpoints=10, average=5),
-    # big: peak lr 1024^-0.5 * 4000^-0.5 = 4.9e-4, dropout 0.3 (SPEC §4), 300k updates, average of the last 20
-    "big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.3, max_tokens=4096,
-                   batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=20,
-                   average=20),
+                    max_update=100000, save_interval_updates=1000, keep_checkpoints=10),
+    # big (16 heads, d = 1024): the same schedule peaks at 1024^-0.5 · 4000^-0.5 = 4.9e-4; "for both Base and
+    # Big models ... all types of dropout rate is set to 0.1" (journal §4.1.1, not Vaswani et al.'s 0.3);
+    # 300k updates (Vaswani et al.)
+    "big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_tokens=4096,
+                   batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=10),
     # laptop-CPU demo scale (make demo: five systems in under 20 minutes on 2 CPU cores): a 2+2-layer,
     # 128-wide pre-norm Transformer with 4 heads, small batches so that it sees many updates, no dropout
     # (about one epoch: some 2 minutes on 2 idle cores).
     "tiny": Setting("transformer", lr=6e-3, dropout=0.0, max_tokens=1024, batch_tokens=1024, max_update=800,
-                    warmup=150, save_interval_updates=400, keep_checkpoints=2, average=0, log_interval=50,
-                    extra=["--encoder-layers", "2", "--decoder-layers", "2",
+                    warmup=150, layers=TINY_LAYERS, save_interval_updates=400, keep_checkpoints=2, log_interval=50,
+                    extra=["--encoder-layers", str(TINY_LAYERS), "--decoder-layers", str(TINY_LAYERS),
                            "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
                            "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
                            "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
@@ -130,7 +139,7 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
         "--source-lang", meta["source_lang"], "--target-lang", meta["target_lang"],
         "--arch", arch, *s.extra,
         "--share-all-embeddings" if meta.get("joined_dictionary") else "--share-decoder-input-output-embed",
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-09", "--clip-norm", "0.0",
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-09", "--clip-norm", "0.0",
         "--lr", str(s.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
         "--warmup-init-lr", "1e-07", "--dropout", str(s.dropout), "--weight-decay", str(s.weight_decay),
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -139,11 +148,13 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
         "--save-dir", str(save_dir), "--tensorboard-logdir", str(save_dir / "tensorboard"),
         "--log-format", "simple", "--log-interval", str(s.log_interval), "--seed", str(_env(env, "SEED", 1, int)),
     ]
+    average = _env(env, "AVERAGE", s.average, int)
+    keep = max(s.keep_checkpoints, average)  # AVERAGE=N needs the last N checkpoints
     if s.save_interval_updates:
         args += ["--save-interval-updates", str(s.save_interval_updates),
-                 "--keep-interval-updates", str(s.keep_checkpoints), "--no-epoch-checkpoints"]
+                 "--keep-interval-updates", str(keep), "--no-epoch-checkpoints"]
     else:
-        args += ["--keep-last-epochs", str(s.keep_checkpoints)]
+        args += ["--keep-last-epochs", str(keep)]
     precision = _env(env, "PRECISION", "fp16" if gpus else "fp32")
     if gpus == 0:
         args.append("--cpu")
@@ -155,7 +166,7 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
             # the repulsive optimizer needs per-parameter gradients: keep fp16 master params unflattened
             args.append("--fp16-no-flatten-grads")
     if world > 1:
-        args.append("--load-checkpoint-on-all-dp-ranks")  # resuming under torch >= 2.6 (FAIRSEQ-NOTES)
+        args.append("--load-checkpoint-on-all-dp-ranks")  # resuming under torch >= 2.6 (docs/fairseq-notes.md)
     launcher = []
     if _env(env, "NNODES", None, int):
         args += ["--distributed-world-size", str(world)]
@@ -166,7 +177,6 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
     elif nnodes > 1:  # SLURM: fairseq derives ranks and the master from the SLURM variables
         args += ["--distributed-world-size", str(world),
                  "--distributed-port", _env(env, "MASTER_PORT", str(12000 + _env(env, "SLURM_JOB_ID", 0, int) % 20000))]
-    average = _env(env, "AVERAGE", s.average, int)
     info = {"setting": key, "arch": arch, "gpus": gpus, "nodes": nnodes, "world": world, "max_tokens": max_tokens,
             "update_freq": freq, "tokens_per_update": world * max_tokens * freq, "paper_tokens_per_update": s.batch_tokens,
             "save_dir": str(save_dir), "average": average, "update_based": bool(s.save_interval_updates),
@@ -177,8 +187,9 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
 def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None) -> Dict:
     """Train (resuming from SAVE_DIR/checkpoint_last.pt if present), then average; return the run's info.
 
-    ``info["checkpoint"]`` is the checkpoint to evaluate: the average of the last N checkpoints when the
-    setting averages and enough checkpoints exist, else ``checkpoint_last.pt``.
+    ``info["checkpoint"]`` is the checkpoint to evaluate: the average of the last N checkpoints when
+    ``AVERAGE=N`` asks for one and enough checkpoints exist, else ``checkpoint_last.pt``;
+    ``info["averaged"]`` is the number of checkpoints averaged into it (0: a single model, the papers' way).
     """
     env = dict(os.environ if env is None else env)
     args, launcher, info = build_command(dataset, setting_or_arch, extra, env=env, gpus=gpus)
@@ -191,6 +202,7 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
     info["command"] = cmd
     save_dir = Path(info["save_dir"])
     info["checkpoint"] = str(save_dir / "checkpoint_last.pt")
+    info["averaged"] = 0
     if env.get("DRY_RUN") == "1":
         return info
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -207,6 +219,7 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
         try:
             average(["--inputs", str(save_dir), kind, str(info["average"]), "--output", str(out)])
             info["checkpoint"] = str(out)
+            info["averaged"] = info["average"]
         except SystemExit as e:  # too few checkpoints (a short run): training itself succeeded
             print(f"[train] warning: no average written: {e}", flush=True)
     return info

@@ -51,11 +51,23 @@ def test_command_on_gpus_with_passthrough(data_bin):
     args, launcher, info = build_command("wmt14_en_de", "big", ["--criterion", "x", "--lr", "1e-3"], env=env, gpus=2)
     assert launcher == [] and info["update_freq"] == 4 and info["tokens_per_update"] == 8 * 4096
     assert value(args, "--arch") == ["transformer_vaswani_wmt_en_de_big"] and "--fp16" in args
-    assert value(args, "--dropout") == ["0.3"] and "--share-all-embeddings" in args
+    # the papers' big setting: dropout 0.1 and lr 5e-4 (journal §4.1.1), single models (no averaging)
+    assert value(args, "--dropout") == ["0.1"] and value(args, "--lr")[0] == "0.0005"
+    assert "--share-all-embeddings" in args
     assert value(args, "--lr")[-1] == "1e-3" and args[-2:] == ["--lr", "1e-3"]  # extra options come last
     assert "--load-checkpoint-on-all-dp-ranks" in args and value(args, "--save-dir") == ["/ck/wmt14_en_de_big"]
     assert value(args, "--tensorboard-logdir") == ["/ck/wmt14_en_de_big/tensorboard"]
-    assert info["average"] == 20 and info["update_based"]
+    assert info["average"] == 0 and info["update_based"]
+    # averaging stays an option: AVERAGE=N keeps at least the last N checkpoints
+    args, _, info = build_command("wmt14_en_de", "big", [], env=dict(env, AVERAGE="30"), gpus=2)
+    assert info["average"] == 30 and value(args, "--keep-interval-updates") == ["30"]
+
+
+def test_run_records_whether_checkpoints_were_averaged(data_bin):
+    from diverse_fairseq.training import run
+
+    info = run("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "DRY_RUN": "1"}, gpus=8)
+    assert info["averaged"] == 0 and info["checkpoint"].endswith("checkpoint_last.pt")
 
 
 def test_command_multi_node_and_cpu(data_bin):
