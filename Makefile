@@ -7,12 +7,13 @@ PYTEST_ARGS ?=
 
 DATASET ?= demo
 
-.PHONY: install test demo bench clean-demo help tables data train evaluate average significance fixtures
+.PHONY: install test demo bench clean-demo help tables check-tables data train evaluate average significance fixtures
 
 help:
 	@echo "make install   create .venv with torch, fairseq-fixed and this package (idempotent)"
 	@echo "make demo      train and evaluate on the shipped demo corpus, print the results table"
 	@echo "make tables    list the paper-table targets: make table-<id> [SCALE=demo|paper] [DATASET=..] [SEEDS=..] [GPUS=..]"
+	@echo "make check-tables [SCALE=demo|paper]  build every table row's model (demo: and train one step), no data"
 	@echo "make test      run the test suite"
 	@echo "make bench     speed/memory ratios against stock fairseq (JSON on the last line)"
 	@echo "make data DATASET=iwslt14_de_en|wmt14_en_de|wmt17_zh_en|demo   download and binarize a dataset"
@@ -40,6 +41,12 @@ tables:
 
 table-%: install
 	$(PY) -m diverse_fairseq.tables $*
+
+# Every row of every table, at SCALE=demo and SCALE=paper (or the one SCALE given): the exact fairseq-train
+# arguments the runner would use, the model, criterion and optimizer built from them on a synthetic dictionary,
+# and at demo scale one training step. One line per table/row/scale; fails naming every broken row.
+check-tables: install
+	$(PY) -m diverse_fairseq.tables.check
 
 bench: install
 	$(PY) scripts/benchmark.py

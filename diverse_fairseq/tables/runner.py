@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .. import training
-from . import logs
+from . import logs, scale
 from .spec import REPO, Row, Table
 
 
@@ -141,7 +141,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     tag = f"{row.id} seed {seed}"
     setting = run.setting(row)
     arch = row.arch(training.SETTINGS[setting].arch)
-    row_args = list(row.args)
+    row_args = scale.row_args(row.args, setting)  # layer flags mapped to the setting's depth (scale.py)
     log_file = run_dir / "train.log"
     env = dict(os.environ, SAVE_DIR=str(run_dir), SEED=str(seed), DATA_BIN=str(run.data_bin),
                PYTHONUNBUFFERED="1", **run.thread_env())
@@ -173,7 +173,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     record = {
         "row": row.id, "seed": seed, "arch": arch, "setting": setting, "command": info["command"][3:],
         "key": key, "trained_at": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": run.threads,
-        "checkpoint": info["checkpoint"], "args": row_args,
+        "checkpoint": info["checkpoint"], "args": row_args, "averaged_checkpoints": info["averaged"],
         "parameters": logs.model_parameters(log),
         "updates": int(train.get("num_updates", 0)),
         "train_steps_per_second": train.get("ups"),

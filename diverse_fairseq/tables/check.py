@@ -1,0 +1,232 @@
+"""``make check-tables``: every row of every table builds, and at demo scale trains one step, without data.
+
+For each table (``configs/tables/*.yaml``), row and scale (``demo``, ``paper``) this
+
+1. builds the fairseq-train arguments the table runner would pass (:func:`row_command`: the runner's setting
+   for the scale, the row's architecture, its flags with the layer mapping of :mod:`.scale`, through
+   :func:`diverse_fairseq.training.build_command`), at demo scale on the CPU as ``make table-<id> SCALE=demo``
+   runs it, at paper scale as on the papers' 8 GPUs: with ``--fp16`` where CUDA is available, in fp32
+   elsewhere (fairseq's fp16 optimizer keeps its fp32 master copy on a CUDA device);
+2. parses them with fairseq-train's parser and builds task, model, criterion, optimizer and learning-rate
+   schedule with fairseq's own builders (``tasks.setup_task`` and a ``Trainer``) on a synthetic dictionary as
+   large as the dataset recipe's BPE vocabulary (so the parameter counts are close to the real ones), and
+   checks that the model has the setting's number of layers;
+3. at demo scale, runs one training step (forward, backward, optimizer step) on a synthetic batch.
+
+It prints one line per table/row/scale (``ok`` or ``FAIL`` with the reason, and the parameters) and exits
+non-zero when any line failed, naming every failure again at the end. Identical argument lists (the same
+model in several tables) are built once.
+
+    python -m diverse_fairseq.tables.check [--scale demo|paper] [--paper-gpus 8] [TABLE ...]
+    make check-tables [SCALE=demo|paper]
+"""
+
+import argparse
+import gc
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from .. import training
+from ..cli_logging import setup_cli_logging
+from ..data.recipes import RECIPES
+from . import scale as scale_mod
+from .runner import RunConfig
+from .spec import TABLE_DIR, Row, Table, load_table
+
+SCALES = ("demo", "paper")
+
+
+@dataclass
+class Result:
+    ok: bool
+    message: str  # the failure's reason, or what was checked
+    parameters: Optional[int] = None
+
+
+def write_synthetic_data(data_bin: Path, dataset: str) -> Path:
+    """``data_bin/dataset`` with a ``prepare.json`` and dictionaries (no text): what build_command and
+    fairseq's translation task read. Each dictionary has the recipe's BPE size in symbols."""
+    from fairseq.data import Dictionary
+
+    recipe = RECIPES[dataset]
+    data = data_bin / dataset
+    if (data / "prepare.json").exists():
+        return data
+    data.mkdir(parents=True, exist_ok=True)
+    dictionary = Dictionary()
+    for i in range(recipe.bpe_size):
+        dictionary.add_symbol(f"w{i}")
+    dictionary.finalize(padding_factor=8)  # as fairseq-preprocess does
+    for lang in recipe.langs:
+        dictionary.save(str(data / f"dict.{lang}.txt"))
+    meta = {"dataset": dataset, "source_lang": recipe.src, "target_lang": recipe.tgt,
+            "joined_dictionary": recipe.joined_dictionary, "synthetic": True}
+    (data / "prepare.json").write_text(json.dumps(meta) + "\n")
+    return data
+
+
+def dataset_for(table: Table, scale: str, dataset: Optional[str] = None) -> Optional[str]:
+    """The dataset ``make table-<id> SCALE=<scale>`` runs on (as ``python -m diverse_fairseq.tables``)."""
+    return dataset or (table.paper_dataset if scale == "paper" else "demo")
+
+
+def row_command(row: Row, dataset: str, scale: str, data_bin: Path, gpus: int, precision: Optional[str] = None
+                ) -> List[str]:
+    """The fairseq-train arguments (without the program) that the table runner would train ``row`` with
+    (``precision``: the ``PRECISION`` variable of the run, default fp16 on GPUs)."""
+    run = RunConfig(dataset=dataset, scale=scale, seeds=[1], gpus=gpus, out_dir=data_bin.parent, data_bin=data_bin)
+    setting = run.setting(row)
+    arch = row.arch(training.SETTINGS[setting].arch)
+    extra = ["--arch", arch, *scale_mod.row_args(row.args, setting), *run.train_args]
+    env = {"DATA_BIN": str(data_bin), "SAVE_DIR": str(data_bin.parent / "checkpoints"), "PRECISION": precision}
+    args, _, _ = training.build_command(dataset, setting, extra, env=env, gpus=gpus)
+    return args
+
+
+def _synthetic_batch(task, batch: int = 4, src_len: int = 7, tgt_len: int = 6) -> Dict:
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    src = torch.randint(src_dict.nspecial, len(src_dict), (batch, src_len), generator=gen)
+    src[:, -1] = src_dict.eos()
+    tgt = torch.randint(tgt_dict.nspecial, len(tgt_dict), (batch, tgt_len), generator=gen)
+    tgt[:, -1] = tgt_dict.eos()
+    prev = torch.cat([torch.full((batch, 1), tgt_dict.eos()), tgt[:, :-1]], dim=1)
+    return {"id": torch.arange(batch), "nsentences": batch, "ntokens": batch * tgt_len, "target": tgt,
+            "net_input": {"src_tokens": src, "src_lengths": torch.full((batch,), src_len),
+                          "prev_output_tokens": prev}}
+
+
+def build_and_step(args: List[str], layers: int, step: bool) -> Result:
+    """Build task, model, criterion and optimizer from fairseq-train ``args``; with ``step``, train one step."""
+    import torch
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    threads = torch.get_num_threads()
+    if step:  # a tiny model: one thread is several times faster on a busy machine than threads that wait
+        torch.set_num_threads(1)
+    try:
+        parsed, unknown = options.parse_args_and_arch(options.get_training_parser(), list(args), parse_known=True)
+        if unknown:
+            return Result(False, f"fairseq-train: unrecognized arguments: {' '.join(unknown)}")
+        cfg = convert_namespace_to_omegaconf(parsed)
+        task = tasks.setup_task(cfg.task)
+        torch.manual_seed(1)
+        model = task.build_model(cfg.model)
+        depth = (len(model.encoder.layers), len(model.decoder.layers))
+        if depth != (layers, layers):
+            return Result(False, f"the model has {depth[0]}+{depth[1]} layers, the setting says {layers}+{layers}")
+        criterion = task.build_criterion(cfg.criterion)
+        parameters = sum(p.numel() for p in model.parameters())
+        trainer = Trainer(cfg, task, model, criterion)
+        trainer.optimizer  # built lazily, with the learning-rate schedule
+        if not step:
+            return Result(True, "built", parameters)
+        logs = trainer.train_step([_synthetic_batch(task)])
+        if logs is None:
+            return Result(False, "the training step was skipped (overflow or an empty batch)", parameters)
+        if trainer.get_num_updates() != 1:
+            return Result(False, f"{trainer.get_num_updates()} updates after one step", parameters)
+        loss = float(logs["loss"]) if "loss" in logs else float("nan")
+        if not torch.isfinite(torch.tensor(loss)):
+            return Result(False, f"loss {loss} after one step", parameters)
+        return Result(True, f"built, one step (loss {loss:.2f})", parameters)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 -- every failure is reported, with its type
+        text = str(e).strip().splitlines()
+        return Result(False, f"{type(e).__name__}: {text[-1] if text else ''}")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _mapped_note(row: Row, setting: str) -> str:
+    """The row's layer flags that the scale rule changed, e.g. ``--routing-encoder-layers 3,4,5→1``."""
+    mapped = scale_mod.row_args(row.args, setting)
+    changes = [f"{mapped[i - 1]} {a}→{b}" if a != b and i else f"{a}→{b}"
+               for i, (a, b) in enumerate(zip(row.args, mapped)) if a != b]
+    return f" [layers mapped: {'; '.join(changes)}]" if changes else ""
+
+
+def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Optional[str] = None,
+          out=print) -> Tuple[int, List[str]]:
+    """Check every row of ``tables`` at ``scales``; print a line each; return (lines, failures)."""
+    import torch
+
+    failures, done, lines = [], {}, 0
+    paper_precision = "fp16" if torch.cuda.is_available() else "fp32"
+    with tempfile.TemporaryDirectory(prefix="check-tables-") as tmp:
+        data_bin = Path(tmp) / "data-bin"
+        for scale in scales:
+            gpus = 0 if scale == "demo" else paper_gpus
+            out(f"# scale={scale}: " + ("the CPU, fp32, one training step each" if scale == "demo" else
+                f"commands for {gpus} GPUs, built in {paper_precision}, no step"))
+            for table in tables:
+                name = dataset_for(table, scale, dataset)
+                for row in table.rows:
+                    where = f"{table.table}:{row.id} scale={scale}"
+                    lines += 1
+                    if name is None:
+                        out(f"skip {where}: the table names no paper dataset (make table-<id> needs DATASET)")
+                        continue
+                    start, note = time.perf_counter(), ""
+                    try:
+                        setting = RunConfig(name, scale, [1], gpus, Path(tmp)).setting(row)
+                        note = _mapped_note(row, setting)
+                        write_synthetic_data(data_bin, name)
+                        args = row_command(row, name, scale, data_bin, gpus,
+                                           None if scale == "demo" else paper_precision)
+                    except (Exception, SystemExit) as e:  # noqa: BLE001 -- reported with its type
+                        result = Result(False, f"{type(e).__name__}: {e}")
+                    else:
+                        key = (scale, tuple(args))
+                        if key in done:
+                            note = f" (the command of {done[key][1]}){note}"
+                        else:
+                            done[key] = (build_and_step(args, training.SETTINGS[setting].layers, step=scale == "demo"),
+                                         f"{table.table}:{row.id}")
+                            gc.collect()  # a paper-scale model and its optimizer: up to a few GB
+                        result = done[key][0]
+                    params = f"{result.parameters / 1e6:.2f}M params" if result.parameters else "–"
+                    out(f"{'ok  ' if result.ok else 'FAIL'} {where} dataset={name}: {result.message}, {params}, "
+                        f"{time.perf_counter() - start:.1f}s{note}")
+                    if not result.ok:
+                        failures.append(f"{where}: {result.message}")
+    return lines, failures
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m diverse_fairseq.tables.check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("tables", nargs="*", help="table ids (default: every configs/tables/*.yaml)")
+    p.add_argument("--scale", default=os.environ.get("SCALE") or None, choices=SCALES,
+                   help="check one scale only [SCALE]; default: both")
+    p.add_argument("--paper-gpus", type=int, default=8, help="GPUs the paper-scale command is built for "
+                   "(8, the papers'; it sets --update-freq and --fp16)")
+    p.add_argument("--dataset", default=os.environ.get("DATASET") or None,
+                   help="dataset for every table [DATASET]; default: the paper's / demo, as make table-<id>")
+    a = p.parse_args(argv)
+    setup_cli_logging(logging.WARNING)  # fairseq's model and optimizer messages for every row are noise here
+    warnings.simplefilter("ignore", (UserWarning, FutureWarning, DeprecationWarning))  # hydra's, torch's
+    names = a.tables or sorted(path.stem for path in TABLE_DIR.glob("*.yaml"))
+    tables = [load_table(n) for n in names]
+    start = time.perf_counter()
+    lines, failures = check(tables, (a.scale,) if a.scale else SCALES, a.paper_gpus, a.dataset,
+                            out=lambda s: print(s, flush=True))
+    print(f"\n{lines} table/row/scale lines, {len(failures)} failed, {time.perf_counter() - start:.0f}s")
+    for f in failures:
+        print(f"FAILED {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Every table row builds and trains at demo scale (``make check-tables``'s demo half), and the layer rule
+that maps the tables' paper-scale layer selections to the demo model (diverse_fairseq/tables/scale.py).
+
+The paper-scale half of ``make check-tables`` builds Transformer-Big models and is not run here.
+"""
+
+import time
+
+import pytest
+import yaml
+
+from diverse_fairseq import training
+from diverse_fairseq.tables import check, runner, scale
+from diverse_fairseq.tables.spec import TABLE_DIR, load_table
+
+TABLES = [load_table(p) for p in sorted(TABLE_DIR.glob("*.yaml"))]
+
+
+# ------------------------------------------------------------------------------------- the layer rule
+@pytest.mark.parametrize("value,expected", [
+    ("0", "0"), ("1", "0"), ("2", "0"), ("3", "1"), ("4", "1"), ("5", "1"), ("-1", "1"), ("-6", "0"),
+    ("0,1,2", "0"), ("3,4,5", "1"), ("0,1", "0"), ("0,5", "0,1"), ("all", "all"), ("none", "none"),
+])
+def test_paper_layers_map_to_the_two_demo_layers(value, expected):
+    """NAACL 2019 Table 3's rows on the 2-layer demo model: paper layers 1-3 → demo layer 0, 4-6 → layer 1."""
+    assert scale.map_layers(value, 6, 2) == expected
+
+
+@pytest.mark.parametrize("small", [1, 2, 3, 4, 6])
+def test_the_rule_keeps_order_and_reaches_every_small_layer(small):
+    images = [int(scale.map_layers(str(i), 6, small)) for i in range(6)]
+    assert images == sorted(images) and set(images) == set(range(small))  # monotone, nothing unreachable
+    assert images[0] == 0 and images[-1] == small - 1  # bottom to bottom, top to top
+    if small == 6:
+        assert images == list(range(6))
+
+
+@pytest.mark.parametrize("value", ["6", "-7", "0,6"])
+def test_an_index_outside_the_paper_model_is_an_error(value):
+    with pytest.raises(ValueError, match="outside the paper's 6-layer stack"):
+        scale.map_layers(value, 6, 2, "--routing-encoder-layers")
+
+
+def test_row_args_map_every_layer_flag_and_nothing_else():
+    args = ["--routing-encoder-layers", "3,4,5", "--routing-decoder-layers", "all", "--routing-iterations", "3",
+            "--routing-encoder-decoder-layers=5", "--repulsive-layers", "-1", "--disagreement-layers", "0,1,2",
+            "--encoder-attention-heads", "8"]
+    assert scale.row_args(args, "tiny") == [
+        "--routing-encoder-layers", "1", "--routing-decoder-layers", "all", "--routing-iterations", "3",
+        "--routing-encoder-decoder-layers=1", "--repulsive-layers", "1", "--disagreement-layers", "0",
+        "--encoder-attention-heads", "8"]
+    for setting in ("small", "base", "big"):  # the paper's depth: unchanged
+        assert training.SETTINGS[setting].layers == scale.PAPER_LAYERS
+        assert scale.row_args(args, setting) == args
+
+
+def test_layer_flags_are_every_layer_option_of_the_plugin():
+    """A new option that selects layers must be added to scale.LAYER_FLAGS, or the demo would ignore the rule."""
+    from fairseq import options
+
+    def layer_options(arch, criterion, optimizer):
+        parser = options.get_training_parser()
+        options.parse_args_and_arch(parser, ["data-dummy", "--user-dir", training.USER_DIR, "--task", "translation",
+                                             "--arch", arch, "--criterion", criterion, "--optimizer", optimizer])
+        return {o for o in parser._option_string_actions if o.endswith("-layers")}
+
+    stock = layer_options("transformer", "label_smoothed_cross_entropy", "adam")
+    ours = layer_options("diverse_transformer", "label_smoothed_cross_entropy_with_disagreement", "repulsive_adam")
+    assert ours - stock == set(scale.LAYER_FLAGS)
+
+
+# ------------------------------------------------------------------- the runner builds the same command
+class _Captured(Exception):
+    pass
+
+
+@pytest.mark.parametrize("table,row_id,scale_name", [("naacl19_t3", "l4_6", "demo"), ("naacl19_t3", "l4_6", "paper"),
+                                                     ("emnlp20_t10", "last", "demo")])
+def test_runner_trains_with_the_checked_command(table, row_id, scale_name, tmp_path, monkeypatch):
+    table = load_table(table)
+    row = table.row(row_id)
+    dataset = check.dataset_for(table, scale_name)
+    data_bin = tmp_path / "data-bin"
+    (data_bin / dataset).mkdir(parents=True)
+    (data_bin / dataset / "prepare.json").write_text('{"source_lang": "en", "target_lang": "de"}')
+    seen = {}
+
+    def fake_run(dataset, setting, extra, env=None, gpus=None):
+        seen["args"] = training.build_command(dataset, setting, extra, env=env, gpus=gpus)[0]
+        raise _Captured
+
+    monkeypatch.setattr(runner.training, "run", fake_run)
+    run = runner.RunConfig(dataset=dataset, scale=scale_name, seeds=[1], gpus=0, out_dir=tmp_path, data_bin=data_bin)
+    with pytest.raises(_Captured):
+        runner.train_row(row, run, 1)
+    expected = check.row_command(row, dataset, scale_name, data_bin, gpus=0)
+
+    def without_paths(args):  # the run's own directories and log file
+        drop = {"--save-dir", "--tensorboard-logdir", "--log-file"}
+        return [a for i, a in enumerate(args) if a not in drop and (i == 0 or args[i - 1] not in drop)]
+
+    assert without_paths(seen["args"]) == without_paths(expected)
+    if scale_name == "demo":
+        layers = seen["args"][seen["args"].index(next(f for f in scale.LAYER_FLAGS if f in seen["args"])) + 1]
+        assert layers == "1"  # paper layers 4-6 / the last layer → the demo's top layer
+
+
+# ------------------------------------------------------------------------------------ make check-tables
+def test_every_table_row_builds_and_trains_one_step_at_demo_scale(capsys):
+    start = time.perf_counter()
+    lines, failures = check.check(TABLES, ("demo",))
+    seconds = time.perf_counter() - start
+    out = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\n[check-tables, demo scale] {lines} rows in {seconds:.1f}s")
+    assert lines == sum(len(t.rows) for t in TABLES)
+    assert not failures, "\n".join(failures)
+    assert out.count("\nok   ") + out.startswith("ok   ") == lines
+
+
+def test_check_tables_names_every_broken_row(tmp_path, capsys):
+    spec = {"table": "broken", "title": "rows that cannot run", "paper_dataset": "wmt14_en_de", "baseline": "none",
+            "rows": [{"id": "none", "label": "baseline", "family": "transformer", "args": [], "paper": {"bleu": 1}},
+                     {"id": "layer7", "label": "a layer the paper model lacks", "family": "diverse_transformer",
+                      "args": ["--routing-type", "em", "--routing-encoder-layers", "6"], "paper": {"bleu": 1}},
+                     {"id": "typo", "label": "unknown flag", "family": "transformer",
+                      "args": ["--no-such-flag", "1"], "paper": {"bleu": 1}}]}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert check.main(["--scale", "demo", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "ok   broken:none scale=demo" in out
+    assert "FAILED broken:layer7 scale=demo: ValueError: --routing-encoder-layers 6: layer index 6 is outside" in out
+    assert "FAILED broken:typo scale=demo:" in out and "--no-such-flag" in out
+    assert "3 table/row/scale lines, 2 failed" in out
