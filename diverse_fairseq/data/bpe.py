@@ -5,15 +5,21 @@ Joint models are learned on the concatenation of both languages' training text.
 """
 
 import functools
+import random
 import shutil
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from .lines import map_file
+from .lines import count_lines, map_file
 
 KINDS = ("subword-nmt", "sentencepiece")
 # What fairseq-generate/-interactive need to undo the segmentation (``--post-process``).
 POST_PROCESS = {"subword-nmt": "subword_nmt", "sentencepiece": "sentencepiece"}
+# sentencepiece learns from at most this many sentences. Larger corpora are sampled by _seeded_sample (with
+# SPM_SEED): sentencepiece's own sampling draws a new seed in every process (0.2.3 ignores
+# set_random_generator_seed there), so the same command would learn a different model each time
+SPM_INPUT_SENTENCES = 10_000_000
+SPM_SEED = 1
 
 
 def model_files(kind: str, out_dir: Path, langs: Sequence[str], joint: bool) -> Dict[str, Path]:
@@ -73,15 +79,39 @@ def _learn_sentencepiece(files: List[Path], target: Path, size: int, workers: in
 
     prefix = str(target)[: -len(".model")]
     tmp_prefix = prefix + ".tmp"
+    sample = target.with_name(target.name + ".sample")
     try:
+        if _seeded_sample(files, SPM_INPUT_SENTENCES, sample):
+            files = [sample]
         _train_spm(spm, files, tmp_prefix, size, workers, zh)
     except RuntimeError as e:
         if "Vocabulary size is smaller than required_chars" in str(e):
             raise SystemExit(f"error: a sentencepiece vocabulary of {size} is smaller than the number of "
                              f"characters it must cover ({e}); raise BPE_SIZE / --bpe-size") from None
         raise
+    finally:
+        sample.unlink(missing_ok=True)
     Path(tmp_prefix + ".model").replace(target)
     Path(tmp_prefix + ".vocab").replace(prefix + ".vocab")
+
+
+def _seeded_sample(files: List[Path], limit: int, out: Path) -> bool:
+    """Write exactly ``limit`` of the lines of ``files`` to ``out``, each line equally likely, in corpus order
+    (Knuth's selection sampling, Algorithm S, with ``random.Random(SPM_SEED)``). Returns False, writing
+    nothing, when the files hold no more than ``limit`` lines."""
+    left = sum(count_lines(f) for f in files)
+    if left <= limit:
+        return False
+    rng, need = random.Random(SPM_SEED), limit
+    with open(out, "wb") as dst:
+        for f in files:
+            with open(f, "rb") as src:
+                for line in src:
+                    if left > 0 and rng.random() * left < need:
+                        dst.write(line if line.endswith(b"\n") else line + b"\n")
+                        need -= 1
+                    left -= 1
+    return True
 
 
 def _train_spm(spm, files, tmp_prefix, size, workers, zh):
@@ -93,7 +123,7 @@ def _train_spm(spm, files, tmp_prefix, size, workers, zh):
         # keep the raw text (placeholders, full stops, casing) exactly, so decoding restores it
         normalization_rule_name="nmt_nfkc" if zh else "identity",
         character_coverage=0.9995 if zh else 1.0,
-        input_sentence_size=10_000_000,
+        input_sentence_size=SPM_INPUT_SENTENCES,
         shuffle_input_sentence=True,
         hard_vocab_limit=False,  # small corpora: do not fail when fewer pieces exist
         num_threads=max(1, workers),
