@@ -49,6 +49,9 @@ def test_row_args_map_every_layer_flag_and_nothing_else():
         "--routing-encoder-layers", "1", "--routing-decoder-layers", "all", "--routing-iterations", "3",
         "--routing-encoder-decoder-layers=1", "--repulsive-layers", "1", "--disagreement-layers", "0",
         "--encoder-attention-heads", "8"]
+    assert scale.changes(args, scale.row_args(args, "tiny")) == [
+        "--routing-encoder-layers 3,4,5→1", "--routing-encoder-decoder-layers=5→--routing-encoder-decoder-layers=1",
+        "--repulsive-layers -1→1", "--disagreement-layers 0,1,2→0"]
     for setting in ("small", "base", "big"):  # the paper's depth: unchanged
         assert training.SETTINGS[setting].layers == scale.PAPER_LAYERS
         assert scale.row_args(args, setting) == args

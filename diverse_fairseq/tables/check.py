@@ -151,9 +151,7 @@ def build_and_step(args: List[str], layers: int, step: bool) -> Result:
 
 def _mapped_note(row: Row, setting: str) -> str:
     """The row's layer flags that the scale rule changed, e.g. ``--routing-encoder-layers 3,4,5→1``."""
-    mapped = scale_mod.row_args(row.args, setting)
-    changes = [f"{mapped[i - 1]} {a}→{b}" if a != b and i else f"{a}→{b}"
-               for i, (a, b) in enumerate(zip(row.args, mapped)) if a != b]
+    changes = scale_mod.changes(row.args, scale_mod.row_args(row.args, setting))
     return f" [layers mapped: {'; '.join(changes)}]" if changes else ""
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .disagreement_report import disagreement_entry, disagreement_section
+from .scale import changes as layer_changes
 from .spec import Table
 
 UP, DOUBLE_UP = "↑", "⇑"  # paired bootstrap: p < 0.05, p < 0.01 (only improvements are marked)
@@ -159,6 +160,7 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
             "trained_at": [r.get("trained_at") for r in runs],
             "embeddings": embedding_setup(runs[0]),
             "paper": row.paper,
+            "layers_mapped": layer_changes(row.args, runs[0].get("args", row.args)),  # scale.py, at demo scale
         }
         for key in ("output_disagreement",):
             if all(key in r for r in runs):
@@ -288,6 +290,10 @@ def to_markdown(summary: Dict) -> str:
                      f"baseline, over the test references repeated {seeds} times); \"seeds > baseline\" counts the "
                      f"seeds whose BLEU beats the baseline's of the same seed.")
     notes += [checkpoints_note(rows), reused_note(rows)]
+    if any(r.get("layers_mapped") for r in rows):
+        notes.append("Layer flags mapped from the paper's six-layer model to this one (one rule, "
+                     "diverse_fairseq/tables/scale.py): " + "; ".join(
+                         f"{r['label']}: {', '.join(r['layers_mapped'])}" for r in rows if r.get("layers_mapped")) + ".")
     paper_dataset = summary.get("paper_dataset")
     if paper_keys and (summary["dataset"] != paper_dataset or summary["scale"] != "paper"):
         notes.append("The paper columns are the paper's numbers" + (f" on `{paper_dataset}`" if paper_dataset else "")

@@ -53,3 +53,9 @@ def row_args(args: List[str], setting: str) -> List[str]:
         elif i + 1 < len(out):
             out[i + 1] = map_layers(out[i + 1], PAPER_LAYERS, depth, flag)
     return out
+
+
+def changes(args: List[str], mapped: List[str]) -> List[str]:
+    """The layer flags that :func:`row_args` changed, e.g. ``["--routing-encoder-layers 3,4,5→1"]``."""
+    return [f"{mapped[i - 1]} {a}→{b}" if i and not a.startswith("--") else f"{a}→{b}"
+            for i, (a, b) in enumerate(zip(args, mapped)) if a != b]
