@@ -136,3 +136,9 @@ def test_check_tables_names_every_broken_row(tmp_path, capsys):
     assert "FAILED broken:layer7 scale=demo: ValueError: --routing-encoder-layers 6: layer index 6 is outside" in out
     assert "FAILED broken:typo scale=demo:" in out and "--no-such-flag" in out
     assert "3 table/row/scale lines, 2 failed" in out
+
+
+def test_a_bad_scale_from_the_environment_is_refused(monkeypatch):
+    monkeypatch.setenv("SCALE", "full")
+    with pytest.raises(SystemExit):
+        check.main([])

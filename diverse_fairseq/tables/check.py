@@ -213,6 +213,8 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", default=os.environ.get("DATASET") or None,
                    help="dataset for every table [DATASET]; default: the paper's / demo, as make table-<id>")
     a = p.parse_args(argv)
+    if a.scale not in (None, *SCALES):  # from the environment, which argparse does not check
+        p.error(f"SCALE must be one of {', '.join(SCALES)}, got {a.scale!r}")
     setup_cli_logging(logging.WARNING)  # fairseq's model and optimizer messages for every row are noise here
     warnings.simplefilter("ignore", (UserWarning, FutureWarning, DeprecationWarning))  # hydra's, torch's
     names = a.tables or sorted(path.stem for path in TABLE_DIR.glob("*.yaml"))
