@@ -324,7 +324,7 @@ def plot_seeds(summary: Dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     rows = summary["rows"]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(rows) + 1.5), 3.6))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(rows) + 3.0), 3.6))
     for x, r in enumerate(rows):
         values = r["bleu_per_seed"]
         offsets = [(k - (len(values) - 1) / 2) * 0.08 for k in range(len(values))]
@@ -338,7 +338,7 @@ def plot_seeds(summary: Dict, path: Path) -> Path:
     ax.set_title(f"{summary['table']}: {summary['dataset']}, scale {summary['scale']}, "
                  f"seeds {', '.join(map(str, rows[0]['seeds']))}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the axes, never over a point
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -17,7 +17,8 @@ run's own paths left out (so a results directory can move). It is written to ``k
 starts and to ``train.json`` when it ends. When a row's YAML, the setting or the data change, the old run
 directory is **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained
 afresh; a run interrupted under the same key resumes from its last checkpoint. The report lists the runs
-reused from earlier invocations.
+reused from earlier invocations. The thread count is recorded in ``train.json`` but is not part of the key:
+it changes the last bits of the numbers, not the experiment.
 
 Reproducibility and parallelism. Every job runs with a fixed number of CPU threads (``threads``: the
 ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` of fairseq-train and fairseq-generate, ``torch.set_num_threads``
