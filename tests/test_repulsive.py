@@ -275,6 +275,29 @@ def test_non_particle_parameters_get_fairseqs_adam_update_bitwise():
     assert compared > 10
 
 
+@pytest.mark.parametrize("stepsize", ["0.1", "0.01"])
+def test_identity_kernel_trains_every_parameter_as_adam(stepsize):
+    """A tiny fixed bandwidth makes κ the identity and the repulsion 0, so ĝ_i = (ε/M)·g_i; Adam ignores a
+    constant factor on a gradient, so three updates equal plain Adam's for every parameter, whatever ε."""
+    # Adam's ε (denominator floor) far below |ĝ| ≈ 1e-7 here, so that it cannot tell the scales apart
+    cfg_rep = _cfg("--repulsive-bandwidth", "1e-6", "--repulsive-stepsize", stepsize, "--adam-eps", "1e-30")
+    cfg_adam = _cfg("--optimizer", "adam", "--adam-eps", "1e-30")
+    model_rep, model_adam = _model(cfg_rep), _model(cfg_adam)
+    opt_rep = _build(cfg_rep, list(model_rep.parameters()))
+    opt_adam = _build(cfg_adam, list(model_adam.parameters()))
+    for _ in range(3):
+        _update(opt_rep, model_rep)
+        _update(opt_adam, model_adam)
+    moved = 0
+    for (name, p_rep), p_adam, p_init in zip(model_rep.named_parameters(), model_adam.parameters(),
+                                             _model(cfg_adam).parameters()):
+        if name.endswith("k_proj.bias"):
+            continue  # its true gradient is 0 (softmax ignores q·b_k); Adam blows its round-off up to full steps
+        torch.testing.assert_close(p_rep, p_adam, rtol=1e-5, atol=1e-7)
+        moved += not torch.equal(p_adam, p_init)
+    assert moved > 10
+
+
 def test_one_step_with_zero_loss_gradient_moves_every_pair_of_heads_apart():
     cfg = _cfg("--repulsive-alpha", "0.5")
     model = _model(cfg)

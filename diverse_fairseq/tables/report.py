@@ -203,7 +203,7 @@ def checkpoints_note(rows: List[Dict]) -> str:
     """Whether the evaluated models are single checkpoints or averages (from the train records)."""
     counts = sorted({n for r in rows for n in r["averaged_checkpoints"]})
     if counts == [0]:
-        return "Checkpoints: a single checkpoint (the last) for every run, as the papers report single models."
+        return "Checkpoints: a single checkpoint (the last) for every run, as the journal version reports single models (the other papers do not say)."
     parts = []
     for n in counts:
         what = f"the average of the last {n} checkpoints" if n else "a single checkpoint (the last)"
