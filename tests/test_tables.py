@@ -294,6 +294,31 @@ def test_progress_lines(capsys):
     assert "reused the run trained yesterday" in lines[3] and "estimated remaining 0:02:00" in lines[3]
 
 
+def test_rows_with_one_demo_model_are_trained_once(tmp_path, monkeypatch):
+    """NAACL 2019 Table 3 at demo scale: [1-3], [1,2] and [1] map to demo layer 0 and [4-6], [6] to layer 1, so
+    the runner trains each model once and gives its runs to the other rows; at paper scale every row trains."""
+    from diverse_fairseq.tables.spec import load_table
+
+    table = load_table("naacl19_t3")
+    demo = runner.RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=tmp_path, jobs=1)
+    paper = runner.RunConfig(dataset="wmt14_en_de", scale="paper", seeds=[1], gpus=0, out_dir=tmp_path, jobs=1)
+    assert runner.same_model_rows(table, demo) == {"l1_2": "l1_3", "l1": "l1_3", "l6": "l4_6"}
+    assert runner.same_model_rows(table, paper) == {}
+
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "prepare.json").write_text("{}")
+    demo.data_bin = tmp_path
+    trained = []
+    monkeypatch.setattr(runner, "limit_threads", lambda threads: None)
+    monkeypatch.setattr(runner, "run_job", lambda row, run, seed: trained.append((row.id, seed)) or
+                        {"row": row.id, "seed": seed, "eval": {"bleu": float(len(trained))}})
+    results = runner.run_table(table, demo)
+    assert sorted(trained) == sorted((r, s) for r in ("none", "l1_6", "l4_6", "l1_3") for s in (1, 2))
+    assert [r["eval"] for r in results["l1"]] == [r["eval"] for r in results["l1_3"]]
+    assert results["l6"][1]["row"] == "l6" and results["l6"][1]["same_as"] == "l4_6"
+    assert "same_as" not in results["l4_6"][0]
+
+
 def _settings(monkeypatch, **env):
     for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS"):
         monkeypatch.delenv(name, raising=False)

@@ -161,6 +161,7 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
             "embeddings": embedding_setup(runs[0]),
             "paper": row.paper,
             "layers_mapped": layer_changes(row.args, runs[0].get("args", row.args)),  # scale.py, at demo scale
+            "same_as": runs[0].get("same_as"),  # trained once with an earlier row (runner.same_model_rows)
         }
         for key in ("output_disagreement",):
             if all(key in r for r in runs):
@@ -290,6 +291,11 @@ def to_markdown(summary: Dict) -> str:
                      f"baseline, over the test references repeated {seeds} times); \"seeds > baseline\" counts the "
                      f"seeds whose BLEU beats the baseline's of the same seed.")
     notes += [checkpoints_note(rows), reused_note(rows)]
+    same = [r for r in rows if r.get("same_as")]
+    if same:
+        notes.append("Trained once for several rows (at this scale their commands are identical, so their numbers "
+                     "are one model's): " + "; ".join(f"{r['label']} = {by_id[r['same_as']]['label']}"
+                                                     for r in same) + ".")
     if any(r.get("layers_mapped") for r in rows):
         notes.append("Layer flags mapped from the paper's six-layer model to this one (one rule, "
                      "diverse_fairseq/tables/scale.py): " + "; ".join(

@@ -344,7 +344,11 @@ def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
     data = run.data_bin / run.dataset
     if not (data / "prepare.json").exists():
         raise SystemExit(f"error: no prepared dataset in {data}. Prepare it first: make data DATASET={run.dataset}")
-    todo = [(row, seed) for row in table.rows for seed in run.seeds]
+    same_as = same_model_rows(table, run)
+    todo = [(row, seed) for row in table.rows if row.id not in same_as for seed in run.seeds]
+    for row_id, first in same_as.items():
+        print(f"[{table.table}] row {row_id} trains the same model as row {first} at this scale "
+              f"(same architecture, setting and mapped flags): it gets {first}'s runs", flush=True)
     progress = Progress(table, run, len(todo))
     print(f"[{table.table}] {len(table.rows)} rows x {len(run.seeds)} seed(s) = {len(todo)} jobs, {run.jobs} at a "
           f"time, {run.threads} CPU thread(s) each", flush=True)
@@ -379,4 +383,23 @@ def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
     if failed:
         logs_ = "\n".join(f"  {row.id} seed {seed}: {run.log_path(row, seed)}" for row, seed in failed)
         raise SystemExit(f"error: {len(failed)} job(s) failed; their logs:\n{logs_}")
-    return {row.id: [records[row.id, seed] for seed in run.seeds] for row in table.rows}
+    return {row.id: [dict(records[same_as.get(row.id, row.id), seed], row=row.id,
+                          **({"same_as": same_as[row.id]} if row.id in same_as else {}))
+                     for seed in run.seeds] for row in table.rows}
+
+
+def same_model_rows(table: Table, run: RunConfig) -> Dict[str, str]:
+    """``{row id: id of the first earlier row}`` for rows whose training command equals an earlier row's.
+
+    At demo scale several paper layer lists map to one demo layer (``scale.py``), so e.g. NAACL 2019 Table 3's
+    rows [1-3], [1,2] and [1] are one model; it is trained once and its runs stand for every such row."""
+    first: Dict[tuple, str] = {}
+    out = {}
+    for row in table.rows:
+        setting = run.setting(row)
+        signature = (row.arch(training.SETTINGS[setting].arch), setting, tuple(scale.row_args(row.args, setting)))
+        if signature in first:
+            out[row.id] = first[signature]
+        else:
+            first[signature] = row.id
+    return out
