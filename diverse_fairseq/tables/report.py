@@ -156,7 +156,7 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
                 [(r["eval"].get("speed") or {}).get("sentences_per_second") for r in runs])[0],
             "updates": runs[0]["updates"],
             "averaged_checkpoints": [averaged_checkpoints(r) for r in runs],
-            "reused_seeds": [r["seed"] for r in runs if r.get("reused")],
+            "reused_seeds": [r["seed"] for r in runs if r.get("reused") and not r.get("same_as")],
             "trained_at": [r.get("trained_at") for r in runs],
             "embeddings": embedding_setup(runs[0]),
             "paper": row.paper,
