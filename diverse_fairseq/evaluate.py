@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from . import env_checks
+
 USER_DIR = str(Path(__file__).resolve().parent)
 _TRANSLATED = re.compile(
     r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
@@ -124,6 +126,10 @@ def run_logged(cmd: List[str], log_file: Path) -> int:
         return proc.wait()
 
 
+# PRECISION is shared with training: fp16 and bf16 decode in that precision on a GPU, the others in fp32
+EVAL_PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
+
+
 def build_parser():
     env = os.environ.get
     p = argparse.ArgumentParser(prog="evaluate", description=__doc__,
@@ -132,17 +138,39 @@ def build_parser():
     p.add_argument("dataset", help="dataset name under --data-bin, or a prepared dataset directory")
     p.add_argument("--data-bin", default=env("DATA_BIN", "data-bin"), help="[DATA_BIN]")
     p.add_argument("--subset", default=env("SUBSET", "test"), help="valid or test [SUBSET]")
-    p.add_argument("--beam", type=int, default=env("BEAM"), help="default: the recipe's [BEAM]")
-    p.add_argument("--lenpen", type=float, default=env("LENPEN"), help="default: the recipe's [LENPEN]")
-    p.add_argument("--batch-size", type=int, default=int(env("BATCH_SIZE", 128)), help="sentences per batch [BATCH_SIZE]")
+    p.add_argument("--beam", default=env("BEAM"), help="default: the recipe's [BEAM]")
+    p.add_argument("--lenpen", default=env("LENPEN"), help="default: the recipe's [LENPEN]")
+    p.add_argument("--batch-size", default=env("BATCH_SIZE", "128"), help="sentences per batch [BATCH_SIZE]")
     p.add_argument("--out", default=env("OUT"), help="output directory [OUT]")
-    p.add_argument("--cpu", action="store_true", default=env("CPU") == "1", help="decode on CPU even with a GPU [CPU=1]")
-    p.add_argument("--fp16", action="store_true", default=env("PRECISION") == "fp16", help="[PRECISION=fp16]")
+    p.add_argument("--cpu", action="store_true", default=None, help="decode on CPU even with a GPU [CPU=1]")
+    p.add_argument("--fp16", action="store_true", default=None,
+                   help="decode in fp16 on a GPU [PRECISION=fp16; bf16 decodes in bf16, the other training "
+                        "precisions (amp, memory-efficient-fp16, fp32) in fp32]")
     return p
+
+
+def check_args(args):
+    """Validate the options (and the environment variables they default to) before any work; SystemExit
+    naming the variable. ``PRECISION`` (shared with training) decodes in fp16/bf16 on a GPU, fp32 otherwise."""
+    args.subset = env_checks.parse_choice("SUBSET (--subset)", args.subset, ("test", "valid"))
+    args.beam = None if args.beam in (None, "") else env_checks.parse_int("BEAM (--beam)", args.beam, 1)
+    args.lenpen = None if args.lenpen in (None, "") else env_checks.parse_float("LENPEN (--lenpen)", args.lenpen)
+    args.batch_size = env_checks.parse_int("BATCH_SIZE (--batch-size)", args.batch_size, 1)
+    if args.cpu is None:
+        args.cpu = env_checks.parse_flag("CPU", os.environ.get("CPU"))
+    precision = env_checks.get(os.environ, "PRECISION")
+    if precision is not None:
+        precision = env_checks.parse_choice("PRECISION", precision, EVAL_PRECISIONS)
+    args.precision = "fp16" if args.fp16 else precision if precision in ("fp16", "bf16") else "fp32"
+    if Path(args.dataset).suffix == ".pt":
+        raise SystemExit(f"error: the second argument {args.dataset!r} is a checkpoint, not a dataset: name one "
+                         "checkpoint (a checkpoints/NAME-*/ pattern matching several variants gives several)")
+    return args
 
 
 def main(argv=None):
     args, extra = build_parser().parse_known_args(argv)
+    args = check_args(args)
     data_dir = resolve_data(args.dataset, args.data_bin)
     meta = load_meta(data_dir)
     src, tgt = meta["source_lang"], meta["target_lang"]
@@ -166,8 +194,8 @@ def main(argv=None):
            "--required-batch-size-multiple", "1"]
     if not on_gpu:
         cmd.append("--cpu")
-    elif args.fp16:
-        cmd.append("--fp16")
+    elif args.precision != "fp32":
+        cmd.append(f"--{args.precision}")
     cmd += extra
     print(f"[evaluate] step 1/3: decode {data_dir} {args.subset} with {ckpt} (beam {beam}, lenpen {lenpen}, "
           f"{'GPU' if on_gpu else 'CPU'})", flush=True)

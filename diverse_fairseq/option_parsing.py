@@ -1,5 +1,6 @@
-"""Validation of the comma-separated name options shared by the plugins (``--disagreement-terms``,
-``--disagreement-attention``, ``--repulsive-attention``, ``--repulsive-projections``)."""
+"""Validation of the list options shared by the plugins: the comma-separated names (``--disagreement-terms``,
+``--disagreement-attention``, ``--repulsive-attention``, ``--repulsive-projections``) and the layer lists
+(``--routing-*-layers``, ``--disagreement-layers``, ``--repulsive-layers``: ``all``, ``none`` or 0-based indices)."""
 
 from typing import Iterable, Sequence, Tuple, Union
 
@@ -19,3 +20,81 @@ def parse_names(value: Union[str, Iterable, None], allowed: Sequence[str], flag:
     if unknown:
         raise ValueError(f"{flag}: unknown value(s) {', '.join(unknown)}; choose from {', '.join(allowed)}")
     return tuple(n for n in allowed if n in names)
+
+
+# ------------------------------------------------------------------------------------------ layer lists
+# The one parser of every option that selects layers (--routing-encoder-layers, --routing-decoder-layers,
+# --routing-encoder-decoder-layers, --disagreement-layers, --repulsive-layers; tables.scale.LAYER_FLAGS).
+ALL_LAYERS = "all"
+NO_LAYERS: Tuple[int, ...] = ()
+LayerSpec = Union[str, Tuple[int, ...]]
+
+
+def _layer_syntax_error(flag: str, value) -> ValueError:
+    return ValueError(f"{flag}: expected 'all', 'none' or comma-separated layer indices (0-based; negative ones "
+                      f"count from the last layer), got {value!r}")
+
+
+def parse_layer_spec(value, flag: str, default: str) -> LayerSpec:
+    """The syntax of a layer option, before the model's depth is known: :data:`ALL_LAYERS`, :data:`NO_LAYERS`
+    or the sorted distinct indices as given (negative ones count from the last layer).
+
+    ``value``: ``"all"``, ``"none"`` (any case), a comma list of integers, or through hydra an integer or a
+    list of integers; ``None`` or ``""`` mean ``default`` (``"all"`` or ``"none"``, the option's default).
+    Raises ``ValueError`` naming ``flag`` for anything else.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value = default
+    if isinstance(value, bool):
+        raise _layer_syntax_error(flag, value)
+    if isinstance(value, int):
+        items = [value]
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if text == "none":
+            return NO_LAYERS
+        if text == ALL_LAYERS:
+            return ALL_LAYERS
+        items = [item.strip() for item in text.split(",")]
+    else:  # a list from a hydra config
+        items = list(value)
+    indices = set()
+    for item in items:
+        try:
+            idx = int(item) if not isinstance(item, bool) else None
+        except (TypeError, ValueError):
+            idx = None
+        if idx is None or (isinstance(item, float) and item != idx):
+            raise _layer_syntax_error(flag, value)
+        indices.add(idx)
+    if not indices:
+        raise _layer_syntax_error(flag, value)
+    return tuple(sorted(indices))
+
+
+def resolve_layers(spec: LayerSpec, num_layers: int, flag: str, where: str = "") -> Tuple[int, ...]:
+    """The 0-based layers of a ``num_layers``-deep stack that :func:`parse_layer_spec`'s ``spec`` selects, sorted.
+    An index outside ``-num_layers .. num_layers-1`` is a ``ValueError`` naming ``flag`` and the layer count
+    (``where`` says which stack, e.g. ``" of enc_self attention"``)."""
+    if spec == ALL_LAYERS:
+        return tuple(range(num_layers))
+    layers = set()
+    for idx in spec:
+        if not -num_layers <= idx < num_layers:
+            shown = ",".join(map(str, spec))
+            raise ValueError(
+                f"{flag} {shown}: layer index {idx} is out of range for {num_layers} layers{where} "
+                f"(valid: {-num_layers}..{num_layers - 1}, negative indices count from the last layer)"
+            )
+        layers.add(idx % num_layers)
+    return tuple(sorted(layers))
+
+
+def parse_layers(value, num_layers: int, flag: str, default: str = "none") -> Tuple[int, ...]:
+    """:func:`parse_layer_spec` then :func:`resolve_layers`: the selected 0-based layers of a stack."""
+    return resolve_layers(parse_layer_spec(value, flag, default), num_layers, flag)
+
+
+def describe_layers(spec: LayerSpec) -> str:
+    """``all``, ``none`` or the comma list, for messages."""
+    return spec if spec == ALL_LAYERS else ",".join(map(str, spec)) or "none"

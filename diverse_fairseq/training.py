@@ -19,12 +19,17 @@ that average is evaluated.
 These settings are the single source of the papers' hyper-parameters: the hydra configs in ``configs/``
 must give the same fairseq options (``tests/test_hydra_configs.py`` compares them).
 
-Environment: DATA_BIN (data-bin), CHECKPOINTS (checkpoints), SAVE_DIR (CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>),
-MAX_TOKENS,
+Save directory: ``SAVE_DIR``, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash>``, one per variant: the hash
+covers the effective fairseq-train options, so runs with other method flags never share a directory. The options
+are stored in ``SAVE_DIR/train_args.json``; resuming a directory trained with other options is refused before
+training (``RESUME_ANYWAY=1`` overrides), see :mod:`diverse_fairseq.save_dir`.
+
+Environment: DATA_BIN (data-bin), CHECKPOINTS (checkpoints), SAVE_DIR, MAX_TOKENS,
 UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32), AVERAGE (N, default 0 = off),
-SEED, DRY_RUN=1 (print the command only). Multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT
-(the command is then started through torchrun on each node), or run under SLURM (``srun`` with one task
-per node; fairseq reads the SLURM variables, we add ``--distributed-port``).
+SEED, DRY_RUN=1 (print the command only), RESUME_ANYWAY=1; every value is checked before anything runs.
+Multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (the command is then started through torchrun on each
+node), or run under SLURM (``srun`` with one task per node; fairseq reads the SLURM variables, we add
+``--distributed-port``).
 """
 
 import json
@@ -36,6 +41,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from . import env_checks
+from . import save_dir as save_dirs
 
 USER_DIR = str(Path(__file__).resolve().parent)
 
@@ -115,14 +123,46 @@ def update_freq(batch_tokens: int, world: int, max_tokens: int) -> int:
     return max(1, math.ceil(batch_tokens / (max(1, world) * max_tokens)))
 
 
-def _env(env, name, default=None, cast=str):
-    value = env.get(name)
-    return cast(value) if value not in (None, "") else default
+PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
+
+
+def _env(env, name, default=None):
+    value = env_checks.get(env, name)
+    return value if value is not None else default
+
+
+def _int(env, name, default, minimum, maximum=None):
+    """The integer environment variable ``name`` (``default`` when unset), validated."""
+    value = env_checks.get(env, name)
+    return default if value is None else env_checks.parse_int(name, value, minimum, maximum)
+
+
+def check_env(env) -> Dict:
+    """The validated numeric and choice settings of the environment (SystemExit naming a bad variable)."""
+    nnodes = _int(env, "NNODES", None, 1)
+    settings = {
+        "nnodes": nnodes, "slurm_nnodes": _int(env, "SLURM_NNODES", 1, 1),
+        "max_tokens": _int(env, "MAX_TOKENS", None, 1), "update_freq": _int(env, "UPDATE_FREQ", None, 1),
+        "max_update": _int(env, "MAX_UPDATE", None, 1), "average": _int(env, "AVERAGE", None, 0),
+        "seed": _int(env, "SEED", 1, 0), "node_rank": _int(env, "NODE_RANK", 0, 0, (nnodes or 1) - 1),
+        "master_port": _int(env, "MASTER_PORT", None, 1, 65535), "slurm_job_id": _int(env, "SLURM_JOB_ID", 0, 0),
+        "slurm_node_id": _int(env, "SLURM_NODEID", 0, 0),
+        "precision": None if env_checks.get(env, "PRECISION") is None
+        else env_checks.parse_choice("PRECISION", env["PRECISION"], PRECISIONS),
+        "dry_run": env_checks.parse_flag("DRY_RUN", env.get("DRY_RUN")),
+        "resume_anyway": env_checks.parse_flag(save_dirs.RESUME_ENV, env.get(save_dirs.RESUME_ENV)),
+    }
+    return settings
 
 
 def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None):
-    """Return (fairseq-train arguments, launcher prefix, info dict) for this run."""
+    """Return (fairseq-train arguments, launcher prefix, info dict) for this run.
+
+    The save directory is ``SAVE_DIR`` when given (or a ``--save-dir`` among the extra options), else
+    ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the effective options>`` (:mod:`diverse_fairseq.save_dir`).
+    """
     env = dict(os.environ if env is None else env)
+    checked = check_env(env)  # every variable, before anything else
     key, s, arch = resolve_setting(setting_or_arch)
     data = Path(_env(env, "DATA_BIN", "data-bin")) / dataset
     meta_file = data / "prepare.json"
@@ -130,12 +170,12 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
         raise SystemExit(f"error: {meta_file} not found; prepare the data first: scripts/prepare_data.sh {dataset}")
     meta = json.loads(meta_file.read_text())
     gpus = visible_gpus() if gpus is None else gpus
-    nnodes = _env(env, "NNODES", None, int) or _env(env, "SLURM_NNODES", 1, int)
+    nnodes = checked["nnodes"] or checked["slurm_nnodes"]
     world = max(1, gpus) * nnodes
-    max_tokens = _env(env, "MAX_TOKENS", s.max_tokens, int)
-    freq = _env(env, "UPDATE_FREQ", None, int) or update_freq(s.batch_tokens, world, max_tokens)
+    max_tokens = checked["max_tokens"] or s.max_tokens
+    freq = checked["update_freq"] or update_freq(s.batch_tokens, world, max_tokens)
     name = f"{dataset}_{setting_or_arch}"
-    save_dir = Path(_env(env, "SAVE_DIR", str(Path(_env(env, "CHECKPOINTS", "checkpoints")) / name)))
+    placeholder = "\0SAVE_DIR\0"  # replaced below: the default save directory depends on the other options
     args = [
         str(data), "--user-dir", USER_DIR, "--task", "translation",
         "--source-lang", meta["source_lang"], "--target-lang", meta["target_lang"],
@@ -146,22 +186,23 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
         "--warmup-init-lr", "1e-07", "--dropout", str(s.dropout), "--weight-decay", str(s.weight_decay),
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", str(max_tokens), "--update-freq", str(freq),
-        "--max-update", str(_env(env, "MAX_UPDATE", s.max_update, int)),
-        "--save-dir", str(save_dir), "--tensorboard-logdir", str(save_dir / "tensorboard"),
-        "--log-format", "simple", "--log-interval", str(s.log_interval), "--seed", str(_env(env, "SEED", 1, int)),
+        "--max-update", str(checked["max_update"] or s.max_update),
+        "--save-dir", placeholder, "--tensorboard-logdir", placeholder + "/tensorboard",
+        "--log-format", "simple", "--log-interval", str(s.log_interval), "--seed", str(checked["seed"]),
     ]
-    average = _env(env, "AVERAGE", s.average, int)
+    average = s.average if checked["average"] is None else checked["average"]
     keep = max(s.keep_checkpoints, average)  # AVERAGE=N needs the last N checkpoints
     if s.save_interval_updates:
         args += ["--save-interval-updates", str(s.save_interval_updates),
                  "--keep-interval-updates", str(keep), "--no-epoch-checkpoints"]
     else:
         args += ["--keep-last-epochs", str(keep)]
-    precision = _env(env, "PRECISION", "fp16" if gpus else "fp32")
+    precision = checked["precision"] or ("fp16" if gpus else "fp32")
     if gpus == 0:
         args.append("--cpu")
         if precision != "fp32":
-            raise SystemExit("error: no GPU is visible, so only PRECISION=fp32 is possible")
+            raise SystemExit(f"error: PRECISION={precision!r} is not possible: no GPU is visible, so only "
+                             "PRECISION=fp32 is (unset PRECISION or set it to fp32)")
     elif precision != "fp32":
         args.append(f"--{precision}")
         if precision == "fp16" and "repulsive_adam" in extra:
@@ -170,20 +211,29 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
     if world > 1:
         args.append("--load-checkpoint-on-all-dp-ranks")  # resuming under torch >= 2.6 (docs/fairseq-notes.md)
     launcher = []
-    if _env(env, "NNODES", None, int):
+    rank = checked["node_rank"]
+    if checked["nnodes"]:
         args += ["--distributed-world-size", str(world)]
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
-                    "--node-rank", _env(env, "NODE_RANK", "0"), "--nproc-per-node", str(max(1, gpus)),
+                    "--node-rank", str(rank), "--nproc-per-node", str(max(1, gpus)),
                     "--master-addr", _env(env, "MASTER_ADDR", "127.0.0.1"),
-                    "--master-port", _env(env, "MASTER_PORT", "29500"), "-m", "fairseq_cli.train"]
+                    "--master-port", str(checked["master_port"] or 29500), "-m", "fairseq_cli.train"]
     elif nnodes > 1:  # SLURM: fairseq derives ranks and the master from the SLURM variables
         args += ["--distributed-world-size", str(world),
-                 "--distributed-port", _env(env, "MASTER_PORT", str(12000 + _env(env, "SLURM_JOB_ID", 0, int) % 20000))]
+                 "--distributed-port", str(checked["master_port"] or 12000 + checked["slurm_job_id"] % 20000)]
+    extra = list(extra)
+    explicit = _env(env, "SAVE_DIR") or save_dirs.effective_options(extra).get("--save-dir")
+    if explicit:
+        save_dir = Path(explicit)
+    else:
+        checkpoints = Path(_env(env, "CHECKPOINTS", "checkpoints"))
+        save_dir = save_dirs.default_save_dir(checkpoints, name, args + extra, meta)
+    args = [a.replace(placeholder, str(save_dir)) for a in args]
     info = {"setting": key, "arch": arch, "gpus": gpus, "nodes": nnodes, "world": world, "max_tokens": max_tokens,
             "update_freq": freq, "tokens_per_update": world * max_tokens * freq, "paper_tokens_per_update": s.batch_tokens,
             "save_dir": str(save_dir), "average": average, "update_based": bool(s.save_interval_updates),
-            "rank0": _env(env, "NODE_RANK", "0") == "0" and _env(env, "SLURM_NODEID", "0") == "0"}
-    return args + list(extra), launcher, info
+            "rank0": rank == 0 and checked["slurm_node_id"] == 0, "data_meta": meta}
+    return args + extra, launcher, info
 
 
 def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None) -> Dict:
@@ -205,9 +255,16 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
     save_dir = Path(info["save_dir"])
     info["checkpoint"] = str(save_dir / "checkpoint_last.pt")
     info["averaged"] = 0
-    if env.get("DRY_RUN") == "1":
+    warning = save_dirs.check_resume(save_dir, args, info["data_meta"], env)  # refuses a different run
+    if warning:
+        print(f"[train] warning: {warning}", flush=True)
+    resume = "resuming from" if (save_dir / "checkpoint_last.pt").exists() else "new run in"
+    print(f"[train] {resume} {save_dir}; evaluate with: scripts/evaluate.sh {save_dir}/checkpoint_last.pt {dataset}",
+          flush=True)
+    if env_checks.parse_flag("DRY_RUN", env.get("DRY_RUN")):
         return info
     save_dir.mkdir(parents=True, exist_ok=True)
+    save_dirs.write_args(save_dir, args, info["data_meta"], cmd)
     rc = subprocess.call(cmd, env=env)
     if rc != 0:
         raise SystemExit(f"error: fairseq-train failed (exit {rc}); run the same command again to resume "

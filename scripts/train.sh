@@ -8,6 +8,9 @@
 #        scripts/train.sh wmt14_en_de diverse_transformer_wmt_en_de --criterion ... (project models)
 #
 # Settings: DATA_BIN CHECKPOINTS SAVE_DIR MAX_TOKENS UPDATE_FREQ MAX_UPDATE PRECISION AVERAGE SEED DRY_RUN=1
+#   RESUME_ANYWAY=1 (all checked before anything runs)
+# Each variant trains in CHECKPOINTS/DATASET_SETTING-<hash of the effective options> (SAVE_DIR overrides); the
+# options are stored in train_args.json there, and resuming a directory trained with other options is refused.
 # Multi-node: NNODES NODE_RANK MASTER_ADDR MASTER_PORT on each node (torchrun), or under SLURM:
 #   sbatch --nodes 2 --ntasks-per-node 1 --gres gpu:8 --wrap "srun scripts/train.sh wmt14_en_de big"
 set -euo pipefail

@@ -1,5 +1,6 @@
 """Shared pytest fixtures: a tiny binarized translation dataset and a runner for fairseq's CLIs."""
 
+import json
 import os
 import random
 import socket
@@ -33,6 +34,16 @@ def write_parallel(directory, split, pairs, src="en", tgt="de"):
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{split}.{src}").write_text("".join(s + "\n" for s, _ in pairs))
     (directory / f"{split}.{tgt}").write_text("".join(t + "\n" for _, t in pairs))
+
+
+def fake_prepared(data_bin, dataset, **meta):
+    """``data_bin/dataset/prepare.json`` (en→de, joined dictionary, plus ``meta``) and nothing else: all that
+    :func:`diverse_fairseq.training.build_command` reads. Returns ``data_bin``."""
+    d = Path(data_bin) / dataset
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "prepare.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de", "joined_dictionary": True,
+                                                **meta}))
+    return Path(data_bin)
 
 
 def run_cli(module, args, timeout=600, env=None, check=True):

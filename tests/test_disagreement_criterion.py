@@ -116,7 +116,8 @@ def test_logged_similarity_is_a_sample_size_weighted_mean():
         (dict(disagreement_terms=""), "--disagreement-terms"),
         (dict(disagreement_attention="enc_self,cross"), "--disagreement-attention"),
         (dict(disagreement_layers="0,x"), "--disagreement-layers"),
-        (dict(disagreement_layers="-1"), "--disagreement-layers"),
+        (dict(disagreement_layers="0,,1"), "--disagreement-layers"),
+        (dict(disagreement_layers="none"), "--disagreement-layers none would regularize nothing"),
     ],
 )
 def test_bad_flags_fail_at_construction(task, kw, flag):
@@ -126,8 +127,35 @@ def test_bad_flags_fail_at_construction(task, kw, flag):
 
 def test_layer_out_of_range_is_named(task):
     model = build(DiverseTransformerModel, "diverse_transformer", task)
-    with pytest.raises(ValueError, match="--disagreement-layers 5 selects no enc_self layer"):
+    with pytest.raises(ValueError, match="--disagreement-layers 5: layer index 5 is out of range for 2 layers of "
+                                         "enc_self attention"):
         criterion(task, disagreement_layers="5").prepare_model(model)
+
+
+@pytest.mark.parametrize("value,expected", [
+    (None, [0, 1]), ("all", [0, 1]), ("ALL", [0, 1]), ("0", [0]), ("-1", [1]), ("1,0", [0, 1]), ([1], [1]),
+])
+def test_layer_selection(task, value, expected):
+    """The shared layer syntax (option_parsing): all, 0-based indices, negative ones from the last layer."""
+    model = build(DiverseTransformerModel, "diverse_transformer", task)
+    crit = criterion(task, disagreement_layers=value)
+    crit.prepare_model(model)
+    assert {t: [m.layer_idx for m in mods] for t, mods in crit._regularized.items()} == \
+        {t: expected for t in ("enc_self", "dec_self", "enc_dec")}
+
+
+def test_disagreement_flags_without_the_criterion_are_rejected_by_fairseq(capsys):
+    """``--disagreement-*`` are registered by the criterion's config only: with label_smoothed_cross_entropy
+    fairseq's parser refuses them as unrecognized arguments (so they can never be silently ignored)."""
+    from fairseq import options
+
+    from conftest import USER_DIR
+
+    argv = ["unused-data", "--user-dir", USER_DIR, "--task", "translation", "--arch", "diverse_transformer",
+            "--criterion", "label_smoothed_cross_entropy", "--disagreement-lambda", "0.5"]
+    with pytest.raises(SystemExit):
+        options.parse_args_and_arch(options.get_training_parser(), argv)
+    assert "unrecognized arguments: --disagreement-lambda 0.5" in capsys.readouterr().err
 
 
 def test_refuses_a_model_without_heads(task):

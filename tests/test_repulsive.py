@@ -2,6 +2,7 @@
 
 import functools
 import math
+import re
 
 import pytest
 import torch
@@ -241,9 +242,42 @@ def test_finds_every_qkv_of_a_stock_transformer_and_selects_by_type_layer_projec
     weights = [model.encoder.layers[1].self_attn.v_proj.weight, model.decoder.layers[1].encoder_attn.v_proj.weight]
     assert opt.particle_params == weights
 
-    cfg = _cfg("--repulsive-layers", "5")
-    with pytest.raises(ValueError, match="no particles"):
-        _build(cfg, list(_model(cfg).parameters()))
+    cfg = _cfg("--repulsive-attention", "enc_self", "--repulsive-projections", "q")
+    model = _model(cfg)  # kept alive: the optimizer finds the attention modules of live tracked models
+    assert [t.layer_idx for t in _build(cfg, list(model.parameters())).particle_tags] == [0, 1]  # all
+
+
+@pytest.mark.parametrize("value,message", [
+    ("5", "--repulsive-layers 5: layer index 5 is out of range for 2 layers of enc_self attention"),
+    ("0,-3", "layer index -3 is out of range for 2 layers"),
+    ("none", "--repulsive-layers none selects no particles"),  # not "all", as it once was
+    ("0;1", "--repulsive-layers: expected 'all', 'none' or comma-separated layer indices"),
+])
+def test_bad_repulsive_layers_are_refused(value, message):
+    cfg = _cfg("--repulsive-layers", value)
+    model = _model(cfg)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _build(cfg, list(model.parameters()))
+
+
+@pytest.mark.parametrize("value", ["-0.01", "inf"])
+def test_negative_repulsive_alpha_is_refused(value):
+    cfg = _cfg("--repulsive-alpha", value)
+    model = _model(cfg)
+    with pytest.raises(ValueError, match=f"--repulsive-alpha must be a finite number >= 0 .*got {value}"):
+        _build(cfg, list(model.parameters()))
+
+
+def test_repulsive_flags_without_the_repulsive_optimizer_are_rejected_by_fairseq(capsys):
+    """``--repulsive-*`` are registered by the optimizer's config only: with ``--optimizer adam`` fairseq's
+    parser refuses them as unrecognized arguments."""
+    from fairseq import options
+
+    argv = ["unused-data", "--user-dir", USER_DIR, "--task", "translation", "--arch", "transformer",
+            "--optimizer", "adam", "--repulsive-alpha", "0.5"]
+    with pytest.raises(SystemExit):
+        options.parse_args_and_arch(options.get_training_parser(), argv)
+    assert "unrecognized arguments: --repulsive-alpha 0.5" in capsys.readouterr().err
 
 
 def test_project_model_is_found_through_its_own_attention_tags():

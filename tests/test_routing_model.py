@@ -21,9 +21,10 @@ import diverse_fairseq.modules.routing as routing_module
 from _disagreement_utils import batch, build, model_args, tiny_task
 from conftest import REPO, USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
 from diverse_fairseq.criterions.disagreement_loss import LabelSmoothedCrossEntropyWithDisagreementCriterion
-from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel, parse_routing_layers, routing_plan
+from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel, routing_plan
 from diverse_fairseq.modules.aggregation import RoutingAggregation
 from diverse_fairseq.modules.routing import COMPILE_ENV_VAR, em_routing, simple_routing
+from diverse_fairseq.option_parsing import parse_layers
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 
@@ -56,7 +57,7 @@ def randomize_betas(model, seed=0):
     ("-1", (5,)), ("5,-1,0", (0, 5)), ("3, 4", (3, 4)), (2, (2,)), ([0, -1], (0, 5)), ("ALL", (0, 1, 2, 3, 4, 5)),
 ])
 def test_layer_lists(value, expected):
-    assert parse_routing_layers(value, 6, "--routing-encoder-layers") == expected
+    assert parse_layers(value, 6, "--routing-encoder-layers") == expected
 
 
 @pytest.mark.parametrize("value,message", [
@@ -66,7 +67,7 @@ def test_layer_lists(value, expected):
 ])
 def test_bad_layer_lists_name_the_flag(value, message):
     with pytest.raises(ValueError, match="--routing-decoder-layers") as err:
-        parse_routing_layers(value, 6, "--routing-decoder-layers")
+        parse_layers(value, 6, "--routing-decoder-layers")
     assert message in str(err.value)
 
 
@@ -95,10 +96,29 @@ def test_bad_routing_type_is_rejected(task, capsys):
         DiverseTransformerModel.build_model(args, task)
 
 
+@pytest.mark.parametrize("extra,named", [
+    (["--routing-type", "simple"], "--routing-type simple"),
+    (["--routing-iterations", "5", "--routing-encoder-layers", "none"], "--routing-iterations 5"),
+    (["--routing-capsules", "4", "--routing-compile"], "--routing-capsules 4, --routing-compile"),
+])
+def test_routing_options_without_routed_layers_are_refused(task, extra, named):
+    with pytest.raises(ValueError) as err:
+        build(DiverseTransformerModel, "diverse_transformer", task, extra=extra)
+    assert f"{named} would do nothing: no attention module routes" in str(err.value)
+    assert "--routing-encoder-layers 0,1" in str(err.value)
+
+
+def test_routing_flags_on_a_stock_transformer_are_rejected_by_fairseq(capsys):
+    """``--routing-*`` belong to diverse_transformer: with ``--arch transformer`` fairseq refuses them."""
+    with pytest.raises(SystemExit):
+        model_args("transformer", ["--routing-type", "simple"])
+    assert "unrecognized arguments: --routing-type simple" in capsys.readouterr().err
+
+
 def test_no_routing_by_default_keeps_the_stock_model(task):
     stock = build(TransformerModel, "transformer", task)
     for extra in ([], ["--routing-encoder-layers", "none", "--routing-decoder-layers", "",
-                       "--routing-type", "simple"]):
+                       "--routing-type", "em", "--routing-iterations", "3"]):  # the defaults: accepted
         model = build(DiverseTransformerModel, "diverse_transformer", task, extra=extra)
         assert routed(model) == set()
         assert list(model.state_dict()) == list(stock.state_dict())

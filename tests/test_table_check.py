@@ -138,7 +138,12 @@ def test_check_tables_names_every_broken_row(tmp_path, capsys):
     assert "3 table/row/scale lines, 2 failed" in out
 
 
-def test_a_bad_scale_from_the_environment_is_refused(monkeypatch):
-    monkeypatch.setenv("SCALE", "full")
-    with pytest.raises(SystemExit):
+@pytest.mark.parametrize("name,value,message", [
+    ("SCALE", "full", "SCALE (--scale)='full' is not valid: use SCALE=demo or SCALE=paper"),
+    ("DATASET", "wmt14", "DATASET (--dataset)='wmt14' is not valid: use DATASET=demo"),
+])
+def test_a_bad_variable_from_the_environment_is_refused(monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as err:
         check.main([])
+    assert message in str(err.value)

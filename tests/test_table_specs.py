@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from diverse_fairseq import training
-from diverse_fairseq.option_parsing import parse_names
+from diverse_fairseq.option_parsing import parse_layers, parse_names
 from diverse_fairseq.tables.spec import TABLE_DIR, TableSpecError, load_table, parse_table
 
 USER_DIR = training.USER_DIR
@@ -159,8 +159,7 @@ def test_row_args_parse_with_fairseq(table, row):
         assert row.family == "diverse_transformer", "the disagreement criterion needs --arch diverse_transformer*"
         assert parse_names(args.disagreement_terms, dl.TERMS, "--disagreement-terms")
         assert parse_names(args.disagreement_attention, dl.ATTENTION_TYPES, "--disagreement-attention")
-        layers = dl._parse_layers(args.disagreement_layers)
-        assert layers is None or max(layers) < min(depth.values())
+        assert parse_layers(args.disagreement_layers, min(depth.values()), "--disagreement-layers", "all")
         assert args.disagreement_lambda > 0
     if has_repulsive:
         from diverse_fairseq.optim import repulsive_adam as ra
@@ -168,10 +167,8 @@ def test_row_args_parse_with_fairseq(table, row):
         assert args.repulsive_method in ra.METHODS
         assert parse_names(args.repulsive_attention, ra.ATTENTION_TYPES, "--repulsive-attention")
         assert parse_names(args.repulsive_projections, ra.PROJECTIONS, "--repulsive-projections")
-        layers = ra._parse_layers(args.repulsive_layers)
-        if layers is not None:  # valid at paper depth and at the 3-layer demo depth (SCALE=demo)
-            for d in (min(depth.values()), 3):
-                assert all(-d <= i < d for i in layers), f"--repulsive-layers {args.repulsive_layers} vs {d} layers"
+        for d in (min(depth.values()), 3):  # valid at paper depth and at the 3-layer demo depth (SCALE=demo)
+            assert parse_layers(args.repulsive_layers, d, "--repulsive-layers", "all")
         assert args.repulsive_stepsize > 0 and args.repulsive_alpha >= 0
         ra.check_precision_setup(args)  # --fp16 on GPU: the row must make per-parameter gradients visible
     if any(a.startswith("--routing-") for a in row.args):

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from diverse_fairseq.tables import report, runner
-from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs, parse_seeds
+from diverse_fairseq.env_checks import parse_seeds
+from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs
 from diverse_fairseq.tables.spec import parse_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -320,7 +321,7 @@ def test_rows_with_one_demo_model_are_trained_once(tmp_path, monkeypatch):
 
 
 def _settings(monkeypatch, **env):
-    for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS"):
+    for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -338,18 +339,31 @@ def _settings(monkeypatch, **env):
     ({"GPUS": "one"}, r"GPUS"),
     ({"THREADS": "0"}, r"THREADS \(--threads\)='0' is not valid: use a positive integer"),
     ({"JOBS": "2.5"}, r"JOBS \(--jobs\)='2.5' is not valid: use a positive integer"),
+    ({"TRAIN_ARGS": "--lr '1e-3"}, r"TRAIN_ARGS \(--train-args\)=.* is not valid: use flags quoted"),
+    ({"GENERATE_ARGS": '--beam "1'}, r"GENERATE_ARGS \(--generate-args\)=.* is not valid"),
 ], ids=["scale-case", "scale-name", "seeds-zero", "seeds-negative", "seeds-repeated", "seeds-word", "gpus-negative",
-        "gpus-word", "threads-zero", "jobs-float"])
+        "gpus-word", "threads-zero", "jobs-float", "train-args-quote", "generate-args-quote"])
 def test_bad_environment_is_refused(monkeypatch, env, message):
     with pytest.raises(SystemExit, match=message):
         _settings(monkeypatch, **env)
 
 
+def test_an_unknown_dataset_is_refused_before_any_work(monkeypatch, tmp_path):
+    from diverse_fairseq.tables.__main__ import main
+
+    monkeypatch.setenv("DATASET", "wmt14")
+    with pytest.raises(SystemExit, match=r"DATASET \(--dataset\)='wmt14' is not valid: use one of demo, "):
+        main(["demo", "--data-bin", str(tmp_path / "bin"), "--out", str(tmp_path / "r")])
+    assert not (tmp_path / "r").exists() and not (tmp_path / "bin").exists()
+
+
 def test_good_environment(monkeypatch):
-    settings = _settings(monkeypatch, SCALE="paper", SEEDS="3", GPUS="0", THREADS="2", JOBS="4")
-    assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4}
+    settings = _settings(monkeypatch, SCALE="paper", SEEDS="3", GPUS="0", THREADS="2", JOBS="4",
+                         TRAIN_ARGS="--lr '1e-3'")
+    assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
+                        "train_args": ["--lr", "1e-3"], "generate_args": []}
     assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
-    assert parse_seeds("5,2") == [5, 2]
+    assert parse_seeds("SEEDS", "5,2") == [5, 2]
     assert default_jobs(1, 0) == 1 and default_jobs(100, 0) == len(os.sched_getaffinity(0))
     assert default_jobs(100, 2) == 1
 

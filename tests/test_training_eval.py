@@ -4,12 +4,14 @@ and the end-to-end path demo data → scripts/train.sh → averaged checkpoint �
 import argparse
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import fake_prepared
 from diverse_fairseq.average_checkpoints import average_checkpoints, last_n_checkpoints
 from diverse_fairseq.evaluate import parse_generate_output, parse_generate_speed
 from diverse_fairseq.training import build_command, resolve_setting, update_freq
@@ -20,10 +22,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 @pytest.fixture
 def data_bin(tmp_path):
-    d = tmp_path / "data-bin" / "wmt14_en_de"
-    d.mkdir(parents=True)
-    (d / "prepare.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de", "joined_dictionary": True}))
-    return tmp_path / "data-bin"
+    return fake_prepared(tmp_path / "data-bin", "wmt14_en_de")
 
 
 def value(args, flag):
@@ -55,8 +54,9 @@ def test_command_on_gpus_with_passthrough(data_bin):
     assert value(args, "--dropout") == ["0.1"] and value(args, "--lr")[0] == "0.0005"
     assert "--share-all-embeddings" in args
     assert value(args, "--lr")[-1] == "1e-3" and args[-2:] == ["--lr", "1e-3"]  # extra options come last
-    assert "--load-checkpoint-on-all-dp-ranks" in args and value(args, "--save-dir") == ["/ck/wmt14_en_de_big"]
-    assert value(args, "--tensorboard-logdir") == ["/ck/wmt14_en_de_big/tensorboard"]
+    save = value(args, "--save-dir")[0]
+    assert "--load-checkpoint-on-all-dp-ranks" in args and re.fullmatch(r"/ck/wmt14_en_de_big-[0-9a-f]{8}", save)
+    assert value(args, "--tensorboard-logdir") == [save + "/tensorboard"] and info["save_dir"] == save
     assert info["average"] == 0 and info["update_based"]
     # averaging stays an option: AVERAGE=N keeps at least the last N checkpoints
     args, _, info = build_command("wmt14_en_de", "big", [], env=dict(env, AVERAGE="30"), gpus=2)
@@ -131,8 +131,10 @@ def test_demo_train_average_evaluate_end_to_end(tmp_path):
     out = run(REPO / "scripts" / "prepare_data.sh", "demo")
     assert "step 7/7: binarize" in out
     out = run(REPO / "scripts" / "train.sh", "demo", "tiny", *TINY)
-    save = tmp_path / "checkpoints" / "demo_tiny"
+    (save,) = (tmp_path / "checkpoints").glob("demo_tiny-*")  # one directory per variant
     assert "update-freq 1" in out and (save / "checkpoint_1_4.pt").exists() and (save / "tensorboard").is_dir()
+    stored = json.loads((save / "train_args.json").read_text())  # the options, checked when the run resumes
+    assert stored["experiment"]["options"]["--arch"] == "transformer" and save.name.endswith(stored["hash"])
     avg = save / "checkpoint_avg_last2.pt"
     assert "averaging the last 2 checkpoints" in out and avg.exists()
     out = run(REPO / "scripts" / "evaluate.sh", avg, "demo", "--max-len-b", "5")

@@ -14,7 +14,7 @@ exactly what the terms need (sub → V, pos → A, out → O), so unregularized 
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 from fairseq.criterions import register_criterion
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..disagreement import output_similarity, position_similarity, subspace_similarity
 from ..modules.diverse_attention import ATTENTION_TYPES
-from ..option_parsing import parse_names
+from ..option_parsing import ALL_LAYERS, parse_layer_spec, parse_names, resolve_layers
 
 TERMS = ("sub", "pos", "out")
 _TAP_OF_TERM = {"sub": "v", "pos": "a", "out": "o"}
@@ -53,22 +53,9 @@ class LabelSmoothedCrossEntropyWithDisagreementConfig(LabelSmoothedCrossEntropyC
     )
     disagreement_layers: Optional[str] = field(
         default=None,
-        metadata={"help": "comma-separated 0-based layer indices to regularize in every selected "
-                          "attention type (default: all layers)"},
+        metadata={"help": "layers to regularize in every selected attention type: 'all' (the default), or "
+                          "comma-separated 0-based layer indices (negative ones count from the last layer)"},
     )
-
-
-def _parse_layers(value) -> Optional[Tuple[int, ...]]:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    items = value.split(",") if isinstance(value, str) else list(value)
-    try:
-        layers = sorted({int(str(i).strip()) for i in items})
-    except ValueError:
-        raise ValueError(f"--disagreement-layers must be comma-separated integers, got {value!r}") from None
-    if any(i < 0 for i in layers):
-        raise ValueError(f"--disagreement-layers must be 0-based layer indices >= 0, got {value!r}")
-    return tuple(layers)
 
 
 def unwrap_model(model):
@@ -99,7 +86,10 @@ class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntro
         self.disagreement_lambda = lam
         self.terms = parse_names(disagreement_terms, TERMS, "--disagreement-terms")
         self.attention_types = parse_names(disagreement_attention, ATTENTION_TYPES, "--disagreement-attention")
-        self.layers = _parse_layers(disagreement_layers)
+        self.layers = parse_layer_spec(disagreement_layers, "--disagreement-layers", ALL_LAYERS)
+        if not self.layers:
+            raise ValueError("--disagreement-layers none would regularize nothing: choose layers ('all' or "
+                             "indices), or train with --criterion label_smoothed_cross_entropy")
         self._prepared_for: Optional[int] = None
         self._regularized: Dict[str, List] = {}
 
@@ -127,7 +117,10 @@ class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntro
         needed = frozenset(_TAP_OF_TERM[t] for t in self.terms)
         for m in core.diverse_attention_modules():
             depth[m.attention_type] = max(depth.get(m.attention_type, 0), m.layer_idx + 1)
-            selected = m.attention_type in modules and (self.layers is None or m.layer_idx in self.layers)
+        chosen = {t: resolve_layers(self.layers, depth[t], "--disagreement-layers", f" of {t} attention")
+                  for t in self.attention_types if t in depth}
+        for m in core.diverse_attention_modules():
+            selected = m.layer_idx in chosen.get(m.attention_type, ())
             if selected:
                 if m.num_heads < 2:
                     raise ValueError(
@@ -138,11 +131,6 @@ class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntro
             m.set_taps(needed if selected else ())
         for attention_type, mods in modules.items():
             if not mods:
-                if self.layers is not None and depth.get(attention_type, 0) > 0:
-                    raise ValueError(
-                        f"--disagreement-layers {','.join(map(str, self.layers))} selects no {attention_type} "
-                        f"layer (the model has {depth[attention_type]}, indices from 0)"
-                    )
                 raise ValueError(
                     f"--disagreement-attention {attention_type}: the model has no such attention modules"
                 )

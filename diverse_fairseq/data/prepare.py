@@ -22,6 +22,7 @@ from pathlib import Path
 from contextlib import ExitStack
 from typing import List
 
+from .. import env_checks
 from . import bpe as bpe_mod
 from .archive import CorruptArchiveError, extract
 from .binarize import binarize
@@ -43,9 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prepare_data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", choices=sorted(RECIPES), help="which dataset to prepare")
-    p.add_argument("--bpe", choices=bpe_mod.KINDS, default=_env("BPE"),
-                   help="segmentation [BPE]; default: the recipe's (sentencepiece for demo, subword-nmt otherwise)")
-    p.add_argument("--bpe-size", type=int, default=_env("BPE_SIZE"),
+    p.add_argument("--bpe", default=_env("BPE"),
+                   help="segmentation, subword-nmt or sentencepiece [BPE]; default: the recipe's (sentencepiece "
+                        "for demo, subword-nmt otherwise)")
+    p.add_argument("--bpe-size", default=_env("BPE_SIZE"),
                    help="BPE merges / sentencepiece vocabulary [BPE_SIZE]; default: the recipe's")
     p.add_argument("--work-dir", default=_env("WORK_DIR", "work"), help="root of intermediate files [WORK_DIR]")
     p.add_argument("--data-bin", default=_env("DATA_BIN", "data-bin"), help="root of binarized datasets [DATA_BIN]")
@@ -54,16 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "addresses [DIVERSE_FAIRSEQ_MIRROR]")
     p.add_argument("--checksums", default=_env("CHECKSUMS"),
                    help="md5sum/sha256sum file whose digests replace the published ones [CHECKSUMS]")
-    p.add_argument("--workers", type=int, default=int(_env("WORKERS", 2)),
+    p.add_argument("--workers", default=_env("WORKERS", "2"),
                    help="processes for tokenization, BPE and fairseq-preprocess [WORKERS] (default 2)")
     p.add_argument("--demo-dir", default=_env("DEMO_DIR"), help="demo corpus directory [DEMO_DIR] (default data/demo)")
     p.add_argument("--cwmt-dir", default=_env("CWMT_DIR"),
                    help="WMT17: where the manually downloaded CWMT corpora are [CWMT_DIR] "
                         "(default WORK_DIR/wmt17_zh_en/manual/cwmt)")
-    p.add_argument("--skip-cwmt", action="store_true", default=_env("CWMT") == "skip",
+    p.add_argument("--skip-cwmt", action="store_true", default=None,
                    help="WMT17: proceed without the CWMT corpora [CWMT=skip]")
-    p.add_argument("--zh-seg", choices=("jieba", "char"), default=_env("ZH_SEG", "jieba"),
-                   help="WMT17: Chinese word segmentation before Moses tokenization [ZH_SEG]")
+    p.add_argument("--zh-seg", default=_env("ZH_SEG", "jieba"),
+                   help="WMT17: Chinese word segmentation before Moses tokenization, jieba or char [ZH_SEG]")
     p.add_argument("--stop-after", default=_env("STOP_AFTER"), metavar="STEP",
                    help="stop (resumably) after this step id, e.g. tokenize [STOP_AFTER]")
     return p
@@ -336,9 +338,42 @@ class Preparer:
         self.log("  sentences: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
 
 
+ZH_SEGS = ("jieba", "char")
+
+
+def check_args(args, recipe: Recipe):
+    """Validate the options and the environment variables they default to, before any work (SystemExit
+    naming the variable and the accepted values)."""
+    if args.bpe is not None:
+        args.bpe = env_checks.parse_choice("BPE (--bpe)", args.bpe, bpe_mod.KINDS)
+    if args.bpe_size is not None:
+        args.bpe_size = env_checks.parse_int("BPE_SIZE (--bpe-size)", args.bpe_size, 1)
+    args.workers = env_checks.parse_int("WORKERS (--workers)", args.workers, 1)
+    args.zh_seg = env_checks.parse_choice("ZH_SEG (--zh-seg)", args.zh_seg, ZH_SEGS)
+    if args.skip_cwmt is None:
+        cwmt = _env("CWMT")
+        if cwmt is not None and cwmt != "skip":
+            raise env_checks.bad("CWMT", cwmt, "use CWMT=skip to prepare WMT17 without the CWMT corpora, or leave "
+                                               "it unset")
+        args.skip_cwmt = cwmt == "skip"
+    if args.stop_after is not None:
+        args.stop_after = env_checks.parse_choice("STOP_AFTER (--stop-after)", args.stop_after,
+                                                  step_ids(recipe))
+    return args
+
+
+def step_ids(recipe: Recipe) -> List[str]:
+    """The ids of the recipe's pipeline steps, in order (the values of ``--stop-after``)."""
+    return ([f"download-{s.filename}" for a in recipe.archives for s in a.parts]
+            + [f"extract-{a.name}" for a in recipe.archives]
+            + ["collect", "normalize", "tokenize", "clean", "learn-bpe", "apply-bpe"]
+            + (["clean-bpe"] if recipe.clean_after_bpe else []) + ["binarize"])
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     recipe = get(args.dataset)
+    args = check_args(args, recipe)
     try:
         Preparer(recipe, args).run()
     except StopPipeline as e:

@@ -37,7 +37,8 @@ from torch import Tensor
 
 from ..modules.aggregation import build_aggregator, skip_padding
 from ..modules.diverse_attention import DiverseMultiheadAttention
-from ..modules.routing import ROUTING_TYPES
+from ..modules.routing import ROUTING_TYPES, compile_requested
+from ..option_parsing import parse_layers
 
 
 class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
@@ -168,54 +169,16 @@ ROUTING_DEFAULTS = {
 }
 
 
+# the options that only act on routed modules (an error when they differ from the default and none routes)
+ROUTING_OPTIONS = ("routing_type", "routing_iterations", "routing_capsules", "routing_compile")
+
+
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def parse_routing_layers(value, num_layers: int, flag: str) -> Tuple[int, ...]:
-    """0-based layer indices of a ``--routing-*-layers`` value, sorted, without duplicates.
-
-    ``value``: ``"all"``; ``"none"``, ``""`` or ``None`` (no layer); a comma list of integers where a
-    negative index counts from the last layer (``-1`` = the last of ``num_layers``); or, through hydra,
-    an integer or a list of integers. Raises ``ValueError`` naming ``flag`` for anything else and for
-    indices outside ``-num_layers .. num_layers-1``.
-    """
-    if value is None:
-        return ()
-    if isinstance(value, bool):
-        raise ValueError(f"{flag}: expected 'all', 'none' or comma-separated layer indices, got {value!r}")
-    if isinstance(value, int):
-        items = [value]
-    elif isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("", "none"):
-            return ()
-        if text == "all":
-            return tuple(range(num_layers))
-        items = [item.strip() for item in text.split(",")]
-    else:  # a list from a hydra config
-        items = list(value)
-    layers = set()
-    for item in items:
-        try:
-            idx = int(item) if not isinstance(item, bool) else None
-        except (TypeError, ValueError):
-            idx = None
-        if idx is None or (isinstance(item, float) and item != idx):
-            raise ValueError(
-                f"{flag}: expected 'all', 'none' or comma-separated layer indices, got {value!r}"
-            )
-        if not -num_layers <= idx < num_layers:
-            raise ValueError(
-                f"{flag} {value}: layer index {idx} is out of range for {num_layers} layers "
-                f"(valid: {-num_layers}..{num_layers - 1}, negative indices count from the last layer)"
-            )
-        layers.add(idx % num_layers)
-    return tuple(sorted(layers))
 
 
 def set_routing_defaults(args) -> None:
@@ -230,7 +193,9 @@ def routing_plan(args) -> Dict[Tuple[str, int], dict]:
 
     Errors (``ValueError``) name the flag: an unknown ``--routing-type``, a layer index out of range, a
     ``--routing-iterations`` below 1, a ``--routing-capsules`` that does not divide the width of a
-    routed attention module.
+    routed attention module, and a ``--routing-type`` / ``--routing-iterations`` / ``--routing-capsules`` /
+    ``--routing-compile`` other than the default when no layer routes (it would do nothing; the default
+    values themselves are accepted, as checkpoints of unrouted models store them).
     """
     set_routing_defaults(args)
     routing = str(args.routing_type).strip().lower()
@@ -253,7 +218,7 @@ def routing_plan(args) -> Dict[Tuple[str, int], dict]:
     width = {"enc_self": args.encoder_embed_dim, "dec_self": args.decoder_embed_dim, "enc_dec": args.decoder_embed_dim}
     plan = {}
     for dest, attention_type, stack in ROUTING_PLACEMENTS:
-        layers = parse_routing_layers(getattr(args, dest), depth[stack], _flag(dest))
+        layers = parse_layers(getattr(args, dest), depth[stack], _flag(dest))
         if layers and capsules is not None and width[attention_type] % int(capsules) != 0:
             raise ValueError(
                 f"--routing-capsules {capsules} must divide the attention width {width[attention_type]} "
@@ -266,6 +231,16 @@ def routing_plan(args) -> Dict[Tuple[str, int], dict]:
                 iterations=iterations,
                 compile=True if args.routing_compile else None,  # None: the environment variable decides
             )
+    if not plan:
+        idle = [_flag(dest) + ("" if isinstance(getattr(args, dest), bool) else f" {getattr(args, dest)}")
+                for dest in ROUTING_OPTIONS if getattr(args, dest) != ROUTING_DEFAULTS[dest]]
+        if idle:
+            raise ValueError(
+                f"{', '.join(idle)} would do nothing: no attention module routes (--routing-encoder-layers, "
+                f"--routing-decoder-layers and --routing-encoder-decoder-layers select none). Choose layers to "
+                f"route, e.g. --routing-encoder-layers 0,1 (or --arch routing_transformer_*), or drop the option")
+    else:
+        compile_requested()  # a bad DIVERSE_FAIRSEQ_COMPILE_ROUTING is refused before training
     return plan
 
 

@@ -475,13 +475,21 @@ def _em_routing_width1(v: Tensor, b_a: Tensor, b_mu: Tensor, schedule, eps: floa
 
 
 _COMPILED = {}
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
 
 
 def compile_requested(compile: Optional[bool] = None) -> bool:
-    """``compile`` if given, else whether ``DIVERSE_FAIRSEQ_COMPILE_ROUTING`` is set to a true value."""
+    """``compile`` if given, else whether ``DIVERSE_FAIRSEQ_COMPILE_ROUTING`` is set to a true value
+    (``1``, ``true``, ``yes``, ``on``; unset, empty, ``0``, ``false``, ``no``, ``off``: no). Any other value of the
+    variable is a ``ValueError`` naming it (checked when a routed model is built, before training)."""
     if compile is not None:
         return bool(compile)
-    return os.environ.get(COMPILE_ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+    value = os.environ.get(COMPILE_ENV_VAR, "").strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise ValueError(f"{COMPILE_ENV_VAR}={os.environ[COMPILE_ENV_VAR]!r} is not valid: use 1 (or true, yes, on) "
+                         f"to compile the routing loop, 0 (or false, no, off) or unset not to")
+    return value in _TRUE
 
 
 def get_routing_function(routing: str, compile: Optional[bool] = None) -> Callable[..., Tensor]:

@@ -44,7 +44,7 @@ from fairseq.optim.adam import Adam, FairseqAdam, FairseqAdamConfig
 from fairseq.optim.fairseq_optimizer import FairseqOptimizer
 from omegaconf import II
 
-from ..option_parsing import parse_names
+from ..option_parsing import ALL_LAYERS, describe_layers, parse_layer_spec, parse_names, resolve_layers
 from .particles import ATTENTION_TYPES, PROJECTIONS, ParticleTag, find_particle_tags
 from .repulsive import NOISE_SCALES, parse_bandwidth, spos_update_, svgd_update_
 
@@ -95,8 +95,8 @@ class RepulsiveAdamConfig(FairseqAdamConfig):
     )
     repulsive_layers: Optional[str] = field(
         default=None,
-        metadata={"help": "comma-separated 0-based layer indices (negative counts from the last layer of "
-                          "each attention type) whose heads are particles (default: all layers)"},
+        metadata={"help": "layers whose heads are particles: 'all' (the default), 'none', or comma-separated "
+                          "0-based indices (negative ones count from the last layer of each attention type)"},
     )
     repulsive_projections: str = field(
         default="q,k,v",
@@ -121,16 +121,6 @@ def _option(cfg, name: str, default):
     if value is None or (isinstance(value, str) and value.startswith("${")):
         return default
     return value
-
-
-def _parse_layers(value) -> Optional[Tuple[int, ...]]:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "all", "none")):
-        return None
-    items = value.split(",") if isinstance(value, str) else list(value)
-    try:
-        return tuple(sorted({int(str(i).strip()) for i in items if str(i).strip()}))
-    except ValueError:
-        raise ValueError(f"--repulsive-layers must be comma-separated integers, got {value!r}") from None
 
 
 def check_precision_setup(cfg) -> None:
@@ -297,13 +287,19 @@ class RepulsiveAdam(FairseqAdam):
         self.bandwidth = parse_bandwidth(cfg.repulsive_bandwidth)
         self.noise_scale = str(cfg.repulsive_noise_scale)
         self.seed = int(_option(cfg, "seed", 1))
+        if not self.alpha >= 0 or self.alpha == float("inf"):
+            raise ValueError(f"--repulsive-alpha must be a finite number >= 0 (0: no repulsive term), got "
+                             f"{cfg.repulsive_alpha}")
         if not self.stepsize > 0:
             raise ValueError(f"--repulsive-stepsize must be positive, got {self.stepsize}")
         if self.method == "spos" and self.beta < 0:
             raise ValueError(f"--repulsive-beta must be >= 0, got {self.beta}")
         self.attention_types = parse_names(cfg.repulsive_attention, ATTENTION_TYPES, "--repulsive-attention")
         self.projections = parse_names(cfg.repulsive_projections, PROJECTIONS, "--repulsive-projections")
-        self.layers = _parse_layers(cfg.repulsive_layers)
+        self.layers = parse_layer_spec(cfg.repulsive_layers, "--repulsive-layers", ALL_LAYERS)
+        if not self.layers:
+            raise ValueError(f"--optimizer {OPTIMIZER_NAME}: --repulsive-layers none selects no particles; choose "
+                             "layers ('all' or indices), or train with --optimizer adam")
         self._groups = self._build_groups(params)
         self._unscaled_since_step = False
         self._generators: Dict[str, torch.Generator] = {}
@@ -315,13 +311,13 @@ class RepulsiveAdam(FairseqAdam):
         for tag in tags.values():
             depth[tag.attention_type] = max(depth[tag.attention_type], tag.layer_idx + 1)
 
+        chosen = {t: resolve_layers(self.layers, depth[t], "--repulsive-layers", f" of {t} attention")
+                  for t in self.attention_types if t in depth}
+
         def selected(tag: ParticleTag) -> bool:
             if tag.attention_type not in self.attention_types or tag.projection not in self.projections:
                 return False
-            if self.layers is None:
-                return True
-            n = depth[tag.attention_type]
-            return any(tag.layer_idx == (i if i >= 0 else n + i) for i in self.layers)
+            return tag.layer_idx in chosen[tag.attention_type]
 
         groups: "OrderedDict[Any, _ParticleGroup]" = OrderedDict()
         for i in sorted(tags):
@@ -343,7 +339,7 @@ class RepulsiveAdam(FairseqAdam):
                 if not tags
                 else f"the {len(tags)} q/k/v weights found are all excluded by --repulsive-attention "
                      f"{','.join(self.attention_types)} / --repulsive-layers "
-                     f"{'all' if self.layers is None else ','.join(map(str, self.layers))} / "
+                     f"{describe_layers(self.layers)} / "
                      f"--repulsive-projections {','.join(self.projections)} (layers per type: {dict(depth)})"
             )
             raise ValueError(f"--optimizer {OPTIMIZER_NAME}: no particles to update: {hint}")

@@ -7,13 +7,14 @@ are checked before any work starts; a bad one stops the run with a message namin
 
 import argparse
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import List, Optional
 
+from .. import env_checks
 from ..cli_logging import setup_cli_logging
+from ..data.recipes import RECIPES
 from .report import summarise, write_report
 from .runner import RunConfig, run_table
 from .spec import REPO, TableSpecError, load_table
@@ -46,34 +47,8 @@ def build_parser():
     return p
 
 
-def _bad(name: str, value, accepted: str):
-    return SystemExit(f"error: {name}={value!r} is not valid: {accepted}")
-
-
 def parse_scale(text) -> str:
-    if text not in SCALES:
-        raise _bad("SCALE (--scale)", text, "use SCALE=demo or SCALE=paper (exactly, lower case)")
-    return text
-
-
-def parse_int(name: str, text, minimum: int) -> int:
-    kind = "a positive integer (1, 2, ...)" if minimum == 1 else "a non-negative integer (0, 1, 2, ...)"
-    value = str(text).strip()
-    if not value.isdigit() or int(value) < minimum:
-        raise _bad(name, text, f"use {kind}")
-    return int(value)
-
-
-def parse_seeds(text) -> List[int]:
-    """``SEEDS``: a count N (seeds 1..N) or a comma-separated list of distinct positive integers."""
-    accepted = "use a count (3: seeds 1, 2, 3) or a comma-separated list of distinct positive integers (1,2,5)"
-    items = [s.strip() for s in str(text).split(",")]
-    if not all(s.isdigit() and int(s) > 0 for s in items):
-        raise _bad("SEEDS (--seeds)", text, accepted)
-    seeds = [int(s) for s in items]
-    if len(seeds) != len(set(seeds)):
-        raise _bad("SEEDS (--seeds)", text, accepted)
-    return list(range(1, seeds[0] + 1)) if "," not in str(text) else seeds
+    return env_checks.parse_choice("SCALE (--scale)", text, SCALES)
 
 
 def default_jobs(jobs: int, gpus: int) -> int:
@@ -86,9 +61,12 @@ def default_jobs(jobs: int, gpus: int) -> int:
 
 def check_settings(args) -> dict:
     """The validated run settings; raises SystemExit naming the first bad variable."""
-    settings = {"scale": parse_scale(args.scale), "seeds": parse_seeds(args.seeds),
+    parse_int = env_checks.parse_int
+    settings = {"scale": parse_scale(args.scale), "seeds": env_checks.parse_seeds("SEEDS (--seeds)", args.seeds),
                 "gpus": parse_int("GPUS (--gpus)", args.gpus, 0), "threads": parse_int("THREADS (--threads)", args.threads, 1),
-                "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1)}
+                "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1),
+                "train_args": env_checks.parse_words("TRAIN_ARGS (--train-args)", args.train_args),
+                "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args)}
     return settings
 
 
@@ -112,13 +90,16 @@ def main(argv: Optional[List[str]] = None):
         dataset = args.dataset or (table.paper_dataset if scale == "paper" else "demo")
         if not dataset:
             raise SystemExit("error: this table names no paper dataset; pass --dataset / DATASET")
+        if dataset not in RECIPES and not (Path(args.data_bin) / dataset / "prepare.json").exists():
+            raise env_checks.bad("DATASET (--dataset)", dataset, f"use one of {', '.join(sorted(RECIPES))}, or the "
+                                 f"name of a dataset prepared in {args.data_bin}")
     except TableSpecError as e:
         raise SystemExit(f"error: {e}")
     out = Path(args.out or REPO / "results" / table.table).resolve()
     n_jobs = len(table.rows) * len(settings["seeds"])
     run = RunConfig(dataset=dataset, scale=scale, seeds=settings["seeds"], gpus=settings["gpus"],
                     out_dir=out / f"{dataset}-{scale}", data_bin=Path(args.data_bin).resolve(),
-                    train_args=shlex.split(args.train_args), generate_args=shlex.split(args.generate_args),
+                    train_args=settings["train_args"], generate_args=settings["generate_args"],
                     threads=settings["threads"], jobs=min(settings["jobs"] or default_jobs(n_jobs, settings["gpus"]),
                                                           n_jobs))
     if dataset == "demo":

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .. import training
+from .. import env_checks, training
 from ..cli_logging import setup_cli_logging
 from ..data.recipes import RECIPES
 from . import scale as scale_mod
@@ -213,8 +213,10 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", default=os.environ.get("DATASET") or None,
                    help="dataset for every table [DATASET]; default: the paper's / demo, as make table-<id>")
     a = p.parse_args(argv)
-    if a.scale not in (None, *SCALES):  # from the environment, which argparse does not check
-        p.error(f"SCALE must be one of {', '.join(SCALES)}, got {a.scale!r}")
+    if a.scale is not None:  # from the environment, which argparse does not check
+        env_checks.parse_choice("SCALE (--scale)", a.scale, SCALES)
+    if a.dataset is not None:
+        env_checks.parse_choice("DATASET (--dataset)", a.dataset, sorted(RECIPES))
     setup_cli_logging(logging.WARNING)  # fairseq's model and optimizer messages for every row are noise here
     warnings.simplefilter("ignore", (UserWarning, FutureWarning, DeprecationWarning))  # hydra's, torch's
     names = a.tables or sorted(path.stem for path in TABLE_DIR.glob("*.yaml"))

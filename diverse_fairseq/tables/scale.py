@@ -17,6 +17,7 @@ model. The mapped flags are what the runner passes to fairseq-train and what its
 from typing import List
 
 from .. import training
+from ..option_parsing import ALL_LAYERS, parse_layer_spec
 
 PAPER_LAYERS = 6
 # every option that selects layers (tests/test_table_scale.py checks that the plugin registers no other)
@@ -27,11 +28,11 @@ LAYER_FLAGS = ("--routing-encoder-layers", "--routing-decoder-layers", "--routin
 def map_layers(value: str, layers: int, to_layers: int, flag: str = "layers") -> str:
     """A layer selection of an ``layers``-deep stack mapped to a ``to_layers``-deep one by the rule above."""
     text = str(value).strip()
-    if text.lower() in ("all", "none", ""):
+    spec = parse_layer_spec(text, flag, ALL_LAYERS)  # the plugins' own syntax check
+    if spec == ALL_LAYERS or not spec:
         return text
     indices = set()
-    for item in text.split(","):
-        i = int(item)
+    for i in spec:
         if not -layers <= i < layers:
             raise ValueError(f"{flag} {value}: layer index {i} is outside the paper's {layers}-layer stack")
         indices.add((i % layers) * to_layers // layers)

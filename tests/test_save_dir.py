@@ -1,0 +1,109 @@
+"""One save directory per training variant (a readable name plus a hash of the effective options), the options
+stored in it, and the refusal to resume a directory trained with other options (diverse_fairseq.save_dir)."""
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import fake_prepared
+from diverse_fairseq import save_dir as save_dirs
+from diverse_fairseq.training import build_command, run
+
+REPO = Path(__file__).resolve().parents[1]
+DISAGREEMENT = ["--arch", "diverse_transformer", "--criterion", "label_smoothed_cross_entropy_with_disagreement",
+                "--disagreement-lambda", "1.0"]
+
+
+@pytest.fixture
+def env(tmp_path):
+    fake_prepared(tmp_path / "data-bin", "demo", created="today")  # the creation time is not part of the hash
+    return {"DATA_BIN": str(tmp_path / "data-bin"), "CHECKPOINTS": str(tmp_path / "ck")}
+
+
+def save_dir(env, extra, **more):
+    return build_command("demo", "tiny", extra, env=dict(env, **more), gpus=0)[2]["save_dir"]
+
+
+def test_every_variant_gets_its_own_directory(env):
+    baseline, variant = save_dir(env, []), save_dir(env, DISAGREEMENT)
+    assert re.fullmatch(re.escape(env["CHECKPOINTS"]) + r"/demo_tiny-[0-9a-f]{8}", baseline)
+    assert re.fullmatch(re.escape(env["CHECKPOINTS"]) + r"/demo_tiny-[0-9a-f]{8}", variant)
+    assert baseline != variant
+    assert save_dir(env, DISAGREEMENT) == variant  # the same command finds its directory again
+    assert save_dir(env, [], SEED="2") != baseline  # another seed is another run
+    assert save_dir(env, ["--lr", "1e-3"]) != baseline
+    # options that may change on resume do not move the run: a longer run, averaging, logging
+    assert save_dir(env, [], MAX_UPDATE="5000", AVERAGE="5") == baseline
+    assert save_dir(env, ["--log-interval", "1", "--num-workers", "0"]) == baseline
+    # the last occurrence of an option counts, as in fairseq: restating a default changes nothing
+    assert save_dir(env, ["--criterion", "label_smoothed_cross_entropy"]) == baseline
+
+
+def test_explicit_save_dir_wins(env, tmp_path):
+    assert save_dir(env, DISAGREEMENT, SAVE_DIR=str(tmp_path / "mine")) == str(tmp_path / "mine")
+    args, _, info = build_command("demo", "tiny", ["--save-dir", str(tmp_path / "flag")], env=env, gpus=0)
+    assert info["save_dir"] == str(tmp_path / "flag") and args[-2:] == ["--save-dir", str(tmp_path / "flag")]
+
+
+def fake_trained(env, extra, where):
+    """A save directory as a finished (or interrupted) run with ``extra`` leaves it."""
+    args, _, info = build_command("demo", "tiny", extra, env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    where.mkdir(parents=True)
+    save_dirs.write_args(where, args, info["data_meta"], args)
+    (where / "checkpoint_last.pt").write_bytes(b"not a real checkpoint")
+
+
+def test_the_same_options_resume(env, tmp_path, capsys):
+    where = tmp_path / "run"
+    fake_trained(env, DISAGREEMENT, where)
+    info = run("demo", "tiny", DISAGREEMENT + ["--log-interval", "7"],
+               env=dict(env, SAVE_DIR=str(where), DRY_RUN="1", MAX_UPDATE="2000"), gpus=0)
+    assert info["save_dir"] == str(where) and f"resuming from {where}" in capsys.readouterr().out
+
+
+def test_other_options_are_refused_naming_them(env, tmp_path):
+    where = tmp_path / "run"
+    fake_trained(env, DISAGREEMENT, where)
+    with pytest.raises(SystemExit) as err:
+        run("demo", "tiny", ["--arch", "diverse_transformer", "--lr", "1e-3"],
+            env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
+    message = str(err.value)
+    assert "--criterion label_smoothed_cross_entropy_with_disagreement → label_smoothed_cross_entropy" in message
+    assert "--disagreement-lambda 1.0 → (absent)" in message and "--lr 0.006 → 1e-3" in message
+    assert "--arch" not in message and "RESUME_ANYWAY=1" in message and "SAVE_DIR" in message
+
+
+def test_changed_data_is_refused_and_resume_anyway_overrides(env, tmp_path, capsys):
+    where = tmp_path / "run"
+    fake_trained(env, [], where)
+    meta = Path(env["DATA_BIN"]) / "demo" / "prepare.json"
+    meta.write_text(json.dumps(dict(json.loads(meta.read_text()), bpe_size=999)))
+    with pytest.raises(SystemExit, match=r"the prepared data \(prepare.json"):
+        run("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
+    run("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), DRY_RUN="1", RESUME_ANYWAY="1"), gpus=0)
+    assert "RESUME_ANYWAY=1: resuming" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="RESUME_ANYWAY='yes' is not valid"):
+        run("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), DRY_RUN="1", RESUME_ANYWAY="yes"), gpus=0)
+
+
+def test_a_directory_without_stored_options_resumes_with_a_warning(env, tmp_path, capsys):
+    where = tmp_path / "old"
+    where.mkdir()
+    (where / "checkpoint_last.pt").write_bytes(b"x")
+    run("demo", "tiny", DISAGREEMENT, env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
+    assert "no train_args.json (trained by an older version)" in capsys.readouterr().out
+
+
+def test_train_sh_refuses_before_training(env, tmp_path):
+    where = tmp_path / "run"
+    fake_trained(env, [], where)
+    full = dict(os.environ, **env, SAVE_DIR=str(where), CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
+    full.pop("DRY_RUN", None)  # a real run: it must stop before fairseq-train starts
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "train.sh"), "demo", "tiny", "--lr", "1e-3"], env=full,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "--lr 0.006 → 1e-3" in proc.stderr
+    assert "fairseq_cli.train" in proc.stdout and "| INFO |" not in proc.stdout + proc.stderr
