@@ -89,6 +89,10 @@ def check_settings(args) -> dict:
     settings = {"scale": parse_scale(args.scale), "seeds": parse_seeds(args.seeds),
                 "gpus": parse_int("GPUS (--gpus)", args.gpus, 0), "threads": parse_int("THREADS (--threads)", args.threads, 1),
                 "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1)}
+    if settings["gpus"]:  # more GPUs than are visible: stop now, not when the first row starts training
+        from .. import training
+
+        training.select_gpus(settings["gpus"], os.environ, training.visible_gpus())
     return settings
 
 
