@@ -98,7 +98,7 @@ class Preparer:
         self.r = recipe
         self.args = args
         self.kind = args.bpe or recipe.bpe
-        self.size = int(args.bpe_size or recipe.bpe_size)
+        self.size = int(recipe.bpe_size if args.bpe_size is None else args.bpe_size)
         if self.size <= 0:
             raise SystemExit(f"error: BPE_SIZE (--bpe-size)={self.size} is not valid: use a positive number of "
                              f"merges (subword-nmt) or vocabulary entries (sentencepiece)")
