@@ -123,6 +123,8 @@ def test_a_malformed_corpus_is_rejected_before_any_work(tmp_path, edit, message)
     (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", "/nonexistent/corpus"], r"CORPUS_DIR=/nonexistent/corpus is not a folder"),
     (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--name", "a/b"], r"DATASET_NAME \(--name\)='a/b'"),
     (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--bpe-size", "0"], r"BPE_SIZE \(--bpe-size\)=0"),
+    (["demo", "--src", "fr", "--corpus-dir", str(CORPUS)],
+     r"SRC \(--src\), CORPUS_DIR \(--corpus-dir\) only apply to `custom` \(your own corpus\); demo has fixed"),
 ])
 def test_bad_custom_options_are_named(tmp_path, argv, message):
     with pytest.raises(SystemExit, match=message):

@@ -37,6 +37,9 @@ from .steps import Pipeline, StopPipeline, atomic_path
 from .text import clean_pair, normalize, tokenize
 
 SPLITS = ("train", "valid", "test")
+# (variable, option key) of the options only the custom recipe reads
+CUSTOM_OPTIONS = (("SRC (--src)", "src"), ("TGT (--tgt)", "tgt"), ("CORPUS_DIR (--corpus-dir)", "corpus_dir"),
+                  ("DATASET_NAME (--name)", "name"), ("SEPARATE_VOCAB (--separate-vocab)", "separate_vocab"))
 
 
 def _env(name, default=None):
@@ -95,6 +98,12 @@ class Preparer:
                    "separate_vocab": args.separate_vocab}
         if recipe.configure:
             recipe = recipe.configure(recipe, options)
+        else:  # the custom corpus' options would be ignored: say so rather than prepare something else
+            given = [var for var, key in CUSTOM_OPTIONS if options[key]]
+            if given:
+                raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} "
+                                 f"has fixed languages and sources. Unset them, or prepare your corpus with "
+                                 f"SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom")
         self.r = recipe
         self.args = args
         self.kind = args.bpe or recipe.bpe
