@@ -18,11 +18,11 @@ named ``custom_SRC_TGT`` unless ``DATASET_NAME`` gives another name.
 """
 
 import dataclasses
+import gzip
 import re
 from pathlib import Path
 from typing import Dict, Optional
 
-from ..lines import iter_lines
 from .base import Context, Recipe, concat_parallel
 
 SPLITS = ("train", "valid", "test")
@@ -86,18 +86,20 @@ def files(ctx: Context) -> Dict[tuple, Path]:
     if not directory.is_dir():
         raise SystemExit(f"error: CORPUS_DIR={directory} is not a folder: point it at the folder with "
                          f"{_layout(*ctx.recipe.langs)}")
-    return {(split, lang): _file(directory, split, lang, ctx.recipe.langs) for split in SPLITS for lang in ctx.recipe.langs}
+    langs = ctx.recipe.langs
+    return {(split, lang): _file(directory, split, lang, langs) for split in SPLITS for lang in langs}
 
 
 def _count(path: Path) -> int:
     """The number of lines of ``path``; SystemExit naming the file and line when it is not UTF-8."""
     n = 0
-    try:
-        for n, _ in enumerate(iter_lines(path), 1):
-            pass
-    except UnicodeDecodeError as e:
-        raise SystemExit(f"error: {path} is not UTF-8 text (line {n + 1}: {e.reason}); convert it, e.g. "
-                         f"iconv -f LATIN1 -t UTF-8 {path.name} > {path.name}.utf8, and replace the file") from None
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SystemExit(f"error: {path} is not UTF-8 text (line {n}: {e.reason}); convert it, e.g. "
+                                 f"iconv -f LATIN1 -t UTF-8 {path.name} > {path.name}.utf8, and replace the file") from None
     return n
 
 
