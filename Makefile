@@ -17,7 +17,8 @@ help:
 	@echo "make test      run the test suite"
 	@echo "make bench     speed/memory ratios against stock fairseq (JSON on the last line)"
 	@echo "make data DATASET=iwslt14_de_en|wmt14_en_de|wmt17_zh_en|demo   download and binarize a dataset"
-	@echo "make train DATASET=... SETTING=small|base|big|tiny [ARGS='...']  train with the papers' settings"
+	@echo "make data DATASET=custom SRC=xx TGT=yy CORPUS_DIR=dir        your own corpus -> data-bin/custom_xx_yy"
+	@echo "make train DATASET=... SETTING=small|base|big|tiny [GPUS=N] [ARGS='...']  train with the papers' settings"
 	@echo "make evaluate CHECKPOINT=... DATASET=...                     BLEU (sacrebleu + tokenized), speed"
 	@echo "make significance REF=... BASELINE=... SYSTEM=...            paired bootstrap and sign test"
 

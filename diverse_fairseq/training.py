@@ -26,10 +26,15 @@ training (``RESUME_ANYWAY=1`` overrides), see :mod:`diverse_fairseq.save_dir`.
 
 Environment: DATA_BIN (data-bin), CHECKPOINTS (checkpoints), SAVE_DIR, MAX_TOKENS,
 UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32), AVERAGE (N, default 0 = off),
-SEED, DRY_RUN=1 (print the command only), RESUME_ANYWAY=1; every value is checked before anything runs.
-Multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (the command is then started through torchrun on each
-node), or run under SLURM (``srun`` with one task per node; fairseq reads the SLURM variables, we add
-``--distributed-port``).
+SEED, DRY_RUN=1 (print the command only), RESUME_ANYWAY=1, GPUS=N (train on the first N visible GPUs only: sets
+``CUDA_VISIBLE_DEVICES`` of the training processes to the first N of the devices visible now, so fairseq's world
+size, torchrun's processes per node and the ``--update-freq`` arithmetic all use N; GPUS=0 trains on the CPU;
+more than are visible is an error); every value is checked before anything runs. Multi-node: NNODES, NODE_RANK,
+MASTER_ADDR, MASTER_PORT (the command is then started through torchrun on each node), or run under SLURM
+(``srun`` with one task per node; fairseq reads the SLURM variables, we add ``--distributed-port``).
+
+SETTING may be left out: the dataset's default is used (:func:`default_setting`: the papers' for their datasets,
+else one chosen by the number of training pairs, for your own corpus).
 """
 
 import json
@@ -98,6 +103,26 @@ SETTINGS: Dict[str, Setting] = {
                            "--encoder-normalize-before", "--decoder-normalize-before"]),
 }
 DEFAULT_SETTING = {"demo": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base", "wmt17_zh_en": "base"}
+# Any other dataset (your own corpus, scripts/prepare_data.sh custom) by its number of training pairs: below 20k
+# the demo's tiny model (about one epoch in its 800 updates), below 1M Transformer-small (IWSLT14: 160k), else base.
+SIZE_SETTINGS = ((20_000, "tiny"), (1_000_000, "small"))
+LARGE_SETTING = "base"
+
+
+def default_setting(dataset: str, data_bin) -> str:
+    """The setting a dataset trains with when none is given: the papers' for their datasets, else by the
+    number of training pairs in ``DATA_BIN/dataset/prepare.json`` (:data:`SIZE_SETTINGS`)."""
+    if dataset in DEFAULT_SETTING:
+        return DEFAULT_SETTING[dataset]
+    meta_file = Path(data_bin) / dataset / "prepare.json"
+    if not meta_file.exists():
+        raise SystemExit(f"error: {meta_file} not found; prepare the data first (scripts/prepare_data.sh), "
+                         f"or name the setting: {', '.join(SETTINGS)}")
+    pairs = json.loads(meta_file.read_text()).get("sentences", {}).get("train")
+    if not isinstance(pairs, int):
+        raise SystemExit(f"error: {meta_file} does not record the number of training pairs, so no setting can be "
+                         f"chosen for {dataset}: name one ({', '.join(SETTINGS)})")
+    return next((name for limit, name in SIZE_SETTINGS if pairs < limit), LARGE_SETTING)
 
 
 def resolve_setting(name: str):
@@ -116,6 +141,36 @@ def visible_gpus() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except ImportError:  # pragma: no cover
         return 0
+
+
+def parse_gpus(text) -> Optional[int]:
+    """``GPUS``: None when unset (every visible GPU), else a non-negative integer; SystemExit otherwise."""
+    if text in (None, ""):
+        return None
+    value = str(text).strip()
+    if not value.isdigit():
+        raise SystemExit(f"error: GPUS={text!r} is not valid: use a non-negative integer (0 = the CPU, N = the first "
+                         f"N visible GPUs), or leave GPUS unset to use every visible GPU")
+    return int(value)
+
+
+def select_gpus(requested: Optional[int], env, visible: int):
+    """(GPUs to train on, environment for the training processes) for ``requested`` GPUs (None: all visible).
+
+    ``CUDA_VISIBLE_DEVICES`` becomes the first ``requested`` entries of the current one (0..N-1 when unset), so
+    that fairseq (whose default world size is the number of visible devices), torchrun and SLURM's fairseq
+    launch all see exactly those devices. More than ``visible`` is an error."""
+    if requested is None:
+        return visible, {}
+    current = env.get("CUDA_VISIBLE_DEVICES")
+    if requested > visible:
+        shown = f"CUDA_VISIBLE_DEVICES={current}" if current is not None else "CUDA_VISIBLE_DEVICES unset"
+        raise SystemExit(f"error: GPUS={requested} but only {visible} GPU(s) are visible ({shown}): use GPUS={visible} "
+                         f"or fewer (GPUS=0 trains on the CPU), or leave GPUS unset to use every visible GPU")
+    if requested == 0:
+        return 0, {"CUDA_VISIBLE_DEVICES": ""}
+    ids = [d.strip() for d in current.split(",") if d.strip()] if current else [str(i) for i in range(visible)]
+    return requested, {"CUDA_VISIBLE_DEVICES": ",".join(ids[:requested])}
 
 
 def update_freq(batch_tokens: int, world: int, max_tokens: int) -> int:
@@ -160,16 +215,18 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
 
     The save directory is ``SAVE_DIR`` when given (or a ``--save-dir`` among the extra options), else
     ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the effective options>`` (:mod:`diverse_fairseq.save_dir`).
-    """
+    ``gpus`` is the number of GPUs per node the command is made for; None: ``GPUS`` from ``env`` (checked
+    against the visible devices), or every visible GPU when it is unset."""
     env = dict(os.environ if env is None else env)
     checked = check_env(env)  # every variable, before anything else
+    if gpus is None:
+        gpus, _ = select_gpus(parse_gpus(env.get("GPUS")), env, visible_gpus())
     key, s, arch = resolve_setting(setting_or_arch)
     data = Path(_env(env, "DATA_BIN", "data-bin")) / dataset
     meta_file = data / "prepare.json"
     if not meta_file.exists():
         raise SystemExit(f"error: {meta_file} not found; prepare the data first: scripts/prepare_data.sh {dataset}")
     meta = json.loads(meta_file.read_text())
-    gpus = visible_gpus() if gpus is None else gpus
     nnodes = checked["nnodes"] or checked["slurm_nnodes"]
     world = max(1, gpus) * nnodes
     max_tokens = checked["max_tokens"] or s.max_tokens
@@ -241,17 +298,24 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
 
     ``info["checkpoint"]`` is the checkpoint to evaluate: the average of the last N checkpoints when
     ``AVERAGE=N`` asks for one and enough checkpoints exist, else ``checkpoint_last.pt``;
-    ``info["averaged"]`` is the number of checkpoints averaged into it (0: a single model, as the journal version reports).
+    ``info["averaged"]`` is the number of checkpoints averaged into it (0: a single model, as the journal
+    version reports). ``gpus`` (default: ``GPUS`` from ``env``, or every visible GPU) restricts training to the
+    first ``gpus`` visible devices (:func:`select_gpus`).
     """
     env = dict(os.environ if env is None else env)
+    requested = gpus if gpus is not None else parse_gpus(env.get("GPUS"))
+    gpus, device_env = select_gpus(requested, env, visible_gpus())
+    env.update(device_env)
     args, launcher, info = build_command(dataset, setting_or_arch, extra, env=env, gpus=gpus)
     cmd = (launcher or [sys.executable, "-m", "fairseq_cli.train"]) + args
     device = f"{info['world']} GPU(s)" if info["gpus"] else "the CPU"
     print(f"[train] {dataset} {setting_or_arch}: {info['arch']} on {device}, "
           f"{info['max_tokens']} tokens x {info['world']} x update-freq {info['update_freq']} = "
           f"{info['tokens_per_update']} tokens per update (papers: {info['paper_tokens_per_update']})", flush=True)
-    print("[train] " + shlex.join(cmd), flush=True)
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in device_env.items())
+    print("[train] " + prefix + shlex.join(cmd), flush=True)
     info["command"] = cmd
+    info["device_env"] = device_env
     save_dir = Path(info["save_dir"])
     info["checkpoint"] = str(save_dir / "checkpoint_last.pt")
     info["averaged"] = 0
@@ -286,11 +350,18 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 2 or argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         print("settings: " + ", ".join(f"{k} ({v.arch})" for k, v in SETTINGS.items()))
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
-    run(argv[0], argv[1], argv[2:])
+    dataset, rest = argv[0], argv[1:]
+    if rest and not rest[0].startswith("-"):
+        setting, extra = rest[0], rest[1:]
+    else:  # no setting named: the dataset's default
+        setting, extra = default_setting(dataset, os.environ.get("DATA_BIN") or "data-bin"), rest
+        print(f"[train] no setting given: {dataset} trains with {setting!r} (name one to choose: "
+              f"{', '.join(SETTINGS)})", flush=True)
+    run(dataset, setting, extra)
     return 0
 
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Prepare a dataset from its public download to a binarized fairseq dataset (resumable).
 #
-#   scripts/prepare_data.sh DATASET [options]     DATASET: demo | iwslt14_de_en | wmt14_en_de | wmt17_zh_en
+#   scripts/prepare_data.sh DATASET [options]     DATASET: demo | iwslt14_de_en | wmt14_en_de | wmt17_zh_en | custom
+#   SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom   your own corpus: dir/{train,valid,test}.{xx,yy}
+#                                                                  -> DATA_BIN/custom_xx_yy (or DATA_BIN/DATASET_NAME)
 #
 # Settings (environment or options; see `scripts/prepare_data.sh demo --help`):
 #   BPE=subword-nmt|sentencepiece  BPE_SIZE=N  WORKERS=N  WORK_DIR=work  DATA_BIN=data-bin
 #   DIVERSE_FAIRSEQ_MIRROR=URL-or-dir (archives looked up there by file name)  CHECKSUMS=file
-#   DEMO_DIR=dir  CWMT_DIR=dir  CWMT=skip  ZH_SEG=jieba|char  STOP_AFTER=step
+#   DEMO_DIR=dir  CWMT_DIR=dir  CWMT=skip  ZH_SEG=jieba|char  STOP_AFTER=step  PROGRESS_INTERVAL=seconds
+#   custom: SRC  TGT  CORPUS_DIR  DATASET_NAME  SEPARATE_VOCAB=1
 # WORK_DIR and DATA_BIN default to work/ and data-bin/ in the repository. Uses the repository's .venv when present.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)

@@ -63,9 +63,11 @@ def test_command_on_gpus_with_passthrough(data_bin):
     assert info["average"] == 30 and value(args, "--keep-interval-updates") == ["30"]
 
 
-def test_run_records_whether_checkpoints_were_averaged(data_bin):
+def test_run_records_whether_checkpoints_were_averaged(data_bin, monkeypatch):
+    from diverse_fairseq import training
     from diverse_fairseq.training import run
 
+    monkeypatch.setattr(training, "visible_gpus", lambda: 8)
     info = run("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "DRY_RUN": "1"}, gpus=8)
     assert info["averaged"] == 0 and info["checkpoint"].endswith("checkpoint_last.pt")
 
@@ -85,6 +87,61 @@ def test_command_multi_node_and_cpu(data_bin):
         build_command("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "PRECISION": "fp16"}, gpus=0)
     with pytest.raises(SystemExit, match="prepare the data first"):
         build_command("iwslt14_de_en", "small", [], env={"DATA_BIN": str(data_bin)}, gpus=0)
+
+
+def _dry_run(monkeypatch, capsys, data_bin, visible, **env):
+    """training.main with DRY_RUN=1 and ``visible`` GPUs; returns (exit status, printed text)."""
+    from diverse_fairseq import training
+
+    for key in ("GPUS", "CUDA_VISIBLE_DEVICES", "NNODES", "NODE_RANK", "SLURM_NNODES", "UPDATE_FREQ", "MAX_TOKENS",
+                "PRECISION", "SAVE_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(training, "visible_gpus", lambda: visible)
+    for key, val in dict(env, DATA_BIN=str(data_bin), DRY_RUN="1").items():
+        monkeypatch.setenv(key, val)
+    status = training.main(["wmt14_en_de", "base"])
+    return status, capsys.readouterr().out
+
+
+def test_gpus_restricts_training_to_the_first_n_visible_devices(data_bin, monkeypatch, capsys):
+    status, out = _dry_run(monkeypatch, capsys, data_bin, 4, GPUS="2")
+    assert status == 0 and "on 2 GPU(s), 4096 tokens x 2 x update-freq 4 = 32768 tokens" in out
+    assert "[train] CUDA_VISIBLE_DEVICES=0,1 " in out and " --update-freq 4 " in out and " --fp16" in out
+    # the first N of the devices visible now, when CUDA_VISIBLE_DEVICES already picks some
+    status, out = _dry_run(monkeypatch, capsys, data_bin, 3, GPUS="2", CUDA_VISIBLE_DEVICES="5,3,7")
+    assert "[train] CUDA_VISIBLE_DEVICES=5,3 " in out and "on 2 GPU(s)" in out
+    # GPUS=0: the CPU; GPUS unset: every visible GPU, the environment left alone
+    status, out = _dry_run(monkeypatch, capsys, data_bin, 4, GPUS="0")
+    assert "[train] CUDA_VISIBLE_DEVICES='' " in out and " --cpu" in out and "on the CPU" in out
+    status, out = _dry_run(monkeypatch, capsys, data_bin, 4)
+    assert "CUDA_VISIBLE_DEVICES" not in out and "on 4 GPU(s)" in out and " --update-freq 2 " in out
+    # multi-node through torchrun: N processes per node, world size N x nodes
+    status, out = _dry_run(monkeypatch, capsys, data_bin, 8, GPUS="2", NNODES="2", NODE_RANK="0")
+    assert "CUDA_VISIBLE_DEVICES=0,1 " in out and "--nproc-per-node 2 " in out
+    assert out.rstrip().endswith("--distributed-world-size 4") and "on 4 GPU(s)" in out
+
+
+@pytest.mark.parametrize("gpus, visible, message", [
+    ("3", 2, r"GPUS=3 but only 2 GPU\(s\) are visible \(CUDA_VISIBLE_DEVICES unset\): use GPUS=2 or fewer"),
+    ("1", 0, r"GPUS=1 but only 0 GPU\(s\) are visible"),
+    ("two", 2, r"GPUS='two' is not valid: use a non-negative integer"),
+    ("-1", 2, r"GPUS='-1' is not valid"),
+])
+def test_bad_gpus_is_an_error_before_training(data_bin, monkeypatch, capsys, gpus, visible, message):
+    with pytest.raises(SystemExit, match=message):
+        _dry_run(monkeypatch, capsys, data_bin, visible, GPUS=gpus)
+    assert "[train]" not in capsys.readouterr().out  # nothing was started or printed as started
+
+
+def test_table_runs_check_gpus_before_any_work(monkeypatch):
+    from diverse_fairseq import training
+    from diverse_fairseq.tables.__main__ import build_parser, check_settings
+
+    monkeypatch.setattr(training, "visible_gpus", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(SystemExit, match=r"GPUS=2 but only 1 GPU\(s\) are visible"):
+        check_settings(build_parser().parse_args(["demo", "--gpus", "2"]))
+    assert check_settings(build_parser().parse_args(["demo", "--gpus", "1"]))["gpus"] == 1
 
 
 def test_average_checkpoints_is_the_mean_and_loads_safely(tmp_path):

@@ -4,6 +4,8 @@ import logging
 import shutil
 from pathlib import Path
 
+from .progress import heartbeat
+
 
 def preprocess_args(src: str, tgt: str, trainpref, validpref, testpref, destdir, joined_dictionary: bool,
                     workers: int):
@@ -37,7 +39,8 @@ def binarize(src: str, tgt: str, trainpref: Path, validpref: Path, testpref: Pat
     root = logging.getLogger()
     before = list(root.handlers)
     try:
-        preprocess.main(args)
+        with heartbeat("fairseq-preprocess", log=log):
+            preprocess.main(args)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 from .lines import count_lines, map_file
+from .progress import heartbeat
 
 KINDS = ("subword-nmt", "sentencepiece")
 # What fairseq-generate/-interactive need to undo the segmentation (``--post-process``).
@@ -44,10 +45,11 @@ def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joi
         target = models[langs[0]]
         log(f"  learning {kind} ({size} {'merges' if kind == 'subword-nmt' else 'vocabulary'}) on "
             f"{' + '.join(Path(f).name for f in files)} -> {target.name}")
-        if kind == "subword-nmt":
-            _learn_subword_nmt(files, target, size, workers)
-        else:
-            _learn_sentencepiece(files, target, size, workers, zh="zh" in langs)
+        with heartbeat(f"learn {kind} {target.name}", log=log):
+            if kind == "subword-nmt":
+                _learn_subword_nmt(files, target, size, workers)
+            else:
+                _learn_sentencepiece(files, target, size, workers, zh="zh" in langs)
     return models
 
 

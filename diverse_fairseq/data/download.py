@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from .progress import Progress
+
 MIRROR_ENV = "DIVERSE_FAIRSEQ_MIRROR"
 CHUNK = 1 << 20
 
@@ -119,24 +121,18 @@ def mirror_location(mirror: str, filename: str) -> str:
     return str(Path(base).expanduser() / filename)
 
 
-def _progress(total, initial, desc):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-                mininterval=1.0, leave=True)
-
-
-def _copy_local(src: Path, part: Path):
+def _copy_local(src: Path, part: Path, log=print):
     if not src.is_file():
         raise DownloadError(f"{src} does not exist (mirror directory lacks this file)")
     size = src.stat().st_size
-    with open(src, "rb") as fin, open(part, "wb") as fout, _progress(size, 0, f"copy {src.name}") as bar:
+    with open(src, "rb") as fin, open(part, "wb") as fout, \
+            Progress(f"copy {src.name}", total=size, unit="bytes", log=log) as meter:
         for block in iter(lambda: fin.read(CHUNK), b""):
             fout.write(block)
-            bar.update(len(block))
+            meter.update(len(block))
 
 
-def _http_fetch(url: str, part: Path, timeout: float):
+def _http_fetch(url: str, part: Path, timeout: float, log=print):
     """Append the missing bytes of ``url`` to ``part`` (resuming with a Range request)."""
     start = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(url, headers={"User-Agent": "diverse-fairseq-data/1.0"})
@@ -157,10 +153,11 @@ def _http_fetch(url: str, part: Path, timeout: float):
         else:  # server ignored the Range header: start over
             mode, start = "wb", 0
             total = int(length) if length is not None else None
-        with open(part, mode) as out, _progress(total, start, f"download {part.name[:-5]}") as bar:
+        with open(part, mode) as out, \
+                Progress(f"download {part.name[:-5]}", total=total, unit="bytes", initial=start, log=log) as meter:
             for block in iter(lambda: response.read(CHUNK), b""):
                 out.write(block)
-                bar.update(len(block))
+                meter.update(len(block))
     size = part.stat().st_size
     if total is not None and size < total:
         raise DownloadError(f"connection closed after {size} of {total} bytes")
@@ -213,10 +210,10 @@ def _fetch_with_retries(location, part, filename, retries, timeout, errors, log)
         try:
             if "://" in location:
                 log(f"  {filename}: fetching {location}" + (" (resuming)" if part.exists() else ""))
-                _http_fetch(location, part, timeout)
+                _http_fetch(location, part, timeout, log)
             else:
                 log(f"  {filename}: copying {location}")
-                _copy_local(Path(location), part)
+                _copy_local(Path(location), part, log)
             return True
         except (urllib.error.URLError, http.client.HTTPException, OSError, DownloadError) as e:
             reason = getattr(e, "reason", None) or e

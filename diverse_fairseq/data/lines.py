@@ -1,4 +1,4 @@
-"""Line files: reading (plain or gzip), atomic writing, and a parallel streaming map with a progress bar."""
+"""Line files: reading (plain or gzip), atomic writing, and a parallel streaming map with progress lines."""
 
 import gzip
 import itertools
@@ -6,6 +6,7 @@ import multiprocessing
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, List
 
+from .progress import Progress
 from .steps import atomic_path
 
 CHUNK_LINES = 2000
@@ -67,33 +68,32 @@ def _chunks(lines: Iterable[str], size: int):
 
 
 def map_file(fn: Callable[[str], str], src, dst, workers: int = 1, desc: str = "") -> int:
-    """Write ``fn(line)`` for every line of ``src`` to ``dst`` (atomically), in order, with a tqdm bar.
+    """Write ``fn(line)`` for every line of ``src`` to ``dst`` (atomically), in order, reporting progress
+    (:class:`~diverse_fairseq.data.progress.Progress`: lines done of all, elapsed and remaining time).
 
     ``fn`` must be picklable (a module-level function or a ``functools.partial`` of one) when
     ``workers > 1``; the lines are processed in chunks by a process pool.
     """
-    from tqdm import tqdm
-
     total = count_lines(src) if Path(src).suffix != ".gz" else None
-    bar = tqdm(total=total, unit=" lines", desc=desc or Path(dst).name, mininterval=1.0, leave=False)
+    meter = Progress(desc or Path(dst).name, total=total, unit="lines")
     n = 0
     with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as out:
         chunks = ((fn, c) for c in _chunks(iter_lines(src), CHUNK_LINES))
         if workers > 1 and (total is None or total > CHUNK_LINES):
             with multiprocessing.get_context("fork").Pool(workers) as pool:
                 results = pool.imap(_apply_chunk, chunks)
-                n = _drain(results, out, bar)
+                n = _drain(results, out, meter)
         else:
-            n = _drain(map(_apply_chunk, chunks), out, bar)
-    bar.close()
+            n = _drain(map(_apply_chunk, chunks), out, meter)
+    meter.close()
     return n
 
 
-def _drain(results, out, bar) -> int:
+def _drain(results, out, meter) -> int:
     n = 0
     for result in results:
         for line in result:
             out.write(line.replace("\n", " ") + "\n")
         n += len(result)
-        bar.update(len(result))
+        meter.update(len(result))
     return n

@@ -2,12 +2,15 @@
 
     python -m diverse_fairseq.data.prepare DATASET [options]      (scripts/prepare_data.sh DATASET)
 
-DATASET is one of demo, iwslt14_de_en, wmt14_en_de, wmt17_zh_en. The steps (download, extract,
+DATASET is one of demo, iwslt14_de_en, wmt14_en_de, wmt17_zh_en, or ``custom``: your own plain-text corpus
+(``SRC=xx TGT=yy CORPUS_DIR=dir``, see :mod:`diverse_fairseq.data.recipes.custom`), prepared into
+DATA_BIN/custom_xx_yy (or DATA_BIN/DATASET_NAME). The steps (download, extract,
 collect, normalize, tokenize, clean, learn-bpe, apply-bpe, [clean-bpe], binarize) are each skipped
 when their outputs exist and are complete, so an interrupted run continues where it stopped.
 Intermediate files go to WORK_DIR/DATASET (default work/), the binarized data to DATA_BIN/DATASET
 (default data-bin/), together with ``prepare.json`` (how the data was made, read by the evaluation),
-the test references (``test.ref.TGT`` raw, ``test.tok.TGT`` tokenized) and the BPE model.
+the test references (``test.ref.TGT`` raw, ``test.tok.TGT`` tokenized) and the BPE model. Long steps print
+progress lines (done of all, elapsed, time left) every PROGRESS_INTERVAL seconds (:mod:`.progress`).
 
 Every option also has an environment variable (in brackets), which the Makefile passes through.
 """
@@ -27,12 +30,17 @@ from . import bpe as bpe_mod
 from .archive import CorruptArchiveError, extract
 from .binarize import binarize
 from .download import DownloadError, fetch, read_checksum_file
-from .lines import iter_lines, map_file
-from .recipes import RECIPES, Context, Recipe, get
+from . import progress
+from .lines import count_lines, iter_lines, map_file
+from .progress import Progress
+from .recipes import RECIPES, TEMPLATES, Context, Recipe, get
 from .steps import Pipeline, StopPipeline, atomic_path
 from .text import clean_pair, normalize, tokenize
 
 SPLITS = ("train", "valid", "test")
+# (variable, option key) of the options only the custom recipe reads
+CUSTOM_OPTIONS = (("SRC (--src)", "src"), ("TGT (--tgt)", "tgt"), ("CORPUS_DIR (--corpus-dir)", "corpus_dir"),
+                  ("DATASET_NAME (--name)", "name"), ("SEPARATE_VOCAB (--separate-vocab)", "separate_vocab"))
 
 
 def _env(name, default=None):
@@ -43,12 +51,13 @@ def _env(name, default=None):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prepare_data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset", choices=sorted(RECIPES), help="which dataset to prepare")
+    p.add_argument("dataset", choices=sorted([*RECIPES, *TEMPLATES]),
+                   help="which dataset to prepare; custom: your own corpus (--src, --tgt, --corpus-dir)")
     p.add_argument("--bpe", default=_env("BPE"),
                    help="segmentation, subword-nmt or sentencepiece [BPE]; default: the recipe's (sentencepiece "
                         "for demo, subword-nmt otherwise)")
     p.add_argument("--bpe-size", default=_env("BPE_SIZE"),
-                   help="BPE merges / sentencepiece vocabulary [BPE_SIZE]; default: the recipe's")
+                   help="BPE merges / sentencepiece vocabulary [BPE_SIZE]; default: the recipe's (custom: 10000)")
     p.add_argument("--work-dir", default=_env("WORK_DIR", "work"), help="root of intermediate files [WORK_DIR]")
     p.add_argument("--data-bin", default=_env("DATA_BIN", "data-bin"), help="root of binarized datasets [DATA_BIN]")
     p.add_argument("--mirror", default=_env("DIVERSE_FAIRSEQ_MIRROR"),
@@ -66,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="WMT17: proceed without the CWMT corpora [CWMT=skip]")
     p.add_argument("--zh-seg", default=_env("ZH_SEG", "jieba"),
                    help="WMT17: Chinese word segmentation before Moses tokenization, jieba or char [ZH_SEG]")
+    p.add_argument("--src", default=_env("SRC"), help="custom: source language code, the suffix of its files [SRC]")
+    p.add_argument("--tgt", default=_env("TGT"), help="custom: target language code [TGT]")
+    p.add_argument("--corpus-dir", default=_env("CORPUS_DIR"),
+                   help="custom: folder with train/valid/test.SRC and .TGT, one sentence per line [CORPUS_DIR]")
+    p.add_argument("--name", default=_env("DATASET_NAME"),
+                   help="custom: name of the prepared dataset under DATA_BIN [DATASET_NAME] (default custom_SRC_TGT)")
+    p.add_argument("--separate-vocab", action="store_true", default=_env("SEPARATE_VOCAB") == "1",
+                   help="custom: one BPE model and dictionary per language instead of joint ones [SEPARATE_VOCAB=1]")
+    p.add_argument("--progress-interval", default=_env(progress.ENV, str(progress.DEFAULT_INTERVAL)),
+                   help=f"seconds between progress lines of a long step, 0 = every update [{progress.ENV}] "
+                        f"(default {progress.DEFAULT_INTERVAL:g})")
     p.add_argument("--stop-after", default=_env("STOP_AFTER"), metavar="STEP",
                    help="stop (resumably) after this step id, e.g. tokenize [STOP_AFTER]")
     return p
@@ -75,17 +95,29 @@ class Preparer:
     """Runs one recipe's pipeline with the user's options."""
 
     def __init__(self, recipe: Recipe, args):
+        options = {"demo_dir": args.demo_dir, "cwmt_dir": args.cwmt_dir, "skip_cwmt": args.skip_cwmt,
+                   "src": args.src, "tgt": args.tgt, "corpus_dir": args.corpus_dir, "name": args.name,
+                   "separate_vocab": args.separate_vocab}
+        if recipe.configure:
+            recipe = recipe.configure(recipe, options)
+        else:  # the custom corpus' options would be ignored: say so rather than prepare something else
+            given = [var for var, key in CUSTOM_OPTIONS if options[key]]
+            if given:
+                raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} "
+                                 f"has fixed languages and sources. Unset them, or prepare your corpus with "
+                                 f"SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom")
         self.r = recipe
         self.args = args
         self.kind = args.bpe or recipe.bpe
-        self.size = int(args.bpe_size or recipe.bpe_size)
+        self.size = int(recipe.bpe_size if args.bpe_size is None else args.bpe_size)
+        if self.size <= 0:
+            raise SystemExit(f"error: BPE_SIZE (--bpe-size)={self.size} is not valid: use a positive number of "
+                             f"merges (subword-nmt) or vocabulary entries (sentencepiece)")
         self.work = Path(args.work_dir) / recipe.name
         self.dest = Path(args.data_bin) / recipe.name
         self.workers = max(1, args.workers)
         self.checksums = read_checksum_file(args.checksums) if args.checksums else {}
-        self.ctx = Context(recipe, self.work, {
-            "demo_dir": args.demo_dir, "cwmt_dir": args.cwmt_dir, "skip_cwmt": args.skip_cwmt,
-        }, log=self.log)
+        self.ctx = Context(recipe, self.work, options, log=self.log)
 
     # ------------------------------------------------------------------------------------------ helpers
     @staticmethod
@@ -195,8 +227,6 @@ class Preparer:
 
     def _clean(self):
         """Write clean/{split}.{lang}.txt (and .tok where tokenized text exists) for train/valid/test."""
-        from tqdm import tqdm
-
         r = self.r
         for split in self.splits_from_raw():
             streams = {}
@@ -217,7 +247,9 @@ class Preparer:
                         tmp = stack.enter_context(atomic_path(self.path("clean", t, lang, ext)))
                         writers[(t, lang, ext)] = stack.enter_context(open(tmp, "w", encoding="utf-8"))
                 rows = zip(*(streams[k] for k in keys))
-                for row in tqdm(rows, desc=f"clean {split}", unit=" pairs", mininterval=1.0, leave=False):
+                meter = Progress(f"clean {split}", total=count_lines(self.path("norm", split, r.src)), unit="pairs")
+                for row in rows:
+                    meter.update()
                     total += 1
                     values = dict(zip(keys, row))
                     if do_clean:
@@ -232,6 +264,7 @@ class Preparer:
                         if ext == "txt" and r.lowercase:
                             text = text.lower()
                         writers[(target, lang, ext)].write(text + "\n")
+                meter.close()
             self.log(f"  {split}: kept {kept:,} of {total:,} pairs" + (f" ({total - kept:,} removed)" if do_clean else "")
                      + (f", every {r.valid_every}-th kept pair -> valid" if len(targets) == 2 else ""))
 
@@ -263,8 +296,6 @@ class Preparer:
         return self.path("final" if self.r.clean_after_bpe else "bpe", split, lang)
 
     def _clean_after_bpe(self):
-        from tqdm import tqdm
-
         r = self.r
         for split in SPLITS:
             src, tgt = self.path("bpe", split, r.src), self.path("bpe", split, r.tgt)
@@ -276,14 +307,16 @@ class Preparer:
             kept = total = 0
             with atomic_path(self.path("final", split, r.src)) as ts, atomic_path(self.path("final", split, r.tgt)) as tt, \
                     open(ts, "w", encoding="utf-8") as fs, open(tt, "w", encoding="utf-8") as ft:
-                for s, t in tqdm(zip(iter_lines(src), iter_lines(tgt)), desc=f"clean {split}", unit=" pairs",
-                                 mininterval=1.0, leave=False):
+                meter = Progress(f"clean {split}", total=count_lines(src), unit="pairs")
+                for s, t in zip(iter_lines(src), iter_lines(tgt)):
+                    meter.update()
                     total += 1
                     pair = clean_pair(s, t, r.clean_min, r.clean_max, r.clean_ratio)
                     if pair is not None:
                         fs.write(pair[0] + "\n")
                         ft.write(pair[1] + "\n")
                         kept += 1
+                meter.close()
             self.log(f"  {split}: kept {kept:,} of {total:,} pairs ({total - kept:,} removed)")
 
     # binarize ---------------------------------------------------------------------------------------
@@ -318,7 +351,7 @@ class Preparer:
             if not (tmp / model.name).exists():
                 shutil.copyfile(model, tmp / model.name)
         meta = {
-            "dataset": r.name, "description": r.description, "source_lang": r.src, "target_lang": r.tgt,
+            "dataset": r.name, "recipe": self.args.dataset, "description": r.description, "source_lang": r.src, "target_lang": r.tgt,
             "bpe": self.kind, "bpe_size": self.size, "joint_bpe": r.joint_bpe,
             "bpe_models": {lang: m.name for lang, m in self.models.items()},
             "post_process": bpe_mod.POST_PROCESS[self.kind],
@@ -372,10 +405,12 @@ def step_ids(recipe: Recipe) -> List[str]:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    recipe = get(args.dataset)
-    args = check_args(args, recipe)
+    progress.set_interval(progress.parse_interval(args.progress_interval))
+    args = check_args(args, get(args.dataset))
+    preparer = Preparer(get(args.dataset), args)
+    recipe = preparer.r
     try:
-        Preparer(recipe, args).run()
+        preparer.run()
     except StopPipeline as e:
         print(f"[{recipe.name}] {e}", flush=True)
     except CorruptArchiveError as e:

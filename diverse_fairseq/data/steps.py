@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Optional
 
+from . import progress
+
 
 class StopPipeline(Exception):
     """Raised after the step named by ``--stop-after`` (a deliberate, resumable stop)."""
@@ -76,7 +78,11 @@ class Pipeline:
             stamp.unlink()
         self.log(header)
         started = time.time()
-        fn()
+        progress.begin_step(f"[{self.name}] step {self.index}/{self.total}")
+        try:
+            fn()
+        finally:
+            progress.end_step()
         missing = [str(o) for o in outputs if not o.exists()]
         if missing:
             raise RuntimeError(f"step {step_id} finished without producing {', '.join(missing)} (a bug)")

@@ -67,6 +67,10 @@ def check_settings(args) -> dict:
                 "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1),
                 "train_args": env_checks.parse_words("TRAIN_ARGS (--train-args)", args.train_args),
                 "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args)}
+    if settings["gpus"]:  # more GPUs than are visible: stop now, not when the first row starts training
+        from .. import training
+
+        training.select_gpus(settings["gpus"], os.environ, training.visible_gpus())
     return settings
 
 

@@ -61,10 +61,11 @@ class RunConfig:
         return self.out_dir / "runs" / row.id / f"seed{seed}"
 
     def setting(self, row: Row) -> str:
-        """The training setting of ``row``: ``tiny`` at demo scale, else the row's or the dataset's."""
+        """The training setting of ``row``: ``tiny`` at demo scale, else the row's or the dataset's
+        (:func:`training.default_setting`: the papers' for their datasets, by size for your own corpus)."""
         if self.scale == "demo":
             return "tiny"
-        return row.setting or training.DEFAULT_SETTING[self.dataset]
+        return row.setting or training.default_setting(self.dataset, self.data_bin)
 
     def thread_env(self) -> Dict[str, str]:
         """The environment that pins a job's subprocesses to ``threads`` CPU threads."""

@@ -54,6 +54,8 @@ class Recipe:
     collect: Callable[["Context"], Dict[str, object]] = None  # writes raw/{split}.{lang}; returns params
     check: Optional[Callable[["Context"], None]] = None  # early checks before any download
     collect_key: Optional[Callable[["Context"], Dict[str, object]]] = None  # inputs of collect beyond archives
+    # a recipe completed from the user's options (the custom corpus: languages, folder, name); returns the recipe
+    configure: Optional[Callable[["Recipe", Dict[str, object]], "Recipe"]] = None
     notes: str = ""
 
     @property

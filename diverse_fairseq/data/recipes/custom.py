@@ -1,0 +1,160 @@
+"""Your own parallel corpus: plain-text files in a folder, no download.
+
+    SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom     -> data-bin/custom_xx_yy
+
+``CORPUS_DIR`` holds six files, one sentence per line, UTF-8, line ``i`` of ``SPLIT.SRC`` translated by line ``i``
+of ``SPLIT.TGT`` (each file may also be gzipped, ``train.xx.gz``)::
+
+    train.xx  train.yy  valid.xx  valid.yy  test.xx  test.yy
+
+The layout is checked before anything is done: a missing file, an empty one, a file that is not UTF-8 or two
+sides of a split with different line counts stop the command with a message naming the file. The text then
+goes through the same steps as the paper datasets: training pairs longer than 250 tokens or with a length ratio
+above 9 are removed (valid and test stay whole, so that they align with their references), then either Moses
+tokenization (sacremoses) and subword-nmt BPE (``BPE=subword-nmt``, the default), or sentencepiece on the raw
+text (``BPE=sentencepiece``); ``BPE_SIZE`` merges or vocabulary entries (default 10000); one joint BPE model and
+one dictionary for both languages unless ``SEPARATE_VOCAB=1`` (different scripts, e.g. zh-en). The output is
+named ``custom_SRC_TGT`` unless ``DATASET_NAME`` gives another name.
+"""
+
+import dataclasses
+import gzip
+import re
+from pathlib import Path
+from typing import Dict, Optional
+
+from .base import Context, Recipe, concat_parallel
+
+SPLITS = ("train", "valid", "test")
+DEFAULT_SIZE = 10000
+_LANG = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,15}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+LAYOUT = "train.SRC train.TGT valid.SRC valid.TGT test.SRC test.TGT (one sentence per line, UTF-8, .gz allowed)"
+
+
+def dataset_name(src: str, tgt: str, name: Optional[str] = None) -> str:
+    """The name under DATA_BIN: ``name`` when given, else ``custom_SRC_TGT``."""
+    return name or f"custom_{src}_{tgt}"
+
+
+def configure(template: Recipe, options: Dict[str, object]) -> Recipe:
+    """The recipe for the user's corpus, from ``src``, ``tgt``, ``corpus_dir``, ``name`` and ``separate_vocab``;
+    raises SystemExit naming the variable when one is missing or malformed."""
+    src, tgt, corpus = options.get("src"), options.get("tgt"), options.get("corpus_dir")
+    missing = [var for var, value in (("SRC (--src)", src), ("TGT (--tgt)", tgt), ("CORPUS_DIR (--corpus-dir)", corpus))
+               if not value]
+    if missing:
+        raise SystemExit(f"error: the custom dataset needs {', '.join(missing)}: e.g. SRC=en TGT=de "
+                         f"CORPUS_DIR=/path/to/corpus scripts/prepare_data.sh custom, where the folder holds {LAYOUT}")
+    for var, value in (("SRC (--src)", src), ("TGT (--tgt)", tgt)):
+        if not _LANG.match(str(value)):
+            raise SystemExit(f"error: {var}={value!r} is not a language code: use letters, digits, '_' or '-', "
+                             f"starting with a letter (e.g. en, de, pt_br); it is the files' suffix")
+    if src == tgt:
+        raise SystemExit(f"error: SRC and TGT are both {src!r}: give the source and the target language")
+    name = options.get("name")
+    if name and not _NAME.match(str(name)):
+        raise SystemExit(f"error: DATASET_NAME (--name)={name!r} is not a valid folder name: use letters, digits, "
+                         f"'_', '-' or '.'")
+    separate = bool(options.get("separate_vocab"))
+    folder = Path(str(corpus)).expanduser().resolve()
+    return dataclasses.replace(template, name=dataset_name(src, tgt, name), src=src, tgt=tgt,
+                               description=f"your corpus in {folder} ({src}→{tgt})",
+                               joint_bpe=not separate, joined_dictionary=not separate)
+
+
+def corpus_dir(ctx: Context) -> Path:
+    return Path(str(ctx.options["corpus_dir"])).expanduser().resolve()
+
+
+def _layout(src: str, tgt: str) -> str:
+    return " ".join(f"{split}.{lang}" for split in SPLITS for lang in (src, tgt)) + \
+        " (one sentence per line, UTF-8, .gz allowed)"
+
+
+def _file(directory: Path, split: str, lang: str, langs) -> Path:
+    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
+        if (directory / name).is_file():
+            return directory / name
+    raise SystemExit(f"error: {directory / f'{split}.{lang}'} not found (nor {split}.{lang}.gz). CORPUS_DIR must hold "
+                     f"{_layout(*langs)}; add the file or point CORPUS_DIR at the folder that has it")
+
+
+def files(ctx: Context) -> Dict[tuple, Path]:
+    """{(split, lang): file} for the six corpus files; SystemExit naming the first missing one."""
+    directory = corpus_dir(ctx)
+    if not directory.is_dir():
+        raise SystemExit(f"error: CORPUS_DIR={directory} is not a folder: point it at the folder with "
+                         f"{_layout(*ctx.recipe.langs)}")
+    langs = ctx.recipe.langs
+    return {(split, lang): _file(directory, split, lang, langs) for split in SPLITS for lang in langs}
+
+
+def _count(path: Path) -> int:
+    """The number of lines of ``path``; SystemExit naming the file and line when it is not UTF-8."""
+    n = 0
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SystemExit(f"error: {path} is not UTF-8 text (line {n}: {e.reason}); convert it, e.g. "
+                                 f"iconv -f LATIN1 -t UTF-8 {path.name} > {path.name}.utf8, and replace the file") from None
+    return n
+
+
+def check(ctx: Context):
+    """Validate the corpus folder before any work: every file there, not empty, UTF-8, and the two sides of
+    each split with equally many lines."""
+    found = files(ctx)
+    src, tgt = ctx.recipe.langs
+    for split in SPLITS:
+        counts = {lang: _count(found[split, lang]) for lang in (src, tgt)}
+        for lang, n in counts.items():
+            if n == 0:
+                raise SystemExit(f"error: {found[split, lang]} is empty: every split needs sentences "
+                                 f"(valid and test a few hundred or more, cut from the training data if need be)")
+        if counts[src] != counts[tgt]:
+            raise SystemExit(
+                f"error: {found[split, src]} has {counts[src]:,} lines but {found[split, tgt]} has {counts[tgt]:,}: "
+                f"line i of one must be the translation of line i of the other. Fix the alignment (a sentence "
+                f"with a line break inside, or a missing line) so that both have the same number of lines")
+        ctx.log(f"  {split}: {counts[src]:,} sentence pairs in {found[split, src].name} / {found[split, tgt].name}")
+
+
+def collect_key(ctx: Context):
+    """The corpus files' names, sizes and modification times: a changed corpus is prepared again."""
+    return {"corpus": {f"{split}.{lang}": [str(path), path.stat().st_size, path.stat().st_mtime_ns]
+                       for (split, lang), path in sorted(files(ctx).items())}}
+
+
+def collect(ctx: Context):
+    found = files(ctx)
+    src, tgt = ctx.recipe.langs
+    for split in SPLITS:
+        concat_parallel(ctx, split, [(f"{split}.{src}/{split}.{tgt}", found[split, src], found[split, tgt])], src, tgt)
+    return {}
+
+
+RECIPE = Recipe(
+    name="custom",
+    src="",  # set from SRC / TGT by configure()
+    tgt="",
+    description="your own parallel corpus (SRC, TGT, CORPUS_DIR)",
+    archives=[],
+    bpe="subword-nmt",
+    bpe_size=DEFAULT_SIZE,
+    joint_bpe=True,
+    joined_dictionary=True,
+    non_printing=True,
+    clean_max=250,
+    clean_ratio=9.0,
+    clean_splits=("train",),
+    beam=5,
+    lenpen=1.0,
+    collect=collect,
+    check=check,
+    collect_key=collect_key,
+    configure=configure,
+    notes="no download; disk and time grow with the corpus (about those of IWSLT14 for 160k pairs)",
+)

@@ -1,0 +1,195 @@
+"""Your own corpus: ``scripts/prepare_data.sh custom`` on tests/fixtures/custom_corpus (300 training pairs and 40
+valid/test pairs cut from the demo corpus in data/demo), the checks that reject a malformed corpus folder before any
+work, the setting a custom dataset trains with, and prepare → a few training updates → evaluate end to end."""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from diverse_fairseq import training
+from diverse_fairseq.data.prepare import main as prepare
+from diverse_fairseq.data.text import tokenize
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"
+ENV_KEYS = ("BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "WORKERS", "SRC", "TGT", "CORPUS_DIR", "DATASET_NAME",
+            "SEPARATE_VOCAB", "PROGRESS_INTERVAL", "STOP_AFTER", "GPUS", "SAVE_DIR", "NNODES", "MAX_TOKENS",
+            "UPDATE_FREQ", "PRECISION", "AVERAGE", "OUT", "SUBSET", "SLURM_NNODES")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+
+
+def lines(path):
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def args(tmp_path, corpus=CORPUS, *extra):
+    return ["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(corpus), "--work-dir", str(tmp_path / "work"),
+            "--data-bin", str(tmp_path / "data-bin"), "--bpe-size", "200", "--workers", "1", *extra]
+
+
+def load_split(dest: Path, split: str, lang: str, src="en", tgt="de"):
+    """The binarized sentences of ``split`` in ``lang``, read back with fairseq and its dictionary."""
+    from fairseq.data import Dictionary, data_utils
+
+    dictionary = Dictionary.load(str(dest / f"dict.{lang}.txt"))
+    dataset = data_utils.load_indexed_dataset(str(dest / f"{split}.{src}-{tgt}.{lang}"), dictionary)
+    assert dataset is not None, f"{dest}/{split}.{src}-{tgt}.{lang} does not parse"
+    return dictionary, dataset
+
+
+def test_custom_corpus_with_subword_nmt_binarizes_every_split(tmp_path, capsys):
+    prepare(args(tmp_path))
+    out = capsys.readouterr().out
+    assert "train: 300 sentence pairs in train.en / train.de" in out and "step 7/7: binarize" in out
+    dest = tmp_path / "data-bin" / "custom_en_de"
+    meta = json.loads((dest / "prepare.json").read_text())
+    assert meta["dataset"] == "custom_en_de" and meta["recipe"] == "custom"
+    assert (meta["source_lang"], meta["target_lang"]) == ("en", "de")
+    assert meta["bpe"] == "subword-nmt" and meta["bpe_size"] == 200 and meta["moses_tokenized"]
+    assert meta["post_process"] == "subword_nmt" and meta["joined_dictionary"] and (dest / "codes").exists()
+    assert meta["sentences"] == {"train": 300, "valid": 40, "test": 40}
+    # the raw test reference for sacrebleu is the user's file, unchanged
+    assert lines(dest / "test.ref.de") == lines(CORPUS / "test.de")
+    assert lines(dest / "test.tok.de") == [tokenize(s, "de") for s in lines(CORPUS / "test.de")]
+    # every split parses and holds the Moses-tokenized text of the user's files, segmented by BPE
+    for split, n in meta["sentences"].items():
+        for lang in ("en", "de"):
+            dictionary, dataset = load_split(dest, split, lang)
+            assert len(dataset) == n
+            raw = lines(CORPUS / f"{split}.{lang}")
+            assert [dictionary.string(dataset[i], "subword_nmt") for i in (0, n - 1)] == \
+                [tokenize(raw[i], lang) for i in (0, n - 1)]
+
+
+def test_custom_corpus_with_sentencepiece_separate_vocab_gzip_and_a_name(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(CORPUS, corpus)
+    with open(corpus / "train.de", "rb") as f, gzip.open(corpus / "train.de.gz", "wb") as g:
+        shutil.copyfileobj(f, g)
+    (corpus / "train.de").unlink()
+    env = dict(SRC="en", TGT="de", CORPUS_DIR=str(corpus), DATASET_NAME="my_corpus", BPE="sentencepiece",
+               SEPARATE_VOCAB="1", BPE_SIZE="300", WORK_DIR=str(tmp_path / "work"), DATA_BIN=str(tmp_path / "data-bin"))
+    for key, value in env.items():  # the environment variables the scripts and the Makefile pass
+        monkeypatch.setenv(key, value)
+    prepare(["custom", "--workers", "1"])
+    dest = tmp_path / "data-bin" / "my_corpus"
+    meta = json.loads((dest / "prepare.json").read_text())
+    assert meta["dataset"] == "my_corpus" and meta["bpe"] == "sentencepiece" and meta["post_process"] == "sentencepiece"
+    assert not meta["joint_bpe"] and not meta["joined_dictionary"] and not meta["moses_tokenized"]
+    assert (dest / "spm.en.model").exists() and (dest / "spm.de.model").exists()
+    assert lines(dest / "dict.en.txt") != lines(dest / "dict.de.txt")
+    dictionary, dataset = load_split(dest, "test", "de")
+    raw = lines(CORPUS / "test.de")
+    assert len(dataset) == len(raw) and dictionary.string(dataset[3], "sentencepiece") == raw[3]
+    assert not (tmp_path / "data-bin" / "custom_en_de").exists()
+
+
+def _corrupt(tmp_path, edit):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(CORPUS, corpus)
+    edit(corpus)
+    return corpus
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: (c / "valid.de").unlink(), r"corpus/valid\.de not found \(nor valid\.de\.gz\)\. CORPUS_DIR must hold "
+                                          r"train\.en train\.de valid\.en valid\.de test\.en test\.de"),
+    (lambda c: (c / "test.en").write_text("one line\n"),
+     r"corpus/test\.en has 1 lines but .*corpus/test\.de has 40: line i of one must be the translation"),
+    (lambda c: (c / "train.de").write_text(""), r"corpus/train\.de is empty"),
+    (lambda c: (c / "train.en").write_bytes("caf\xe9\n".encode("latin-1")), r"corpus/train\.en is not UTF-8 text \(line 1"),
+])
+def test_a_malformed_corpus_is_rejected_before_any_work(tmp_path, edit, message):
+    corpus = _corrupt(tmp_path, edit)
+    with pytest.raises(SystemExit, match=message):
+        prepare(args(tmp_path, corpus))
+    assert not (tmp_path / "work" / "custom_en_de" / "raw").exists() and not (tmp_path / "data-bin").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["custom"], r"the custom dataset needs SRC \(--src\), TGT \(--tgt\), CORPUS_DIR \(--corpus-dir\)"),
+    (["custom", "--src", "en", "--tgt", "en", "--corpus-dir", str(CORPUS)], r"SRC and TGT are both 'en'"),
+    (["custom", "--src", "e n", "--tgt", "de", "--corpus-dir", str(CORPUS)], r"SRC \(--src\)='e n' is not a language code"),
+    (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", "/nonexistent/corpus"], r"CORPUS_DIR=/nonexistent/corpus is not a folder"),
+    (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--name", "a/b"], r"DATASET_NAME \(--name\)='a/b'"),
+    (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--bpe-size", "0"], r"BPE_SIZE \(--bpe-size\)=0"),
+    (["demo", "--src", "fr", "--corpus-dir", str(CORPUS)],
+     r"SRC \(--src\), CORPUS_DIR \(--corpus-dir\) only apply to `custom` \(your own corpus\); demo has fixed"),
+])
+def test_bad_custom_options_are_named(tmp_path, argv, message):
+    with pytest.raises(SystemExit, match=message):
+        prepare(argv + ["--work-dir", str(tmp_path / "work"), "--data-bin", str(tmp_path / "data-bin")])
+    assert not (tmp_path / "work").exists()
+
+
+def _meta(data_bin: Path, name: str, train_pairs):
+    (data_bin / name).mkdir(parents=True, exist_ok=True)
+    meta = {"source_lang": "en", "target_lang": "de", "joined_dictionary": True}
+    if train_pairs is not None:
+        meta["sentences"] = {"train": train_pairs, "valid": 10, "test": 10}
+    (data_bin / name / "prepare.json").write_text(json.dumps(meta))
+
+
+def test_a_custom_dataset_trains_with_a_setting_for_its_size(tmp_path, monkeypatch, capsys):
+    data_bin = tmp_path / "data-bin"
+    for name, pairs, setting in (("custom_en_de", 300, "tiny"), ("mid", 160_000, "small"), ("big", 4_500_000, "base")):
+        _meta(data_bin, name, pairs)
+        assert training.default_setting(name, data_bin) == setting
+    assert training.default_setting("wmt14_en_de", data_bin) == "base"  # the papers' datasets keep theirs
+    _meta(data_bin, "unknown", None)
+    with pytest.raises(SystemExit, match="no setting can be chosen for unknown: name one"):
+        training.default_setting("unknown", data_bin)
+    with pytest.raises(SystemExit, match="prepare the data first"):
+        training.default_setting("missing", data_bin)
+    # the table runner at paper scale takes the same default; the command line without a setting too
+    from diverse_fairseq.tables.runner import RunConfig
+    from diverse_fairseq.tables.spec import Row
+
+    run = RunConfig(dataset="mid", scale="paper", seeds=[1], gpus=0, out_dir=tmp_path, data_bin=data_bin)
+    assert run.setting(Row(id="base", label="Transformer", family="transformer")) == "small"
+    monkeypatch.setenv("DATA_BIN", str(data_bin))
+    monkeypatch.setenv("DRY_RUN", "1")
+    monkeypatch.setattr(training, "visible_gpus", lambda: 0)
+    assert training.main(["custom_en_de", "--max-update", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "no setting given: custom_en_de trains with 'tiny'" in out
+    assert "--encoder-layers 2" in out and out.rstrip().endswith("--max-update 3")
+
+
+@pytest.mark.slow
+def test_custom_prepare_train_evaluate_end_to_end(tmp_path):
+    env = dict(os.environ, SRC="en", TGT="de", CORPUS_DIR=str(CORPUS), BPE_SIZE="200", WORKERS="1",
+               DATA_BIN=str(tmp_path / "data-bin"), WORK_DIR=str(tmp_path / "work"),
+               CHECKPOINTS=str(tmp_path / "checkpoints"), MAX_UPDATE="3", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               CUDA_VISIBLE_DEVICES="")
+    for key in ENV_KEYS:
+        if key not in ("SRC", "TGT", "CORPUS_DIR", "BPE_SIZE", "WORKERS", "DATA_BIN", "WORK_DIR"):
+            env.pop(key, None)
+
+    def run(*cmd):
+        proc = subprocess.run(["bash", *map(str, cmd)], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    run(REPO / "scripts" / "prepare_data.sh", "custom")
+    assert (tmp_path / "data-bin" / "custom_en_de" / "train.en-de.en.bin").exists()
+    out = run(REPO / "scripts" / "train.sh", "custom_en_de", "tiny", "--max-tokens", "500", "--num-workers", "0")
+    checkpoint = tmp_path / "checkpoints" / "custom_en_de_tiny" / "checkpoint_last.pt"
+    assert "on the CPU" in out and checkpoint.exists()
+    out = run(REPO / "scripts" / "evaluate.sh", checkpoint, "custom_en_de", "--max-len-b", "5")
+    result_dir = checkpoint.parent / "eval-custom_en_de-test-checkpoint_last"
+    results = json.loads((result_dir / "results.json").read_text())
+    assert results["dataset"] == "custom_en_de" and results["sentences"] == 40 and 0 <= results["bleu"] <= 100
+    assert results["reference"] == "raw reference test.ref.de"
+    assert lines(result_dir / "ref.detok.de") == lines(CORPUS / "test.de")
+    assert len(lines(result_dir / "hyp.detok.de")) == 40 and "BLEU (sacrebleu, detokenized) =" in out
