@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-USER_DIR = str(Path(__file__).resolve().parent)
+from .user_dir import USER_DIR  # the package directory, for --user-dir
 _TRANSLATED = re.compile(
     r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
 

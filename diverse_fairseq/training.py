@@ -11,7 +11,9 @@ fairseq-train after ours, so they override them (e.g. ``--criterion ... --optimi
 
 Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs
 with ``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs
-go to ``SAVE_DIR/tensorboard``. The papers report single models, so no setting averages checkpoints; with
+go to ``SAVE_DIR/tensorboard`` when a writer is installed (``pip install -e .[tensorboard]``: tensorboardX;
+fairseq also takes ``torch.utils.tensorboard`` when the ``tensorboard`` package is there); without one,
+``--tensorboard-logdir`` is left out and the run says so. The papers report single models, so no setting averages checkpoints; with
 ``AVERAGE=N`` the last N checkpoints are averaged after training into ``SAVE_DIR/checkpoint_avg_lastN.pt``
 (fairseq's averaging, see :mod:`diverse_fairseq.average_checkpoints`), and that average is evaluated.
 
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-USER_DIR = str(Path(__file__).resolve().parent)
+from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,14 @@ def update_freq(batch_tokens: int, world: int, max_tokens: int) -> int:
     return max(1, math.ceil(batch_tokens / (max(1, world) * max_tokens)))
 
 
+def tensorboard_available() -> bool:
+    """Whether fairseq's ``--tensorboard-logdir`` can write: it uses ``torch.utils.tensorboard`` (needs the
+    ``tensorboard`` package) or else ``tensorboardX``; with neither it only warns and writes nothing."""
+    import importlib.util
+
+    return any(importlib.util.find_spec(name) is not None for name in ("tensorboardX", "tensorboard"))
+
+
 def _env(env, name, default=None, cast=str):
     value = env.get(name)
     return cast(value) if value not in (None, "") else default
@@ -145,7 +155,8 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", str(max_tokens), "--update-freq", str(freq),
         "--max-update", str(_env(env, "MAX_UPDATE", s.max_update, int)),
-        "--save-dir", str(save_dir), "--tensorboard-logdir", str(save_dir / "tensorboard"),
+        "--save-dir", str(save_dir),
+        *(["--tensorboard-logdir", str(save_dir / "tensorboard")] if tensorboard_available() else []),
         "--log-format", "simple", "--log-interval", str(s.log_interval), "--seed", str(_env(env, "SEED", 1, int)),
     ]
     average = _env(env, "AVERAGE", s.average, int)
@@ -199,6 +210,9 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
           f"{info['max_tokens']} tokens x {info['world']} x update-freq {info['update_freq']} = "
           f"{info['tokens_per_update']} tokens per update (papers: {info['paper_tokens_per_update']})", flush=True)
     print("[train] " + shlex.join(cmd), flush=True)
+    if "--tensorboard-logdir" not in cmd:
+        print("[train] no tensorboard logs: neither tensorboardX nor tensorboard is installed "
+              "(pip install -e '.[tensorboard]')", flush=True)
     info["command"] = cmd
     save_dir = Path(info["save_dir"])
     info["checkpoint"] = str(save_dir / "checkpoint_last.pt")

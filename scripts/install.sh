@@ -18,7 +18,7 @@
 #        (the PyTorch CPU wheel index), falling back to the default index if that index cannot serve it;
 #      - a GPU: from the default index (the CUDA build).
 #  * fairseq-fixed==0.12.3.1 without build isolation and without its torchaudio pin (docs/fairseq-notes.md),
-#    then this package with `pip install -e .[dev]`.
+#    then this package with `pip install -e .[dev,tensorboard]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -104,7 +104,7 @@ if [ "$DRY_RUN" = 1 ]; then
         say "plan: create venv $VENV from PYTHON=$PYTHON (Python $(python_version "$PYTHON"))"
     fi
     say "plan: torch: $TORCH_ACTION: $TORCH_WHY"
-    say "plan: fairseq-fixed==$FAIRSEQ_VERSION (--no-build-isolation --no-deps), then pip install -e .[dev]"
+    say "plan: fairseq-fixed==$FAIRSEQ_VERSION (--no-build-isolation --no-deps), then pip install -e .[dev,tensorboard]"
     exit 0
 fi
 
@@ -160,7 +160,7 @@ if ! "$PY" -c "import fairseq" 2>/dev/null; then
     say "building fairseq-fixed==$FAIRSEQ_VERSION (compiles extensions, ~3 minutes)"
     $PIP --no-build-isolation --no-deps "fairseq-fixed==$FAIRSEQ_VERSION"
 fi
-say "installing diverse-fairseq (editable, with dev extra)"
-$PIP --no-build-isolation -e ".[dev]"
+say "installing diverse-fairseq (editable, with the dev and tensorboard extras)"
+$PIP --no-build-isolation -e ".[dev,tensorboard]"
 "$PY" -c "import fairseq, torch, diverse_fairseq; print('[install] ok: torch', torch.__version__, 'fairseq', fairseq.__version__)"
 touch "$STAMP"

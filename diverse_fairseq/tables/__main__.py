@@ -15,7 +15,7 @@ from typing import List, Optional
 
 from ..cli_logging import setup_cli_logging
 from .report import summarise, write_report
-from .runner import RunConfig, run_table
+from .runner import RUNNER_FLAGS, RunConfig, run_table
 from .spec import REPO, TableSpecError, load_table
 
 SCALES = ("demo", "paper")
@@ -89,6 +89,11 @@ def check_settings(args) -> dict:
     settings = {"scale": parse_scale(args.scale), "seeds": parse_seeds(args.seeds),
                 "gpus": parse_int("GPUS (--gpus)", args.gpus, 0), "threads": parse_int("THREADS (--threads)", args.threads, 1),
                 "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1)}
+    taken = [a for a in shlex.split(args.train_args or "") if a.split("=", 1)[0] in RUNNER_FLAGS]
+    if taken:
+        raise _bad("TRAIN_ARGS (--train-args)", args.train_args,
+                   f"leave out {' '.join(taken)}: the runner sets {' and '.join(RUNNER_FLAGS)} itself (it reads "
+                   f"fairseq's JSON log records from the run's train.log)")
     return settings
 
 
