@@ -161,3 +161,9 @@ def test_hub_interface_translates(workdir, model):
     assert sum(p.numel() for p in net.parameters()) == logs.model_parameters(log)
     routed = [m for m in net.modules() if getattr(m, "aggregator", None) is not None]
     assert len(routed) == (2 if model == "routing" else 0)
+    if model == "routing":  # stock TransformerModel.from_pretrained builds the checkpoint's own architecture
+        again = TransformerModel.from_pretrained(str(workdir / "checkpoints" / model), "checkpoint_last.pt",
+                                                 str(workdir / "data-bin" / "demo"), bpe="sentencepiece",
+                                                 sentencepiece_model=str(workdir / "data-bin" / "demo" / "spm.model"))
+        assert type(again.models[0]) is DiverseTransformerModel
+        assert again.eval().translate(SENTENCES[0], beam=2, max_len_b=20) == out[0]
