@@ -96,6 +96,12 @@ else
     check_python PYTHON "$PYTHON"
 fi
 plan_torch
+case $TORCH_ACTION in
+    keep-*)
+        # pyproject.toml asks for torch>=2.0: an older one would be replaced by pip, so refuse it instead
+        [ "${TORCH_FOUND%%.*}" -ge 2 ] 2>/dev/null || die "the torch to keep ($TORCH_FOUND, in $TORCH_SITE) is older than 2.0, which diverse-fairseq needs: upgrade it there (pytorch.org), or use a PYTHON without torch (or another VENV) to have torch==$TORCH_VERSION installed"
+        ;;
+esac
 
 if [ "$DRY_RUN" = 1 ]; then
     if [ -x "$VENV/bin/python" ]; then

@@ -36,6 +36,9 @@ def fakes(tmp_path):
     return {
         "no_torch": _exe(tmp_path / "python-no-torch", f'exec "{sys.executable}" -S "$@"'),  # -S: no site-packages
         "py310": _exe(tmp_path / "python3.10", 'echo 3.10'),
+        # a Python 3.11 whose torch is 1.13: answers the install's two questions as such an interpreter would
+        "old_torch": _exe(tmp_path / "python-old-torch",
+                          'case "$2" in *torch*) printf "1.13.1\\t/opt/old/site-packages\\n";; *) echo 3.11;; esac'),
         "gpu_path": f"{gpu}{os.pathsep}{os.environ['PATH']}",
         "nogpu_path": f"{nogpu}{os.pathsep}{os.environ['PATH']}",
         "venv": tmp_path / "venv",
@@ -106,7 +109,8 @@ def test_venv_from_a_venv_python_imports_its_torch(fakes):
     ({"PYTHON": "py310"}, r"PYTHON=.*python3\.10 is Python 3\.10; diverse-fairseq installs on Python 3\.11 or 3\.12"),
     ({"PYTHON": "/nonexistent/python3"}, r"PYTHON=/nonexistent/python3 does not run: set PYTHON"),
     ({"DRY_RUN": "yes"}, r"DRY_RUN=yes is not valid: use DRY_RUN=1"),
-], ids=["python-3.10", "python-missing", "dry-run-value"])
+    ({"PYTHON": "old_torch"}, r"the torch to keep \(1\.13\.1, in /opt/old/site-packages\) is older than 2\.0"),
+], ids=["python-3.10", "python-missing", "dry-run-value", "torch-1.x"])
 def test_bad_settings_are_refused_before_any_work(fakes, env, message):
     env = {k: fakes.get(v, v) for k, v in env.items()}
     dry_run = env.pop("DRY_RUN", "0")  # a real install: it must stop before creating anything
