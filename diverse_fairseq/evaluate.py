@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import env_checks
-
-USER_DIR = str(Path(__file__).resolve().parent)
+from .user_dir import USER_DIR  # the package directory, for --user-dir
 _TRANSLATED = re.compile(
     r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
 

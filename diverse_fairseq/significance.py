@@ -35,10 +35,10 @@ def read_lines(path) -> List[str]:
         return [line.rstrip("\n") for line in f]
 
 
-def _metric(tokenize: str, lowercase: bool):
+def _metric(tokenize: str, lowercase: bool, effective_order: bool = False):
     from sacrebleu.metrics import BLEU
 
-    return BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
+    return BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none", effective_order=effective_order)
 
 
 def sign_test_p(plus: int, minus: int) -> float:
@@ -51,23 +51,48 @@ def sign_test_p(plus: int, minus: int) -> float:
     return min(1.0, 2 * tail / 2 ** n)
 
 
+def sentence_statistics(metric, hyps: Sequence[str], refs: Sequence[str]):
+    """Per-sentence BLEU sufficient statistics as an (N, 2 + 2·max order) array
+    ``[hyp length, ref length, matches n=1.., hyp n-grams n=1..]``, from the public fields of
+    ``BLEU.sentence_score`` (``sys_len``, ``ref_len``, ``counts``, ``totals``); summed over sentences they are
+    the corpus statistics that ``corpus_score`` scores."""
+    import numpy as np
+
+    rows = []
+    for hyp, ref in zip(hyps, refs):
+        s = metric.sentence_score(hyp, [ref])
+        rows.append([s.sys_len, s.ref_len, *s.counts, *s.totals])
+    return np.array(rows, dtype=np.float64)
+
+
+def bleu_from_statistics(metric, total) -> float:
+    """Corpus BLEU of summed statistics with ``metric``'s settings (``BLEU.compute_bleu``, public)."""
+    order = metric.max_ngram_order
+    return metric.compute_bleu(
+        correct=[int(x) for x in total[2:2 + order]], total=[int(x) for x in total[2 + order:2 + 2 * order]],
+        sys_len=int(total[0]), ref_len=int(total[1]), smooth_method=metric.smooth_method,
+        smooth_value=metric.smooth_value, effective_order=False, max_ngram_order=order).score
+
+
 def sign_test(baseline: Sequence[str], system: Sequence[str], refs: Sequence[str], tokenize: str = "13a",
               lowercase: bool = False) -> Dict[str, float]:
     """Collins et al. (2005) sign test: per sentence, the effect on the baseline's corpus BLEU of
     replacing its translation by the system's."""
     import numpy as np
 
+    # effective_order only silences sacrebleu's advice for sentence-level *scores*; the statistics are the same
+    stats_metric = _metric(tokenize, lowercase, effective_order=True)
     metric = _metric(tokenize, lowercase)
-    base_stats = np.array(metric._extract_corpus_statistics(list(baseline), [list(refs)]), dtype=np.float64)
-    sys_stats = np.array(metric._extract_corpus_statistics(list(system), [list(refs)]), dtype=np.float64)
+    base_stats = sentence_statistics(stats_metric, baseline, refs)
+    sys_stats = sentence_statistics(stats_metric, system, refs)
     total = base_stats.sum(0)
-    base_bleu = metric._compute_score_from_stats(total.tolist()).score
+    base_bleu = bleu_from_statistics(metric, total)
     plus = minus = ties = 0
     for i in range(len(refs)):
         if np.array_equal(base_stats[i], sys_stats[i]):
             ties += 1
             continue
-        swapped = metric._compute_score_from_stats((total - base_stats[i] + sys_stats[i]).tolist()).score
+        swapped = bleu_from_statistics(metric, total - base_stats[i] + sys_stats[i])
         if swapped > base_bleu + 1e-9:
             plus += 1
         elif swapped < base_bleu - 1e-9:

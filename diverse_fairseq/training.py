@@ -11,10 +11,12 @@ fairseq-train after ours, so they override them (e.g. ``--criterion ... --optimi
 
 Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs
 with ``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs
-go to ``SAVE_DIR/tensorboard``. The journal version reports single models (the conference papers do not say),
-so no setting averages checkpoints; with ``AVERAGE=N`` the last N checkpoints are averaged after training into
-``SAVE_DIR/checkpoint_avg_lastN.pt`` (fairseq's averaging, see :mod:`diverse_fairseq.average_checkpoints`), and
-that average is evaluated.
+go to ``SAVE_DIR/tensorboard`` when a writer is installed (``pip install -e .[tensorboard]``: tensorboardX;
+fairseq also takes ``torch.utils.tensorboard`` when the ``tensorboard`` package is there); without one,
+``--tensorboard-logdir`` is left out and the run says so. The journal version reports single models (the
+conference papers do not say), so no setting averages checkpoints; with ``AVERAGE=N`` the last N checkpoints are
+averaged after training into ``SAVE_DIR/checkpoint_avg_lastN.pt`` (fairseq's averaging, see
+:mod:`diverse_fairseq.average_checkpoints`), and that average is evaluated.
 
 These settings are the single source of the papers' hyper-parameters: the hydra configs in ``configs/``
 must give the same fairseq options (``tests/test_hydra_configs.py`` compares them).
@@ -49,8 +51,7 @@ from typing import Dict, List, Optional
 
 from . import env_checks
 from . import save_dir as save_dirs
-
-USER_DIR = str(Path(__file__).resolve().parent)
+from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,14 @@ def check_env(env) -> Dict:
     return settings
 
 
+def tensorboard_available() -> bool:
+    """Whether fairseq's ``--tensorboard-logdir`` can write: it uses ``torch.utils.tensorboard`` (needs the
+    ``tensorboard`` package) or else ``tensorboardX``; with neither it only warns and writes nothing."""
+    import importlib.util
+
+    return any(importlib.util.find_spec(name) is not None for name in ("tensorboardX", "tensorboard"))
+
+
 def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None):
     """Return (fairseq-train arguments, launcher prefix, info dict) for this run.
 
@@ -244,7 +253,8 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", str(max_tokens), "--update-freq", str(freq),
         "--max-update", str(checked["max_update"] or s.max_update),
-        "--save-dir", placeholder, "--tensorboard-logdir", placeholder + "/tensorboard",
+        "--save-dir", placeholder,
+        *(["--tensorboard-logdir", placeholder + "/tensorboard"] if tensorboard_available() else []),
         "--log-format", "simple", "--log-interval", str(s.log_interval), "--seed", str(checked["seed"]),
     ]
     average = s.average if checked["average"] is None else checked["average"]
@@ -314,6 +324,9 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
           f"{info['tokens_per_update']} tokens per update (papers: {info['paper_tokens_per_update']})", flush=True)
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in device_env.items())
     print("[train] " + prefix + shlex.join(cmd), flush=True)
+    if "--tensorboard-logdir" not in cmd:
+        print("[train] no tensorboard logs: neither tensorboardX nor tensorboard is installed "
+              "(pip install -e '.[tensorboard]')", flush=True)
     info["command"] = cmd
     info["device_env"] = device_env
     save_dir = Path(info["save_dir"])

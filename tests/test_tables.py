@@ -279,6 +279,58 @@ def test_cache_key_is_the_effective_command(prepared):
     assert "older runner" in runner.key_difference(None, key)
 
 
+def test_logging_flags_are_not_part_of_the_comparison(prepared):
+    """Runs trained when the runner logged text (``--log-format simple`` from the setting) are reused now that it
+    adds ``--log-format json``; any other change of the command still counts."""
+    new = _key(prepared, train_args=["--log-format", "json"])
+    old = _key(prepared)
+    assert old["command"].count("--log-format") == 1 and new != old
+    assert runner.same_key(old, new) and runner.same_key(new, old) and not runner.same_key(None, new)
+    assert not runner.same_key(old, _key(prepared, train_args=["--log-format", "json", "--dropout", "0.1"]))
+    assert runner.key_difference(old, _key(prepared, train_args=["--log-format=json", "--dropout", "0.1"])) == \
+        "changed: command (removed -; added --dropout 0.1)"
+
+
+def test_train_args_may_not_set_the_runners_log_flags(monkeypatch):
+    monkeypatch.setenv("TRAIN_ARGS", "--max-update 5 --log-format simple")
+    with pytest.raises(SystemExit, match=r"TRAIN_ARGS \(--train-args\)='--max-update 5 --log-format simple' is not "
+                                         r"valid: leave out --log-format: the runner sets --log-format and --log-file"):
+        check_settings(build_parser().parse_args(["demo"]))
+
+
+def test_log_reader_takes_fairseq_json_records():
+    from diverse_fairseq.tables import logs
+
+    text = "\n".join([
+        "2026-01-01 00:00:00 | INFO | fairseq_cli.train | {'_name': None, 'common': {'log_format': 'json'}}",
+        "2026-01-01 00:00:00 | INFO | fairseq_cli.train | num. shared model params: 1,234 (num. trained: 1,200)",
+        '{"epoch": 1, "update": 0.5, "loss": "9.1", "num_updates": "1"}',  # train_inner, as in a --log-file
+        '{"epoch": 1, "train_loss": "8.5", "train_ups": "4.2", "train_num_updates": "2", "train_train_wall": "1"}',
+        '2026-01-01 00:00:01 | INFO | valid | {"epoch": 1, "valid_loss": "8.9", "valid_best_loss": "8.9"}',
+        '{"epoch": 2, "train_loss": "7.5", "train_ups": "4.4", "train_num_updates": "4", "train_lr": "0.0001"}',
+        "epoch 002 | loss 1.0 | num_updates 4",  # a text line of --log-format simple: not read
+    ])
+    assert logs.last_summary(text, "train") == {"loss": 7.5, "ups": 4.4, "num_updates": 4.0, "lr": 0.0001}
+    assert logs.last_summary(text, "valid") == {"loss": 8.9, "best_loss": 8.9}
+    assert logs.model_parameters(text) == 1200
+    assert logs.last_summary("epoch 001 | loss 1.0", "train") == {}
+    with pytest.raises(ValueError, match="subset='test' is not valid: use 'train' or 'valid'"):
+        logs.last_summary(text, "test")
+
+
+def test_training_without_a_tensorboard_writer_leaves_the_flag_out(prepared, monkeypatch, capsys):
+    from diverse_fairseq import training
+
+    env = {"DATA_BIN": str(prepared / "data-bin"), "SAVE_DIR": str(prepared / "run"), "DRY_RUN": "1"}
+    monkeypatch.setattr(training, "tensorboard_available", lambda: True)
+    args, _, _ = training.build_command("demo", "tiny", [], env=env, gpus=0)
+    assert args[args.index("--tensorboard-logdir") + 1] == str(prepared / "run" / "tensorboard")
+    monkeypatch.setattr(training, "tensorboard_available", lambda: False)
+    training.run("demo", "tiny", [], env=env, gpus=0)
+    assert "--tensorboard-logdir" not in training.build_command("demo", "tiny", [], env=env, gpus=0)[0]
+    assert "no tensorboard logs: neither tensorboardX nor tensorboard is installed" in capsys.readouterr().out
+
+
 def test_progress_lines(capsys):
     table = _table("  - {id: base, label: B, family: transformer}\n  - {id: d, label: D, family: transformer}\n")
     run = runner.RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=Path("/tmp/x"), jobs=1)

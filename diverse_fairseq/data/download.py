@@ -52,7 +52,7 @@ class Source:
 def published_md5(url: str) -> Optional[str]:
     """The md5 that sacrebleu's test-set registry publishes for ``url`` (WMT dev/test archives), if any."""
     try:
-        from sacrebleu.dataset import DATASETS
+        from sacrebleu import DATASETS
     except ImportError:  # pragma: no cover - sacrebleu is a project dependency
         return None
 

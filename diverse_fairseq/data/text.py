@@ -98,9 +98,9 @@ def _zh_segmenter(mode: str):
         jieba.setLogLevel(60)
         return lambda s: " ".join(w for w in jieba.cut(s) if w.strip())
     if mode == "char":
-        from sacrebleu.tokenizers.tokenizer_zh import TokenizerZh
+        from sacrebleu.metrics import BLEU
 
-        return TokenizerZh()
+        return BLEU(tokenize="zh").tokenizer  # sacrebleu's Chinese tokenizer, through its public metric
     raise ValueError(f"unknown Chinese segmentation {mode!r}: use 'jieba' or 'char'")
 
 

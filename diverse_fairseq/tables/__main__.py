@@ -16,7 +16,7 @@ from .. import env_checks
 from ..cli_logging import setup_cli_logging
 from ..data.recipes import RECIPES
 from .report import summarise, write_report
-from .runner import RunConfig, run_table
+from .runner import RUNNER_FLAGS, RunConfig, run_table
 from .spec import REPO, TableSpecError, load_table
 
 SCALES = ("demo", "paper")
@@ -71,6 +71,11 @@ def check_settings(args) -> dict:
         from .. import training
 
         training.select_gpus(settings["gpus"], os.environ, training.visible_gpus())
+    taken = [a for a in shlex.split(args.train_args or "") if a.split("=", 1)[0] in RUNNER_FLAGS]
+    if taken:
+        raise _bad("TRAIN_ARGS (--train-args)", args.train_args,
+                   f"leave out {' '.join(taken)}: the runner sets {' and '.join(RUNNER_FLAGS)} itself (it reads "
+                   f"fairseq's JSON log records from the run's train.log)")
     return settings
 
 

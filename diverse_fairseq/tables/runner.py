@@ -8,7 +8,8 @@ For each row and seed (one *job*) the runner
 2. evaluates the run's checkpoint (the average of the last checkpoints where training made one) with
    :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU, decoding speed; reused while
    ``eval/key.json`` matches);
-3. records parameters and training steps/s from fairseq's log.
+3. records parameters and training steps/s from fairseq's log (``--log-format json``, read by
+   :mod:`diverse_fairseq.tables.logs`; the runner passes ``--log-file`` and ``--log-format json`` itself).
 
 Cache key. A run is reused only if it was made by the same effective command: ``cache_key`` is the full
 fairseq-train command line (the setting's hyper-parameters, the row's and ``TRAIN_ARGS``' flags, seed,
@@ -18,7 +19,8 @@ starts and to ``train.json`` when it ends. When a row's YAML, the setting or the
 directory is **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained
 afresh; a run interrupted under the same key resumes from its last checkpoint. The report lists the runs
 reused from earlier invocations. The thread count is recorded in ``train.json`` but is not part of the key:
-it changes the last bits of the numbers, not the experiment.
+it changes the last bits of the numbers, not the experiment; nor are the logging flags (``LOGGING_FLAGS``),
+which change what is written, not what is trained: keys are compared without them (:func:`same_key`).
 
 Reproducibility and parallelism. Every job runs with a fixed number of CPU threads (``threads``: the
 ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` of fairseq-train and fairseq-generate, ``torch.set_num_threads``
@@ -102,10 +104,37 @@ def cache_key(run: RunConfig, seed: int, setting: str, extra: List[str], env: Di
     return json.loads(json.dumps(key))
 
 
+#: fairseq-train flags (each with one value) that change the log, not the model; left out when keys are compared
+LOGGING_FLAGS = ("--log-format",)
+#: flags the runner sets itself for every run; TRAIN_ARGS must not contain them
+RUNNER_FLAGS = ("--log-format", "--log-file")
+
+
+def comparable(key: Optional[Dict]) -> Optional[Dict]:
+    """``key`` without the :data:`LOGGING_FLAGS` and their values in its command."""
+    if not key or "command" not in key:
+        return key
+    command, skip = [], False
+    for arg in key["command"]:
+        if skip:
+            skip = False
+        elif arg in LOGGING_FLAGS:
+            skip = True
+        elif arg.split("=", 1)[0] not in LOGGING_FLAGS:
+            command.append(arg)
+    return dict(key, command=command)
+
+
+def same_key(old: Optional[Dict], new: Dict) -> bool:
+    """Whether a stored key and this run's key describe the same experiment (logging flags aside)."""
+    return bool(old) and comparable(old) == comparable(new)
+
+
 def key_difference(old: Optional[Dict], new: Dict) -> str:
     """A short account of how two cache keys differ, for the message that retrains a run."""
     if not old:
         return "no cache key stored (made by an older runner)"
+    old, new = comparable(old), comparable(new)
     parts = []
     for name in new:
         if old.get(name) == new[name]:
@@ -149,11 +178,11 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
                PYTHONUNBUFFERED="1", **run.thread_env())
     if run.gpus == 0:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    extra = ["--arch", arch, *row_args, "--log-file", str(log_file), *run.train_args]
+    extra = ["--arch", arch, *row_args, "--log-file", str(log_file), *run.train_args, "--log-format", "json"]
     key = cache_key(run, seed, setting, extra, env)
     if record_path.exists():
         record = json.loads(record_path.read_text())
-        if record.get("key") == key:
+        if same_key(record.get("key"), key):
             print(f"  [{tag}] training finished earlier ({record.get('trained_at', 'unknown time')}); "
                   f"reusing {run_dir}", flush=True)
             # the checkpoint beside train.json, also when the results directory has moved since
@@ -161,7 +190,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
         _move_aside(run_dir, key_difference(record.get("key"), key), tag)
     elif run_dir.exists() and any(run_dir.iterdir()):
         old = json.loads(key_path.read_text()) if key_path.exists() else None
-        if old != key:
+        if not same_key(old, key):
             _move_aside(run_dir, key_difference(old, key), tag)
         else:
             print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)

@@ -1,0 +1,169 @@
+"""What a fairseq user does with the installed package, outside the repository, as the README describes it:
+
+* ``--user-dir "$(python -m diverse_fairseq.user_dir)"`` from any directory;
+* ``fairseq-train ... --log-format json --tensorboard-logdir``: the table runner's log reader gets its numbers
+  from the JSON records, and tensorboard event files are written;
+* translating with a trained checkpoint, a stock ``transformer`` and a ``diverse_transformer`` with
+  routing-by-agreement: ``fairseq-interactive`` with the data's sentencepiece model, and the hub interface
+  (``from_pretrained(...).translate(...)``).
+
+The models are trained for 3 updates on the test fixture's small demo corpus (segmented with sentencepiece
+as ``make data DATASET=demo`` does); the checks are about the plumbing, not the translation quality.
+"""
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SENTENCES = ["Cannot open file %s", "Show hidden files"]
+MODELS = {
+    "baseline": ["--arch", "transformer"],
+    # EM routing in the encoder's self-attention and the decoder's (incremental decoding through routing)
+    "routing": ["--arch", "diverse_transformer", "--routing-type", "em", "--routing-encoder-layers", "0",
+                "--routing-decoder-layers", "0"],
+}
+TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4",
+        "--decoder-attention-heads", "4", "--share-all-embeddings", "--optimizer", "adam", "--lr", "0.005",
+        "--max-tokens", "200", "--max-update", "3", "--criterion", "label_smoothed_cross_entropy",
+        "--no-epoch-checkpoints", "--num-workers", "0", "--cpu", "--seed", "1", "--log-interval", "1"]
+
+
+def _env():
+    # PYTHONPATH: this checkout's package, as `pip install` would provide it, whatever the working directory
+    return dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def _tool(name: str):
+    """A fairseq console script of this environment (``fairseq-train``, ...), as the README runs it."""
+    script = Path(sys.executable).parent / name
+    return [str(script)] if script.exists() else [sys.executable, "-m", "fairseq_cli." + name.split("-")[1]]
+
+
+def _run(cmd, cwd, stdin=None, timeout=600):
+    proc = subprocess.run(cmd, cwd=cwd, env=_env(), input=stdin, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A directory outside the repository with data-bin/demo (the fixture corpus, sentencepiece-segmented)
+    and checkpoints/<model>/ trained from there with the package's user dir, JSON logs and tensorboard."""
+    root = tmp_path_factory.mktemp("workflow")
+    env = dict(_env(), DATA_BIN=str(root / "data-bin"), WORK_DIR=str(root / "work"), BPE_SIZE="100",
+               DEMO_DIR=str(REPO / "tests" / "fixtures" / "demo_text"))
+    env.pop("BPE", None)
+    subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], env=env, check=True,
+                   capture_output=True, timeout=600)
+    user_dir = _run([sys.executable, "-m", "diverse_fairseq.user_dir"], cwd=root).stdout.strip()
+    for name, args in MODELS.items():
+        save = root / "checkpoints" / name
+        save.mkdir(parents=True)  # --log-file is opened before fairseq makes --save-dir
+        _run(_tool("fairseq-train") + ["data-bin/demo", "--user-dir", user_dir, *args, *TINY,
+                                       "--save-dir", str(save), "--log-format", "json",
+                                       "--log-file", str(save / "train.log"),
+                                       "--tensorboard-logdir", str(save / "tensorboard")], cwd=root)
+    return root
+
+
+def test_user_dir_helper_prints_a_directory_fairseq_imports(tmp_path):
+    out = _run([sys.executable, "-m", "diverse_fairseq.user_dir"], cwd=tmp_path).stdout
+    assert out == str(REPO / "diverse_fairseq") + "\n"
+    code = ("import sys; from fairseq import options; p = options.get_training_parser(); "
+            "a = options.parse_args_and_arch(p, ['x', '--user-dir', sys.argv[1], '--arch', 'diverse_transformer', "
+            "'--routing-encoder-layers', 'all']); print(a.arch, a.routing_encoder_layers)")
+    assert _run([sys.executable, "-c", code, out.strip()], cwd=tmp_path).stdout.split()[-2:] == \
+        ["diverse_transformer", "all"]
+    # the repository-relative form does not work from another directory: the reason for the helper
+    bad = subprocess.run([sys.executable, "-c", code, "diverse_fairseq"], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "FileNotFoundError" in bad.stderr
+
+
+@pytest.mark.slow
+def test_json_training_log_gives_the_runners_numbers(workdir):
+    from diverse_fairseq.tables import logs
+
+    log = (workdir / "checkpoints" / "baseline" / "train.log").read_text()
+    assert '"train_num_updates": "3"' in log  # fairseq's JSON records, not text lines
+    train, valid = logs.last_summary(log, "train"), logs.last_summary(log, "valid")
+    assert train["num_updates"] == 3 and train["loss"] > 0 and train["ups"] > 0
+    assert valid["loss"] > 0 and valid["num_updates"] == 3
+    assert logs.model_parameters(log) > 0  # equal to the loaded model's: test_hub_interface_translates
+
+
+def _scalars(event_file: Path):
+    """{tag: [steps]} of the scalar summaries in a TFRecord event file (tensorboardX's protobuf classes)."""
+    from tensorboardX.proto import event_pb2
+
+    data, out, pos = event_file.read_bytes(), {}, 0
+    while pos < len(data):
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+        pos += 12 + length + 4
+        for value in event.summary.value:
+            out.setdefault(value.tag, []).append(event.step)
+    return out
+
+
+@pytest.mark.slow
+def test_tensorboard_logdir_writes_events(workdir):
+    pytest.importorskip("tensorboardX", reason="the optional extra: pip install -e '.[tensorboard]'")
+    board = workdir / "checkpoints" / "routing" / "tensorboard"
+    train = _scalars(next((board / "train").glob("events.out.tfevents.*")))
+    inner = _scalars(next((board / "train_inner").glob("events.out.tfevents.*")))
+    valid = _scalars(next((board / "valid").glob("events.out.tfevents.*")))
+    assert train["loss"] == [3] and inner["loss"] == [1, 2, 3] and valid["loss"] == [3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_fairseq_interactive_translates(workdir, model):
+    proc = _run(_tool("fairseq-interactive") + [
+        "data-bin/demo", "--user-dir", str(REPO / "diverse_fairseq"),
+        "--path", f"checkpoints/{model}/checkpoint_last.pt", "--source-lang", "en", "--target-lang", "de",
+        "--bpe", "sentencepiece", "--sentencepiece-model", "data-bin/demo/spm.model",
+        "--beam", "2", "--max-len-b", "20", "--cpu"], cwd=workdir, stdin="\n".join(SENTENCES) + "\n")
+    lines = proc.stdout.splitlines()
+    sources = [line.split("\t")[1] for line in lines if line.startswith("S-")]
+    detok = [line.split("\t") for line in lines if line.startswith("D-")]
+    assert len(sources) == 2 and all("▁" in s for s in sources)  # the input went through sentencepiece
+    assert [d[0] for d in detok] == ["D-0", "D-1"] and all(d[2].strip() and "▁" not in d[2] for d in detok), lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_hub_interface_translates(workdir, model):
+    import diverse_fairseq  # noqa: F401  (registers diverse_transformer; allowlists checkpoint classes)
+    from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel
+    from fairseq.models.transformer import TransformerModel
+
+    cls = DiverseTransformerModel if model == "routing" else TransformerModel
+    hub = cls.from_pretrained(str(workdir / "checkpoints" / model), checkpoint_file="checkpoint_last.pt",
+                              data_name_or_path=str(workdir / "data-bin" / "demo"), bpe="sentencepiece",
+                              sentencepiece_model=str(workdir / "data-bin" / "demo" / "spm.model"),
+                              source_lang="en", target_lang="de")
+    hub.eval()
+    out = hub.translate(SENTENCES, beam=2, max_len_b=20)
+    assert len(out) == 2 and all(isinstance(s, str) and s.strip() and "▁" not in s for s in out), out
+    assert hub.translate(SENTENCES[0], beam=2, max_len_b=20) == out[0]
+    net = hub.models[0]
+    assert type(net) is cls
+    from diverse_fairseq.tables import logs
+
+    log = (workdir / "checkpoints" / model / "train.log").read_text()
+    assert sum(p.numel() for p in net.parameters()) == logs.model_parameters(log)
+    routed = [m for m in net.modules() if getattr(m, "aggregator", None) is not None]
+    assert len(routed) == (2 if model == "routing" else 0)
+    if model == "routing":  # stock TransformerModel.from_pretrained builds the checkpoint's own architecture
+        again = TransformerModel.from_pretrained(str(workdir / "checkpoints" / model), "checkpoint_last.pt",
+                                                 str(workdir / "data-bin" / "demo"), bpe="sentencepiece",
+                                                 sentencepiece_model=str(workdir / "data-bin" / "demo" / "spm.model"))
+        assert type(again.models[0]) is DiverseTransformerModel
+        assert again.eval().translate(SENTENCES[0], beam=2, max_len_b=20) == out[0]
