@@ -43,7 +43,8 @@ def train(row, run_dir: Path, args) -> None:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     arch = "transformer".replace("transformer", row.get("family", "transformer"), 1)
-    extra = ["--arch", arch, *map(str, row.get("args", [])), "--log-file", str(log), *shlex.split(args.train_args)]
+    extra = ["--arch", arch, *map(str, row.get("args", [])), "--log-format", "json", "--log-file", str(log),
+             *shlex.split(args.train_args)]  # logs.last_summary reads fairseq's JSON records
     entry = ([str(HERE / "kernel_probe.py")] if "repulsive_adam" in extra else ["-m", "diverse_fairseq.training"])
     cmd = [sys.executable, *entry, "demo", "tiny", *extra]
     env = dict(os.environ, SAVE_DIR=str(run_dir), SEED=str(args.seed), DATA_BIN=str(args.data_bin),
