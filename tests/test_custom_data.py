@@ -185,7 +185,8 @@ def test_custom_prepare_train_evaluate_end_to_end(tmp_path):
     run(REPO / "scripts" / "prepare_data.sh", "custom")
     assert (tmp_path / "data-bin" / "custom_en_de" / "train.en-de.en.bin").exists()
     out = run(REPO / "scripts" / "train.sh", "custom_en_de", "tiny", "--max-tokens", "500", "--num-workers", "0")
-    checkpoint = tmp_path / "checkpoints" / "custom_en_de_tiny" / "checkpoint_last.pt"
+    [save_dir] = (tmp_path / "checkpoints").glob("custom_en_de_tiny-*")  # one directory per variant
+    checkpoint = save_dir / "checkpoint_last.pt"
     assert "on the CPU" in out and checkpoint.exists()
     out = run(REPO / "scripts" / "evaluate.sh", checkpoint, "custom_en_de", "--max-len-b", "5")
     result_dir = checkpoint.parent / "eval-custom_en_de-test-checkpoint_last"
