@@ -126,7 +126,7 @@ def test_make_passes_python_to_the_script_and_test_demo_install_first(fakes):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and f"PYTHON={fakes['py310']} is Python 3.10" in proc.stderr, proc.stderr
     for target, then in (("test", "-m pytest"), ("demo", "-m diverse_fairseq.tables demo")):
-        dry = subprocess.run(["make", "-n", target, f"VENV={fakes['venv']}"], cwd=REPO, capture_output=True,
+        dry = subprocess.run(["make", "-n", "--no-print-directory", target, f"VENV={fakes['venv']}"], cwd=REPO, capture_output=True,
                              text=True, check=True).stdout.splitlines()
         assert dry[0] == f"VENV={fakes['venv']} bash scripts/install.sh" and then in dry[-1], dry
 

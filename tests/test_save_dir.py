@@ -73,7 +73,7 @@ def test_other_options_are_refused_naming_them(env, tmp_path):
             env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
     message = str(err.value)
     assert "--criterion label_smoothed_cross_entropy_with_disagreement → label_smoothed_cross_entropy" in message
-    assert "--disagreement-lambda 1.0 → (absent)" in message and "--lr 0.006 → 1e-3" in message
+    assert "--disagreement-lambda 1.0 → (absent)" in message and "--lr 0.002 → 1e-3" in message
     assert "--arch" not in message and "RESUME_ANYWAY=1" in message and "SAVE_DIR" in message
 
 
@@ -105,5 +105,5 @@ def test_train_sh_refuses_before_training(env, tmp_path):
     full.pop("DRY_RUN", None)  # a real run: it must stop before fairseq-train starts
     proc = subprocess.run(["bash", str(REPO / "scripts" / "train.sh"), "demo", "tiny", "--lr", "1e-3"], env=full,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "--lr 0.006 → 1e-3" in proc.stderr
+    assert proc.returncode != 0 and "--lr 0.002 → 1e-3" in proc.stderr
     assert "fairseq_cli.train" in proc.stdout and "| INFO |" not in proc.stdout + proc.stderr

@@ -118,7 +118,8 @@ def test_gpus_restricts_training_to_the_first_n_visible_devices(data_bin, monkey
     # multi-node through torchrun: N processes per node, world size N x nodes
     status, out = _dry_run(monkeypatch, capsys, data_bin, 8, GPUS="2", NNODES="2", NODE_RANK="0")
     assert "CUDA_VISIBLE_DEVICES=0,1 " in out and "--nproc-per-node 2 " in out
-    assert out.rstrip().endswith("--distributed-world-size 4") and "on 4 GPU(s)" in out
+    command = next(line for line in out.splitlines() if "fairseq_cli.train" in line)
+    assert command.rstrip().endswith("--distributed-world-size 4") and "on 4 GPU(s)" in out
 
 
 @pytest.mark.parametrize("gpus, visible, message", [

@@ -71,9 +71,9 @@ def check_settings(args) -> dict:
         from .. import training
 
         training.select_gpus(settings["gpus"], os.environ, training.visible_gpus())
-    taken = [a for a in shlex.split(args.train_args or "") if a.split("=", 1)[0] in RUNNER_FLAGS]
+    taken = [a for a in settings["train_args"] if a.split("=", 1)[0] in RUNNER_FLAGS]
     if taken:
-        raise _bad("TRAIN_ARGS (--train-args)", args.train_args,
+        raise env_checks.bad("TRAIN_ARGS (--train-args)", args.train_args,
                    f"leave out {' '.join(taken)}: the runner sets {' and '.join(RUNNER_FLAGS)} itself (it reads "
                    f"fairseq's JSON log records from the run's train.log)")
     return settings
