@@ -98,8 +98,8 @@ def test_runner_trains_with_the_checked_command(table, row_id, scale_name, tmp_p
         runner.train_row(row, run, 1)
     expected = check.row_command(row, dataset, scale_name, data_bin, gpus=0)
 
-    def without_paths(args):  # the run's own directories and logging (the runner logs JSON to its own file)
-        drop = {"--save-dir", "--tensorboard-logdir", "--log-file", "--log-format"}
+    def without_paths(args):  # the run's own directories and log file
+        drop = {"--save-dir", "--tensorboard-logdir", "--log-file"}
         return [a for i, a in enumerate(args) if a not in drop and (i == 0 or args[i - 1] not in drop)]
 
     assert without_paths(seen["args"]) == without_paths(expected)

@@ -38,7 +38,7 @@ from .. import env_checks, training
 from ..cli_logging import setup_cli_logging
 from ..data.recipes import RECIPES
 from . import scale as scale_mod
-from .runner import RunConfig
+from .runner import LOG_FORMAT_ARGS, RunConfig
 from .spec import TABLE_DIR, Row, Table, load_table
 
 SCALES = ("demo", "paper")
@@ -85,7 +85,7 @@ def row_command(row: Row, dataset: str, scale: str, data_bin: Path, gpus: int, p
     run = RunConfig(dataset=dataset, scale=scale, seeds=[1], gpus=gpus, out_dir=data_bin.parent, data_bin=data_bin)
     setting = run.setting(row)
     arch = row.arch(training.SETTINGS[setting].arch)
-    extra = ["--arch", arch, *scale_mod.row_args(row.args, setting), *run.train_args]
+    extra = ["--arch", arch, *scale_mod.row_args(row.args, setting), *run.train_args, *LOG_FORMAT_ARGS]
     env = {"DATA_BIN": str(data_bin), "SAVE_DIR": str(data_bin.parent / "checkpoints"), "PRECISION": precision}
     args, _, _ = training.build_command(dataset, setting, extra, env=env, gpus=gpus)
     return args

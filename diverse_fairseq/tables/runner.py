@@ -108,6 +108,7 @@ def cache_key(run: RunConfig, seed: int, setting: str, extra: List[str], env: Di
 LOGGING_FLAGS = ("--log-format",)
 #: flags the runner sets itself for every run; TRAIN_ARGS must not contain them
 RUNNER_FLAGS = ("--log-format", "--log-file")
+LOG_FORMAT_ARGS = ["--log-format", "json"]  # every run logs JSON records (read by logs.py); check.py builds the same
 
 
 def comparable(key: Optional[Dict]) -> Optional[Dict]:
@@ -178,7 +179,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
                PYTHONUNBUFFERED="1", **run.thread_env())
     if run.gpus == 0:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    extra = ["--arch", arch, *row_args, "--log-file", str(log_file), *run.train_args, "--log-format", "json"]
+    extra = ["--arch", arch, *row_args, "--log-file", str(log_file), *run.train_args, *LOG_FORMAT_ARGS]
     key = cache_key(run, seed, setting, extra, env)
     if record_path.exists():
         record = json.loads(record_path.read_text())
