@@ -17,7 +17,7 @@ from torch import nn
 
 from conftest import run_cli, tiny_train_args
 from diverse_fairseq.analysis import plots
-from diverse_fairseq.analysis.attention import AttentionSite, instrument, set_head_mask, set_taps
+from diverse_fairseq.modules.sites import AttentionSite, observe
 from diverse_fairseq.analysis.scores import (
     ScoreAccumulator,
     combine_layers,
@@ -209,6 +209,17 @@ def _manual_attention(mha, query, key, key_pad, head, aggregator=None):
     return aggregator(concat) if aggregator is not None else mha.out_proj(concat)
 
 
+class _Squash(nn.Module):
+    """A custom head combination: tanh of a linear map (takes the padding mask like a routing aggregator)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(E, E)
+
+    def forward(self, x, padding_mask=None):
+        return torch.tanh(self.fc(x))
+
+
 def _module(kind):
     torch.manual_seed(3)
     if kind == "stock_self":
@@ -217,8 +228,19 @@ def _module(kind):
         return MultiheadAttention(E, H, encoder_decoder_attention=True), None
     if kind == "diverse_self":
         return DiverseMultiheadAttention(E, H, self_attention=True), None
-    aggregator = nn.Sequential(nn.Linear(E, E), nn.Tanh())
+    aggregator = _Squash()
     return DiverseMultiheadAttention(E, H, self_attention=True, aggregator=aggregator), aggregator
+
+
+def _observable(mha):
+    """What the analysis does with a stock model (analysis.loading.as_diverse): the same weights in a
+    DiverseMultiheadAttention."""
+    if isinstance(mha, DiverseMultiheadAttention):
+        return mha
+    kind = dict(self_attention=True) if mha.self_attention else dict(encoder_decoder_attention=True)
+    ours = DiverseMultiheadAttention(E, H, **kind)
+    ours.load_state_dict(mha.state_dict(), strict=True)
+    return ours.train(mha.training)
 
 
 @pytest.mark.parametrize("kind", ["stock_self", "stock_cross", "diverse_self", "diverse_aggregator"])
@@ -229,50 +251,48 @@ def test_masking_a_head_matches_manual_computation(kind):
     query = torch.randn(T, B, E)
     key = query if "self" in kind or "aggregator" in kind else torch.randn(S, B, E)
     key_pad = torch.arange(key.size(0)).unsqueeze(0) >= torch.tensor([[key.size(0)], [3], [5]])
-    original_class = type(mha)
-    site = AttentionSite("enc_self", 0, mha)
     with torch.no_grad():
         unmasked_stock, _ = mha(query, key, key, key_padding_mask=key_pad, need_weights=False)
-        with instrument([site]):
-            set_taps([site], {"o"})
-            unmasked, _ = mha(query, key, key, key_padding_mask=key_pad, need_weights=False)
+        ours = _observable(mha)
+        site = AttentionSite("enc_self", 0, ours)
+        with observe([site]) as seen:
+            unmasked, _ = ours(query, key, key, key_padding_mask=key_pad, need_weights=False)
             for head in range(H):
-                set_head_mask([site], site, head)
-                masked, _ = mha(query, key, key, key_padding_mask=key_pad, need_weights=False)
-                expected = _manual_attention(mha, query, key, key_pad, head, aggregator)
+                seen.mask_head(site, head)
+                masked, _ = ours(query, key, key, key_padding_mask=key_pad, need_weights=False)
+                expected = _manual_attention(ours, query, key, key_pad, head, aggregator)
                 torch.testing.assert_close(masked, expected, atol=1e-5, rtol=1e-5)
                 assert not torch.allclose(masked, unmasked, atol=1e-4)
-            set_head_mask([site], None)
-            again, _ = mha(query, key, key, key_padding_mask=key_pad, need_weights=False)
+            seen.mask_head(None)
+            again, _ = ours(query, key, key, key_padding_mask=key_pad, need_weights=False)
         torch.testing.assert_close(unmasked, unmasked_stock, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(again, unmasked_stock, atol=1e-5, rtol=1e-5)
-        # restored: same class, no leftover attributes, same behaviour
-        assert type(mha) is original_class
-        assert "head_mask" not in mha.__dict__
-        if kind.startswith("stock"):
-            assert not hasattr(mha, "taps") and not hasattr(mha, "aggregator")
+        # after the block: nothing left on the module, same behaviour
+        assert ours.observer is None
         if aggregator is not None:
-            assert mha.aggregator is aggregator
-        after, _ = mha(query, key, key, key_padding_mask=key_pad, need_weights=False)
+            assert ours.aggregator is aggregator
+        after, _ = ours(query, key, key, key_padding_mask=key_pad, need_weights=False)
         torch.testing.assert_close(after, unmasked_stock, atol=0, rtol=0)
 
 
-def test_instrument_restores_after_an_exception():
-    mha = MultiheadAttention(E, H, self_attention=True)
-    with pytest.raises(RuntimeError):
-        with instrument([AttentionSite("enc_self", 0, mha)]):
-            assert isinstance(mha, DiverseMultiheadAttention)
+def test_observe_restores_after_an_exception_and_refuses_stock_modules():
+    mha = DiverseMultiheadAttention(E, H, self_attention=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        with observe([AttentionSite("enc_self", 0, mha)], {"o"}):
+            assert mha.observer is not None
             raise RuntimeError("boom")
-    assert type(mha) is MultiheadAttention and "taps" not in mha.__dict__
+    assert mha.observer is None
+    with pytest.raises(ValueError, match="expose their heads"):
+        with observe([AttentionSite("enc_self", 0, MultiheadAttention(E, H, self_attention=True))], {"o"}):
+            pass
 
 
-def test_instrumented_taps_match_shapes():
-    mha = MultiheadAttention(E, H, encoder_decoder_attention=True).eval()
+def test_observed_taps_match_shapes():
+    mha = _observable(MultiheadAttention(E, H, encoder_decoder_attention=True).eval())
     site = AttentionSite("enc_dec", 0, mha)
-    with torch.no_grad(), instrument([site]):
-        set_taps([site], {"v", "a", "o"})
+    with torch.no_grad(), observe([site], {"v", "a", "o"}) as seen:
         mha(torch.randn(T, B, E), torch.randn(S, B, E), None)
-        tapped = dict(mha.tapped)
+    tapped = seen.heads(site)
     assert tapped["v"].shape == (B, H, S, E // H)
     assert tapped["a"].shape == (B, H, T, S)
     assert tapped["o"].shape == (B, H, T, E // H)
@@ -378,7 +398,7 @@ def test_analyze_cli_end_to_end(tiny_checkpoints, tmp_path):
 def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoints, tiny_data, arch):
     """Reusing the unmasked outputs of the layers below a masked head changes nothing; masking changes the NLL."""
     from diverse_fairseq.analysis.ablation import head_importance
-    from diverse_fairseq.analysis.attention import attention_sites
+    from diverse_fairseq.modules.sites import attention_sites
     from diverse_fairseq.analysis.loading import load_batches, load_checkpoint
 
     loaded = load_checkpoint(str(tiny_checkpoints[arch]), str(tiny_data))
@@ -388,9 +408,8 @@ def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoint
     sites = attention_sites(loaded.model)
     assert [(s.attention_type, s.layer) for s in sites] == [
         ("enc_self", 0), ("enc_self", 1), ("dec_self", 0), ("dec_self", 1), ("enc_dec", 0), ("enc_dec", 1)]
-    with instrument(sites):
-        fast = head_importance(loaded.model, loaded.task, sites, batches, pad, progress=False, replay=True)
-        slow = head_importance(loaded.model, loaded.task, sites, batches, pad, progress=False, replay=False)
+    fast = head_importance(loaded.model, loaded.task, sites, batches, pad, progress=False, replay=True)
+    slow = head_importance(loaded.model, loaded.task, sites, batches, pad, progress=False, replay=False)
     assert fast.base_nll == slow.base_nll
     assert [h.nll for h in fast.heads] == pytest.approx([h.nll for h in slow.heads], rel=1e-6)
     assert all(abs(h.delta_nll) > 0 for h in fast.heads)
@@ -401,7 +420,7 @@ def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoint
 @pytest.mark.slow
 def test_score_checkpoint_equals_the_full_pass(tiny_checkpoints, tiny_data):
     """The scores-only pass (no output projection, no NLL, its own batching) gives the analysis' scores."""
-    from diverse_fairseq.analysis.attention import attention_sites
+    from diverse_fairseq.modules.sites import attention_sites
     from diverse_fairseq.analysis.collect import collect
     from diverse_fairseq.analysis.loading import load_batches, load_checkpoint
     from diverse_fairseq.analysis.pipeline import Options, score_checkpoint
@@ -411,9 +430,8 @@ def test_score_checkpoint_equals_the_full_pass(tiny_checkpoints, tiny_data):
     fast = score_checkpoint(ckpt, Options(data=str(tiny_data), max_sentences=None, max_tokens=300, progress=False))
     loaded = load_checkpoint(ckpt, str(tiny_data))
     sites = attention_sites(loaded.model)
-    with instrument(sites):
-        collected = collect(loaded.model, sites, load_batches(loaded.task, "valid", None, 4096),
-                            loaded.task.target_dictionary.pad(), progress=False)
+    collected = collect(loaded.model, sites, load_batches(loaded.task, "valid", None, 4096),
+                        loaded.task.target_dictionary.pad(), progress=False)
     full = scores_payload(collected, sites, {})
     assert fast["nll"] is None and full["nll"] > 0
     assert fast["sentences"] == full["sentences"] == 60 and fast["max_sentences"] is None

@@ -9,6 +9,7 @@ from fairseq.models.transformer import TransformerModel
 from _disagreement_utils import batch, build, tiny_task
 from diverse_fairseq.criterions.disagreement_loss import LabelSmoothedCrossEntropyWithDisagreementCriterion
 from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel
+from diverse_fairseq.modules.sites import attention_sites, observe
 from test_disagreement_functions import naive_cosine, naive_overlap
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
@@ -23,22 +24,22 @@ def criterion(task, **kw):
     return LabelSmoothedCrossEntropyWithDisagreementCriterion(task, sentence_avg=False, label_smoothing=0.1, **kw)
 
 
-def reference_similarity(model, sample, pad, terms, types):
-    """sim_total from the taps with plain loops: masked token mean, layer mean, sum over terms and types."""
+def reference_similarity(heads, sites, sample, pad, terms, types):
+    """sim_total from the recorded heads with plain loops: masked token mean, layer mean, sum over terms and types."""
     src_pad = sample["net_input"]["src_tokens"].eq(pad)
     tgt_pad = sample["target"].eq(pad)
     total, per_key = 0.0, {}
     for attention_type in types:
-        mods = [m for m in model.diverse_attention_modules() if m.attention_type == attention_type]
+        mods = [heads(s) for s in sites if s.attention_type == attention_type]
         for term in terms:
             vals = []
             for m in mods:
                 if term == "sub":
-                    vals.append(naive_cosine(m.tapped["v"].detach(), tgt_pad if attention_type == "dec_self" else src_pad))
+                    vals.append(naive_cosine(m["v"].detach(), tgt_pad if attention_type == "dec_self" else src_pad))
                 elif term == "out":
-                    vals.append(naive_cosine(m.tapped["o"].detach(), src_pad if attention_type == "enc_self" else tgt_pad))
+                    vals.append(naive_cosine(m["o"].detach(), src_pad if attention_type == "enc_self" else tgt_pad))
                 else:
-                    vals.append(naive_overlap(m.tapped["a"].detach(), src_pad if attention_type == "enc_self" else tgt_pad))
+                    vals.append(naive_overlap(m["a"].detach(), src_pad if attention_type == "enc_self" else tgt_pad))
             per_key[f"{term}_{attention_type}"] = sum(vals) / len(vals)
             total += per_key[f"{term}_{attention_type}"]
     return total, per_key
@@ -54,11 +55,14 @@ def test_loss_is_ce_plus_lambda_sample_size_similarity(task, terms, types):
     sample = batch(task)
     crit = criterion(task, disagreement_lambda=0.7, disagreement_terms=terms, disagreement_attention=types)
     loss, sample_size, log = crit(model, sample)
-    # the taps were consumed (cleared); recompute them for the reference with a plain forward
-    assert all(m.tapped == {} for m in model.diverse_attention_modules())
-    net_output = model(**sample["net_input"])
+    # nothing stays on the modules; record the heads again for the reference with a plain forward
+    sites = attention_sites(model)
+    assert all(s.module.observer is None for s in sites)
+    with observe(sites, crit.taps) as seen:
+        net_output = model(**sample["net_input"])
     ce, _ = LabelSmoothedCrossEntropyCriterion(task, False, 0.1).compute_loss(model, net_output, sample)
-    ref_total, ref_keys = reference_similarity(model, sample, task.target_dictionary.pad(), terms.split(","), types.split(","))
+    ref_total, ref_keys = reference_similarity(seen.heads, sites, sample, task.target_dictionary.pad(),
+                                               terms.split(","), types.split(","))
     assert sample_size == sample["ntokens"]
     assert loss.item() == pytest.approx(ce.item() + 0.7 * sample_size * ref_total, rel=1e-5)
     for key, value in ref_keys.items():
@@ -70,13 +74,16 @@ def test_taps_only_what_the_terms_need(task):
     model = build(DiverseTransformerModel, "diverse_transformer", task)
     crit = criterion(task, disagreement_terms="sub,out", disagreement_attention="enc_self,enc_dec",
                      disagreement_layers="1")
-    crit.prepare_model(model)
-    for m in model.diverse_attention_modules():
-        selected = m.attention_type in ("enc_self", "enc_dec") and m.layer_idx == 1
-        assert m.taps == (frozenset({"v", "o"}) if selected else frozenset()), (m.attention_type, m.layer_idx)
-    crit2 = criterion(task, disagreement_terms="pos")
-    crit2.prepare_model(model)
-    assert all(m.taps == frozenset({"a"}) for m in model.diverse_attention_modules())
+    taps = {}  # what each attention module records during the criterion's forward
+    for site in attention_sites(model):
+        site.module.register_forward_pre_hook(
+            lambda mod, args, key=site.key: taps.__setitem__(key, mod.observer.taps if mod.observer else frozenset()))
+    crit(model, batch(task))
+    for key, recorded in taps.items():
+        selected = key[0] in ("enc_self", "enc_dec") and key[1] == 1
+        assert recorded == (frozenset({"v", "o"}) if selected else frozenset()), key
+    criterion(task, disagreement_terms="pos")(model, batch(task))
+    assert len(taps) == 6 and all(recorded == frozenset({"a"}) for recorded in taps.values())
 
 
 def test_lambda_zero_logs_without_regularizing(task):
@@ -129,7 +136,7 @@ def test_layer_out_of_range_is_named(task):
     model = build(DiverseTransformerModel, "diverse_transformer", task)
     with pytest.raises(ValueError, match="--disagreement-layers 5: layer index 5 is out of range for 2 layers of "
                                          "enc_self attention"):
-        criterion(task, disagreement_layers="5").prepare_model(model)
+        criterion(task, disagreement_layers="5").regularized_sites(model)
 
 
 @pytest.mark.parametrize("value,expected", [
@@ -139,8 +146,8 @@ def test_layer_selection(task, value, expected):
     """The shared layer syntax (option_parsing): all, 0-based indices, negative ones from the last layer."""
     model = build(DiverseTransformerModel, "diverse_transformer", task)
     crit = criterion(task, disagreement_layers=value)
-    crit.prepare_model(model)
-    assert {t: [m.layer_idx for m in mods] for t, mods in crit._regularized.items()} == \
+    sites = crit.regularized_sites(model)
+    assert {t: [s.layer for s in sites if s.attention_type == t] for t in crit.attention_types} == \
         {t: expected for t in ("enc_self", "dec_self", "enc_dec")}
 
 

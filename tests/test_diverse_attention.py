@@ -1,5 +1,6 @@
-"""DiverseMultiheadAttention: equal to fairseq's attention with taps off and on, taps correct, fused kernel kept."""
+"""DiverseMultiheadAttention: equal to fairseq's attention observed or not, recorded heads correct, fused kernel kept."""
 
+import contextlib
 from unittest import mock
 
 import pytest
@@ -8,12 +9,25 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 from diverse_fairseq.modules import diverse_attention
 from diverse_fairseq.modules.diverse_attention import DiverseMultiheadAttention
+from diverse_fairseq.modules.sites import AttentionSite, observe
 
 E, H, T, S, B = 32, 4, 6, 9, 3
 # stock fairseq passes a bool key padding mask with a float causal mask to torch's attention
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 
 TAP_SETS = [(), ("o",), ("v",), ("a",), ("v", "a", "o")]
+
+
+@contextlib.contextmanager
+def tapping(module, taps):
+    """Record ``taps`` of ``module`` within the block (not observed, i.e. fairseq's own path, when ``taps`` is
+    empty); yields a function returning what the last forward recorded."""
+    if not taps:
+        yield dict
+        return
+    site = AttentionSite("enc_self", 0, module)
+    with observe([site], taps) as seen:
+        yield lambda: seen.heads(site)
 
 
 def pair(kind, dropout=0.0, **kwargs):
@@ -48,7 +62,6 @@ def inputs(kind):
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_matches_stock_attention_in_training(kind, taps, need_weights):
     stock, ours = pair(kind)
-    ours.set_taps(taps)
     args = inputs(kind)
     x_stock = {k: (v.clone().requires_grad_(True) if k == "query" else v) for k, v in args.items()}
     x_ours = {k: (v.clone().requires_grad_(True) if k == "query" else v) for k, v in args.items()}
@@ -56,7 +69,8 @@ def test_matches_stock_attention_in_training(kind, taps, need_weights):
         x_stock["key"] = x_stock["value"] = x_stock["query"]
         x_ours["key"] = x_ours["value"] = x_ours["query"]
     y1, w1 = stock(**x_stock, need_weights=need_weights)
-    y2, w2 = ours(**x_ours, need_weights=need_weights)
+    with tapping(ours, taps) as tapped:
+        y2, w2 = ours(**x_ours, need_weights=need_weights)
     if not taps:
         assert torch.equal(y1, y2)  # stock path, bit-identical
     assert (y1 - y2).abs().max() <= 1e-6
@@ -69,17 +83,17 @@ def test_matches_stock_attention_in_training(kind, taps, need_weights):
     assert (x_stock["query"].grad - x_ours["query"].grad).abs().max() <= 1e-5
     for p1, p2 in zip(stock.parameters(), ours.parameters()):
         assert (p1.grad - p2.grad).abs().max() <= 1e-5
-    assert set(ours.tapped) == set(taps)
+    assert set(tapped()) == set(taps)
 
 
 @pytest.mark.parametrize("kind", ["self", "enc_dec"])
 def test_tapped_tensors(kind):
     _, ours = pair(kind)
-    ours.set_taps({"v", "a", "o"})
     args = inputs(kind)
-    ours(**args, need_weights=False)
+    with tapping(ours, {"v", "a", "o"}) as tapped:
+        ours(**args, need_weights=False)
     src = T if kind == "self" else S
-    v, a, o = ours.tapped["v"], ours.tapped["a"], ours.tapped["o"]
+    v, a, o = tapped()["v"], tapped()["a"], tapped()["o"]
     assert v.shape == (B, H, src, E // H) and a.shape == (B, H, T, src) and o.shape == (B, H, T, E // H)
     value = ours.v_proj(args["value"])  # [S, B, E]
     assert torch.allclose(v, value.view(src, B, H, E // H).permute(1, 2, 0, 3))
@@ -87,13 +101,10 @@ def test_tapped_tensors(kind):
     padded = args["key_padding_mask"][:, None, None, :].expand_as(a)
     assert torch.all(a[padded] == 0)
     assert torch.allclose(o, a @ v, atol=1e-6)
-    # taps are cleared at every forward and follow the taps setting
-    ours.set_taps({"o"})
-    ours(**args, need_weights=False)
-    assert set(ours.tapped) == {"o"}
-    ours.set_taps(())
-    ours(**args, need_weights=False)
-    assert ours.tapped == {}
+    # only the observed taps are recorded, and nothing stays on the module after the block
+    with tapping(ours, {"o"}) as tapped:
+        ours(**args, need_weights=False)
+    assert set(tapped()) == {"o"} and ours.observer is None
 
 
 def test_fused_kernel_unless_positions_are_tapped():
@@ -104,26 +115,26 @@ def test_fused_kernel_unless_positions_are_tapped():
     with mock.patch.object(diverse_attention.utils, "softmax", softmax), \
             mock.patch.object(diverse_attention.F, "scaled_dot_product_attention", sdpa):
         for taps in [("o",), ("v",), ("v", "o")]:
-            ours.set_taps(taps)
-            ours(**args, need_weights=False)
+            with tapping(ours, taps):
+                ours(**args, need_weights=False)
         assert sdpa.call_count == 3 and softmax.call_count == 0
-        ours.set_taps(("a",))
-        ours(**args, need_weights=False)
+        with tapping(ours, ("a",)):
+            ours(**args, need_weights=False)
         assert sdpa.call_count == 3 and softmax.call_count == 1
 
 
 def test_attention_dropout_is_applied_on_the_tapped_path():
     _, ours = pair("enc_dec", dropout=0.5)
     args = inputs("enc_dec")
-    ours.set_taps({"o"})
     ours.train()
     torch.manual_seed(3)
-    y1, _ = ours(**args, need_weights=False)
-    y2, _ = ours(**args, need_weights=False)
-    assert not torch.allclose(y1, y2)
-    ours.eval()
-    y3, _ = ours(**args, need_weights=False)
-    y4, _ = ours(**args, need_weights=False)
+    with tapping(ours, {"o"}):
+        y1, _ = ours(**args, need_weights=False)
+        y2, _ = ours(**args, need_weights=False)
+        assert not torch.allclose(y1, y2)
+        ours.eval()
+        y3, _ = ours(**args, need_weights=False)
+        y4, _ = ours(**args, need_weights=False)
     assert torch.equal(y3, y4)
 
 
@@ -147,18 +158,18 @@ def test_incremental_decoding_matches_stock(kind, taps):
     stock, ours = pair(kind)
     stock.eval()
     ours.eval()
-    ours.set_taps(taps)
     args = inputs(kind)
     x = args["query"]
     enc = None if kind == "self" else args["key"]
     pad = None if kind == "self" else args["key_padding_mask"]
     with torch.no_grad():
         y_stock = incremental_outputs(stock, x, enc, pad)
-        y_ours = incremental_outputs(ours, x, enc, pad)
+        with tapping(ours, taps) as tapped:
+            y_ours = incremental_outputs(ours, x, enc, pad)
         assert (y_stock - y_ours).abs().max() <= 1e-6
-        assert set(ours.tapped) == set(taps)
+        assert set(tapped()) == set(taps)
         if "o" in taps:
-            assert ours.tapped["o"].shape == (B, H, 1, E // H)  # the last step
+            assert tapped()["o"].shape == (B, H, 1, E // H)  # the last step
         # and incremental decoding equals the full-sequence forward
         if kind == "self":
             full, _ = ours(x, x, x, attn_mask=torch.triu(torch.full((T, T), float("-inf")), 1), need_weights=False)
@@ -173,12 +184,11 @@ def test_beamable_encoder_decoder_incremental():
     for m in (stock, ours):
         m.eval()
         m.set_beam_size(beam)
-    ours.set_taps({"o"})
     args = inputs("enc_dec")
     x = args["query"].repeat_interleave(beam, dim=1)  # [T, B*beam, E]
     enc = args["key"].repeat_interleave(beam, dim=1)
     pad = args["key_padding_mask"].repeat_interleave(beam, dim=0)
-    with torch.no_grad():
+    with torch.no_grad(), tapping(ours, {"o"}):
         y_stock = incremental_outputs(stock, x, enc, pad)
         y_ours = incremental_outputs(ours, x, enc, pad)
     assert (y_stock - y_ours).abs().max() <= 1e-6
@@ -189,7 +199,7 @@ class _Doubler(torch.nn.Module):
         super().__init__()
         self.scale = torch.nn.Parameter(torch.tensor(2.0))
 
-    def forward(self, x):
+    def forward(self, x, padding_mask=None):
         return x * self.scale
 
 
@@ -219,4 +229,24 @@ def test_aggregator_replaces_out_proj():
 def test_unknown_tap_is_rejected():
     _, ours = pair("self")
     with pytest.raises(ValueError, match="unknown attention taps"):
-        ours.set_taps({"q"})
+        with tapping(ours, {"q"}):
+            pass
+
+
+def test_observing_inside_torch_compile_is_refused():
+    """Recording heads is Python-side state: under torch.compile it fails with a clear error, never silently."""
+    _, ours = pair("self")
+    args = inputs("self")
+    compiled = torch.compile(ours, backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="cannot be observed inside torch.compile"):
+        with tapping(ours, {"o"}):
+            compiled(**args, need_weights=False)
+    assert ours.observer is None
+
+
+def test_nested_observation_is_refused():
+    _, ours = pair("self")
+    with tapping(ours, {"o"}):
+        with pytest.raises(RuntimeError, match="already observed"):
+            with tapping(ours, {"v"}):
+                pass

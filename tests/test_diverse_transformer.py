@@ -1,4 +1,4 @@
-"""diverse_transformer: the same model as fairseq's transformer, with tagged attention modules."""
+"""diverse_transformer: the same model as fairseq's transformer, with observable attention modules."""
 
 from argparse import Namespace
 
@@ -10,6 +10,7 @@ from fairseq.models.transformer import TransformerModel
 from _disagreement_utils import batch, build, tiny_task
 from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel
 from diverse_fairseq.modules.diverse_attention import DiverseMultiheadAttention
+from diverse_fairseq.modules.sites import attention_sites, observe, uses_activation_checkpointing
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 
@@ -37,18 +38,21 @@ def test_same_parameters_and_outputs_as_stock_transformer(task):
         assert torch.equal(p1.grad, p2.grad), n
 
 
-def test_attention_modules_are_tagged(task):
+def test_attention_sites(task):
     model = build(DiverseTransformerModel, "diverse_transformer", task)
-    mods = list(model.diverse_attention_modules())
-    assert all(isinstance(m, DiverseMultiheadAttention) for m in mods)
-    tags = [(m.attention_type, m.layer_idx) for m in mods]
+    sites = attention_sites(model)
+    assert all(isinstance(s.module, DiverseMultiheadAttention) for s in sites)
+    tags = [s.key for s in sites]
     assert sorted(tags) == sorted(
         [("enc_self", 0), ("enc_self", 1), ("dec_self", 0), ("enc_dec", 0), ("dec_self", 1), ("enc_dec", 1)]
     )
-    assert model.encoder.layers[1].self_attn.attention_type == "enc_self"
-    assert model.decoder.layers[0].encoder_attn.attention_type == "enc_dec"
-    assert model.decoder.layers[1].self_attn.layer_idx == 1
-    assert not model.uses_activation_checkpointing
+    where = {s.module: s.key for s in sites}
+    assert where[model.encoder.layers[1].self_attn] == ("enc_self", 1)
+    assert where[model.decoder.layers[0].encoder_attn] == ("enc_dec", 0)
+    assert where[model.decoder.layers[1].self_attn] == ("dec_self", 1)
+    assert not uses_activation_checkpointing(model)
+    checkpointed = build(DiverseTransformerModel, "diverse_transformer", task, extra=["--checkpoint-activations"])
+    assert uses_activation_checkpointing(checkpointed) and [s.key for s in attention_sites(checkpointed)] == tags
 
 
 def test_taps_do_not_change_the_model_output(task):
@@ -56,11 +60,11 @@ def test_taps_do_not_change_the_model_output(task):
     sample = batch(task)
     with torch.no_grad():
         ref = model(**sample["net_input"])[0]
-        for m in model.diverse_attention_modules():
-            m.set_taps({"v", "a", "o"})
-        tapped = model(**sample["net_input"])[0]
+        sites = attention_sites(model)
+        with observe(sites, {"v", "a", "o"}) as seen:
+            tapped = model(**sample["net_input"])[0]
     assert (ref - tapped).abs().max() <= 1e-5
-    assert all(set(m.tapped) == {"v", "a", "o"} for m in model.diverse_attention_modules())
+    assert all(set(seen.heads(s)) == {"v", "a", "o"} for s in sites)
 
 
 @pytest.mark.parametrize(
@@ -94,13 +98,11 @@ def test_incremental_generation_matches_stock(task):
 
     stock = build(TransformerModel, "transformer", task).eval()
     ours = build(DiverseTransformerModel, "diverse_transformer", task).eval()
-    for m in ours.diverse_attention_modules():
-        m.set_taps({"o", "a"})
     sample = batch(task)
     hyps = []
     for model in (stock, ours):
         gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=10)
-        with torch.no_grad():
+        with torch.no_grad(), observe(attention_sites(ours), {"o", "a"}):
             out = gen.generate([model], sample)
         hyps.append([(h[0]["tokens"].tolist(), round(float(h[0]["score"]), 5)) for h in out])
     assert hyps[0] == hyps[1]

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
 
 from diverse_fairseq.optim import repulsive_adam as repulsive_adam_module
+from diverse_fairseq.modules.sites import attention_sites
 from diverse_fairseq.optim.particles import ParticleTag, find_particle_tags
 from diverse_fairseq.optim.repulsive import spos_direction, svgd_direction
 
@@ -280,11 +281,11 @@ def test_repulsive_flags_without_the_repulsive_optimizer_are_rejected_by_fairseq
     assert "unrecognized arguments: --repulsive-alpha 0.5" in capsys.readouterr().err
 
 
-def test_project_model_is_found_through_its_own_attention_tags():
+def test_project_model_is_found_through_its_attention_sites():
     cfg = _cfg(arch="diverse_transformer")
     model = _model(cfg)
     opt = _build(cfg, list(model.parameters()))
-    expected = [(m.attention_type, m.layer_idx, proj) for m in model.diverse_attention_modules() for proj in "qkv"]
+    expected = [(s.attention_type, s.layer, proj) for s in attention_sites(model) for proj in "qkv"]
     assert len(expected) == 18
     assert sorted((t.attention_type, t.layer_idx, t.projection) for t in opt.particle_tags) == sorted(expected)
 

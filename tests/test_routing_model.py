@@ -23,7 +23,9 @@ from conftest import REPO, USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_arg
 from diverse_fairseq.criterions.disagreement_loss import LabelSmoothedCrossEntropyWithDisagreementCriterion
 from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel, routing_plan
 from diverse_fairseq.modules.aggregation import RoutingAggregation
+from diverse_fairseq.modules.diverse_attention import DiverseMultiheadAttention
 from diverse_fairseq.modules.routing import COMPILE_ENV_VAR, em_routing, simple_routing
+from diverse_fairseq.modules.sites import attention_sites, observe
 from diverse_fairseq.option_parsing import parse_layers
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
@@ -37,15 +39,19 @@ def task():
     return tiny_task()
 
 
+def routed_sites(model):
+    return [s for s in attention_sites(model) if s.module.aggregator is not None]
+
+
 def routed(model):
-    return {(m.attention_type, m.layer_idx) for m in model.routed_attention_modules()}
+    return {s.key for s in routed_sites(model)}
 
 
 def randomize_betas(model, seed=0):
     """β_A, β_μ start at 0; random values make EM routing's activations differ per capsule."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for m in model.routed_attention_modules():
+        for m in (s.module for s in routed_sites(model)):
             if m.aggregator.beta_a is not None:
                 m.aggregator.beta_a.copy_(torch.randn(m.aggregator.beta_a.shape, generator=g))
                 m.aggregator.beta_mu.copy_(0.1 * torch.randn(m.aggregator.beta_mu.shape, generator=g))
@@ -122,7 +128,7 @@ def test_no_routing_by_default_keeps_the_stock_model(task):
         model = build(DiverseTransformerModel, "diverse_transformer", task, extra=extra)
         assert routed(model) == set()
         assert list(model.state_dict()) == list(stock.state_dict())
-        assert model.diverse_args.routing_encoder_layers in ("none", "")
+        assert model.args.routing_encoder_layers in ("none", "")
 
 
 def test_placement_and_aggregator_options(task):
@@ -130,8 +136,9 @@ def test_placement_and_aggregator_options(task):
              "--routing-encoder-decoder-layers", "all", "--routing-iterations", "2", "--routing-capsules", "8"]
     model = build(DiverseTransformerModel, "diverse_transformer", task, extra=extra)
     assert routed(model) == {("enc_self", 0), ("dec_self", 1), ("enc_dec", 0), ("enc_dec", 1)}
-    for m in model.diverse_attention_modules():
-        if (m.attention_type, m.layer_idx) in routed(model):
+    for site in attention_sites(model):
+        m = site.module
+        if site.key in routed(model):
             agg = m.aggregator
             assert isinstance(agg, RoutingAggregation) and not hasattr(m, "out_proj")
             assert (agg.routing, agg.iterations, agg.num_capsules, agg.capsule_dim) == ("simple", 2, 8, 4)
@@ -158,7 +165,7 @@ def test_routing_architectures(task):
         assert {k: v for k, v in vars(a).items() if not k.startswith("routing_")} == vars(b)
     model = build(DiverseTransformerModel, "routing_transformer_iwslt_de_en", task)
     assert routed(model) == {("enc_self", 0), ("enc_self", 1)}
-    assert all(m.aggregator.routing == "em" and m.aggregator.iterations == 3 for m in model.routed_attention_modules())
+    assert all(s.module.aggregator.routing == "em" and s.module.aggregator.iterations == 3 for s in routed_sites(model))
     # the command line overrides the architecture's defaults
     model = build(DiverseTransformerModel, "routing_transformer_iwslt_de_en", task,
                   extra=["--routing-encoder-layers", "none", "--routing-decoder-layers", "1"])
@@ -196,7 +203,7 @@ def test_compile_option(task, monkeypatch):
     assert model.encoder.layers[0].self_attn.aggregator._route is em_routing
     model = build(DiverseTransformerModel, "diverse_transformer", task,
                   extra=["--routing-encoder-layers", "0", "--routing-compile"])
-    assert model.diverse_args.routing_compile is True
+    assert model.args.routing_compile is True
     assert model.encoder.layers[0].self_attn.aggregator._route is not em_routing  # torch.compile'd
     monkeypatch.setenv(COMPILE_ENV_VAR, "1")
     model = build(DiverseTransformerModel, "diverse_transformer", task, extra=["--routing-encoder-layers", "0"])
@@ -286,19 +293,19 @@ def test_disagreement_criterion_with_routing(task):
     model = build(DiverseTransformerModel, "diverse_transformer", task, extra=["--routing-type", "em", *ALL_PLACEMENTS])
     model.train()
     inputs = {}
-    for m in model.routed_attention_modules():
-        key = (m.attention_type, m.layer_idx)
-        m.aggregator.register_forward_pre_hook(lambda mod, args, key=key: inputs.__setitem__(key, args[0].detach()))
+    for site in routed_sites(model):
+        site.module.aggregator.register_forward_pre_hook(
+            lambda mod, args, key=site.key: inputs.__setitem__(key, args[0].detach()))
     crit = LabelSmoothedCrossEntropyWithDisagreementCriterion(
         task, sentence_avg=False, label_smoothing=0.1, disagreement_terms="out",
         disagreement_attention="enc_self,dec_self,enc_dec")
-    crit.prepare_model(model)
     sample = batch(task)
-    model(**sample["net_input"])
-    for m in model.routed_attention_modules():
-        o = m.tapped["o"]  # [B, H, T, d]
+    with observe(crit.regularized_sites(model), crit.taps) as seen:
+        model(**sample["net_input"])
+    for site in routed_sites(model):
+        o = seen.heads(site)["o"]  # [B, H, T, d]
         concat = o.permute(2, 0, 1, 3).reshape(o.shape[2], o.shape[0], -1)  # [T, B, E]
-        torch.testing.assert_close(concat.detach(), inputs[(m.attention_type, m.layer_idx)], rtol=0, atol=0)
+        torch.testing.assert_close(concat.detach(), inputs[site.key], rtol=0, atol=0)
     loss, sample_size, log = crit(model, sample)
     assert all(torch.isfinite(log[f"sim_out_{t}"]) for t in ("enc_self", "dec_self", "enc_dec"))
     loss.backward()
@@ -322,11 +329,9 @@ def test_aggregator_skips_padding_positions():
 
 
 def test_padding_is_skipped_without_changing_real_positions(task, monkeypatch):
-    """The layers hand their padding masks to the aggregators: padded positions are not routed, and every
+    """Self-attention hands its padding mask to its aggregator: padded positions are not routed, and every
     real position of the encoder output and of the decoder output is as without skipping."""
-    import contextlib
-
-    import diverse_fairseq.models.diverse_transformer as dt
+    combine_heads = DiverseMultiheadAttention.combine_heads
 
     model = build(DiverseTransformerModel, "diverse_transformer", task, extra=["--routing-type", "em", *ALL_PLACEMENTS])
     model.eval()
@@ -341,7 +346,7 @@ def test_padding_is_skipped_without_changing_real_positions(task, monkeypatch):
     with torch.no_grad():
         skipped = model(**sample["net_input"])[0]
         enc_skipped = model.encoder(src, src_lengths=sample["net_input"]["src_lengths"])["encoder_out"][0]
-        monkeypatch.setattr(dt, "skip_padding", lambda aggregators, mask: contextlib.nullcontext())
+        monkeypatch.setattr(DiverseMultiheadAttention, "combine_heads", lambda self, o, mask=None: combine_heads(self, o))
         full = model(**sample["net_input"])[0]
         enc_full = model.encoder(src, src_lengths=sample["net_input"]["src_lengths"])["encoder_out"][0]
     assert rows[0] == int(src.ne(pad).sum()) and rows[-1] == src.numel()  # only real tokens were routed

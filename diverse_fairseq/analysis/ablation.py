@@ -3,7 +3,8 @@ than One?"; used by An et al., EMNLP 2020, Figure 2 "Distribution of heads by pe
 masking at test time").
 
 Each head h of each attention module is masked in turn, by zeroing its output O_h before the heads are
-combined (``out_proj`` of the concatenation, or a routing aggregator; :mod:`.attention`), and the
+combined (``out_proj`` of the concatenation, or a routing aggregator; the head mask of
+:func:`diverse_fairseq.modules.sites.observe`), and the
 validation set is scored again. A head's importance is the resulting **increase** of the teacher-forced
 token NLL (nats per target token; a negative value means the model got better without the head) and,
 optionally, the **drop** of BLEU of beam-search translations. One pass per masked head; for the NLL, the layers below the masked one are not recomputed but replayed
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from .attention import AttentionSite, set_head_mask, set_taps
+from ..modules.sites import AttentionSite, observe
 from .collect import batch_nll
 
 
@@ -153,14 +154,17 @@ def _uses_spm(dictionary) -> bool:
 def head_importance(model, task, sites: Sequence[AttentionSite], batches: List[Dict], pad: int,
                     bleu_batches: Optional[List[Dict]] = None, beam: int = 4, progress: bool = True,
                     replay: bool = True) -> Importance:
-    """Mask every head of every site in turn; modules must be :func:`instrument`-ed.
+    """Mask every head of every site in turn.
 
-    Taps are set to {"o"} only to route forwards through the path where masks apply; the unmasked
-    reference NLL/BLEU are computed on that same path, so the differences are due to the mask alone.
-    With ``replay`` the NLL passes reuse the unmasked outputs of the layers below the masked module.
+    All passes, the unmasked reference NLL/BLEU included, run inside one :func:`observe` block, i.e. on the
+    path where head masks apply, so the differences are due to the mask alone. With ``replay`` the NLL
+    passes reuse the unmasked outputs of the layers below the masked module.
     """
-    set_taps(sites, {"o"})
-    set_head_mask(sites, None)
+    with observe(sites) as seen:
+        return _head_importance(model, task, sites, batches, pad, seen, bleu_batches, beam, progress, replay)
+
+
+def _head_importance(model, task, sites, batches, pad, seen, bleu_batches, beam, progress, replay) -> Importance:
     layers = LayerReplay(model) if replay else None
     with layers.recording() if layers is not None else contextlib.nullcontext():
         result = Importance(base_nll=mean_nll(model, batches, pad))
@@ -168,18 +172,13 @@ def head_importance(model, task, sites: Sequence[AttentionSite], batches: List[D
         result.base_bleu = corpus_bleu(model, task, bleu_batches, beam)
         result.bleu_sentences = sum(b["target"].size(0) for b in bleu_batches)
     jobs = [(site, h) for site in sites for h in range(site.num_heads)]
-    try:
-        for site, head in tqdm(jobs, desc="ablation", unit="head", disable=not progress):
-            set_head_mask(sites, site, head)
-            with layers.replaying(layers.first_affected(site)) if layers is not None else contextlib.nullcontext():
-                nll = mean_nll(model, batches, pad)
-            entry = HeadImportance(site.attention_type, site.layer, head, nll, nll - result.base_nll)
-            if bleu_batches is not None:
-                entry.bleu = corpus_bleu(model, task, bleu_batches, beam)
-                entry.delta_bleu = result.base_bleu - entry.bleu
-            result.heads.append(entry)
-    finally:
-        set_head_mask(sites, None)
-        for site in sites:
-            site.module.tapped = {}
+    for site, head in tqdm(jobs, desc="ablation", unit="head", disable=not progress):
+        seen.mask_head(site, head)
+        with layers.replaying(layers.first_affected(site)) if layers is not None else contextlib.nullcontext():
+            nll = mean_nll(model, batches, pad)
+        entry = HeadImportance(site.attention_type, site.layer, head, nll, nll - result.base_nll)
+        if bleu_batches is not None:
+            entry.bleu = corpus_bleu(model, task, bleu_batches, beam)
+            entry.delta_bleu = result.base_bleu - entry.bleu
+        result.heads.append(entry)
     return result

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from .attention import AttentionSite, set_taps
+from ..modules.sites import AttentionSite, observe
 from .scores import TOKEN_SIDE, ScoreAccumulator
 
 
@@ -45,21 +45,21 @@ class Collected:
 @torch.no_grad()
 def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int, progress: bool = True,
             nll: bool = True) -> Collected:
-    """Scores, mean head outputs and NLL over ``batches`` (modules must be :func:`instrument`-ed).
+    """Scores, mean head outputs and NLL over ``batches``.
 
     ``nll=False`` skips the NLL and the decoder's output projection (``features_only``), which is most of
     the cost of a pass that only wants the scores."""
-    set_taps(sites, {"v", "a", "o"})
     scores = {(s.attention_type, s.layer): ScoreAccumulator() for s in sites}
     out_sums: Dict[Tuple[str, int], Tensor] = {}
     out_counts: Dict[Tuple[str, int], int] = {}
     nll_sum, sentences, src_tokens, tgt_tokens = 0.0, 0, 0, 0
     for sample in tqdm(batches, desc="scores", unit="batch", disable=not progress, leave=False):
-        net_output = model(**sample["net_input"], features_only=not nll)
+        with observe(sites, {"v", "a", "o"}) as seen:
+            net_output = model(**sample["net_input"], features_only=not nll)
         masks = pad_masks(sample, pad)
         for site in sites:
-            key, side = (site.attention_type, site.layer), TOKEN_SIDE[site.attention_type]
-            tapped = site.module.tapped
+            key, side = site.key, TOKEN_SIDE[site.attention_type]
+            tapped = seen.heads(site)
             scores[key].update(tapped, key_pad=masks[side["sub"]], query_pad=masks[side["out"]])
             o = tapped["o"].double()  # [B, H, T, d]
             keep = (~masks[side["out"]]).to(o.dtype)  # [B, T]
@@ -71,8 +71,6 @@ def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int
         tgt_tokens += int((~masks["target"]).sum())
         src_tokens += int((~masks["source"]).sum())
         sentences += sample["target"].size(0)
-    for site in sites:
-        site.module.tapped = {}
     head_means = {key: (out_sums[key] / max(out_counts[key], 1)).float().cpu() for key in out_sums}
     return Collected(scores, head_means, nll_sum / max(tgt_tokens, 1) if nll else None, sentences, src_tokens,
                      tgt_tokens)
@@ -81,12 +79,9 @@ def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int
 @torch.no_grad()
 def attention_maps(model, sites: Sequence[AttentionSite], sample: Dict) -> Dict[Tuple[str, int], Tensor]:
     """Attention probabilities of every head for a batch of one sentence: ``(type, layer) -> [H, T, S]``."""
-    set_taps(sites, {"a"})
-    model(**sample["net_input"])
-    maps = {(s.attention_type, s.layer): s.module.tapped["a"][0].float().cpu() for s in sites}
-    for site in sites:
-        site.module.tapped = {}
-    return maps
+    with observe(sites, {"a"}) as seen:
+        model(**sample["net_input"])
+    return {s.key: seen.heads(s)["a"][0].float().cpu() for s in sites}
 
 
 def token_labels(dictionary, tokens: Tensor, pad: Optional[int] = None) -> List[str]:

@@ -1,8 +1,9 @@
 """Load a fairseq translation checkpoint and a binarized split as a fixed list of collated batches.
 
-Any checkpoint that ``fairseq-generate`` can load works (stock ``transformer`` or ``diverse_transformer``);
-importing :mod:`diverse_fairseq` first registers the project's models and allowlists the classes fairseq
-pickles into checkpoints for torch's ``weights_only`` loader.
+Any checkpoint that ``fairseq-generate`` can load works (stock ``transformer`` or ``diverse_transformer``); a
+stock ``transformer`` is rebuilt as the ``diverse_transformer`` with the same weights (same parameter names,
+same outputs), whose attention heads can be observed. Importing :mod:`diverse_fairseq` first registers the
+project's models and allowlists the classes fairseq pickles into checkpoints for torch's ``weights_only`` loader.
 """
 
 from dataclasses import dataclass
@@ -65,8 +66,26 @@ def load_checkpoint(checkpoint: str, data: Optional[str] = None, device: str = "
     else:
         overwrite_args_by_name(state["cfg"], {"data": str(data_dir)})
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], state=state)
-    model = models[0].to(device).eval()
+    model = as_diverse(models[0], cfg, task).to(device).eval()
     return LoadedModel(model=model, task=task, cfg=cfg, checkpoint=path, data=data_dir)
+
+
+def as_diverse(model: torch.nn.Module, cfg, task) -> torch.nn.Module:
+    """``model`` if its heads can be observed; a stock fairseq ``TransformerModel`` rebuilt as the
+    ``diverse_transformer`` with the same state dict (strict: every parameter and buffer matches); otherwise
+    a clear error."""
+    from fairseq.models.transformer import TransformerModel
+
+    from ..models.diverse_transformer import DiverseTransformerModel
+
+    if isinstance(model, DiverseTransformerModel):
+        return model
+    if type(model) is not TransformerModel:
+        raise SystemExit(f"error: cannot analyse a {type(model).__name__}: only fairseq's transformer and "
+                         "diverse_transformer translation models are supported")
+    diverse = DiverseTransformerModel.build_model(cfg.model, task)
+    diverse.load_state_dict(model.state_dict(), strict=True)
+    return diverse.to(next(model.parameters()).dtype)
 
 
 def load_batches(task, subset: str, max_sentences: Optional[int], max_tokens: int = 4096,

@@ -20,10 +20,9 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..modules.diverse_attention import ATTENTION_TYPES
+from ..modules.sites import ATTENTION_TYPES, attention_sites
 from . import plots
 from .ablation import head_importance
-from .attention import attention_sites, instrument
 from .collect import attention_maps, collect, token_labels
 from .loading import load_batches, load_checkpoint, load_sentence, pick_sentence
 from .report import comparison_markdown, importance_payload, scores_markdown, scores_payload
@@ -88,9 +87,8 @@ def score_checkpoint(checkpoint: str, opts: Options, label: Optional[str] = None
     start = time.time()
     _seed_everything(opts.seed)
     loaded, batches, sites, meta = _prepare(checkpoint, opts, label)
-    with instrument(sites):
-        collected = collect(loaded.model, sites, batches, loaded.task.target_dictionary.pad(), progress=opts.progress,
-                            nll=False)
+    collected = collect(loaded.model, sites, batches, loaded.task.target_dictionary.pad(), progress=opts.progress,
+                        nll=False)
     scores = scores_payload(collected, sites, {**meta, "max_tokens": opts.max_tokens})
     scores["seconds"] = round(time.time() - start, 2)
     return scores
@@ -106,19 +104,18 @@ def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optiona
     model, task, label = loaded.model, loaded.task, meta["label"]
     pad = task.target_dictionary.pad()
 
-    with instrument(sites):
-        collected = collect(model, sites, batches, pad, progress=opts.progress)
-        sentence_id = opts.sentence_id if opts.sentence_id is not None else pick_sentence(
-            task, opts.subset, opts.max_sentences or len(task.dataset(opts.subset)))
-        sentence = load_sentence(task, opts.subset, sentence_id, opts.device)
-        maps = attention_maps(model, sites, sentence)
-        importance = None
-        if opts.ablation:
-            bleu_batches = None
-            if opts.ablation_bleu:
-                bleu_batches = load_batches(task, opts.subset, opts.bleu_sentences, opts.max_tokens, device=opts.device)
-            importance = head_importance(model, task, sites, batches, pad, bleu_batches=bleu_batches,
-                                         beam=opts.beam, progress=opts.progress)
+    collected = collect(model, sites, batches, pad, progress=opts.progress)
+    sentence_id = opts.sentence_id if opts.sentence_id is not None else pick_sentence(
+        task, opts.subset, opts.max_sentences or len(task.dataset(opts.subset)))
+    sentence = load_sentence(task, opts.subset, sentence_id, opts.device)
+    maps = attention_maps(model, sites, sentence)
+    importance = None
+    if opts.ablation:
+        bleu_batches = None
+        if opts.ablation_bleu:
+            bleu_batches = load_batches(task, opts.subset, opts.bleu_sentences, opts.max_tokens, device=opts.device)
+        importance = head_importance(model, task, sites, batches, pad, bleu_batches=bleu_batches,
+                                     beam=opts.beam, progress=opts.progress)
 
     scores = scores_payload(collected, sites, {**meta, "heatmap_sentence": sentence_id})
     imp = importance_payload(importance, meta) if importance is not None else None

@@ -9,8 +9,9 @@ each module's masked token-mean head similarity (:mod:`diverse_fairseq.disagreem
 (term, type) value is logged as ``sim_<term>_<type>`` for training and validation.
 
 The model must expose its attention heads (``--arch diverse_transformer*``): on its first forward the
-criterion finds the attention modules via ``model.diverse_attention_modules()`` and sets their taps to
-exactly what the terms need (sub → V, pos → A, out → O), so unregularized modules keep fairseq's path.
+criterion selects its attention sites (:func:`diverse_fairseq.modules.sites.select_sites`); each forward
+records exactly what the terms need (sub → V, pos → A, out → O) of those sites only
+(:func:`~diverse_fairseq.modules.sites.observe`), so unregularized modules keep fairseq's path.
 """
 
 from dataclasses import dataclass, field
@@ -26,8 +27,9 @@ from fairseq.logging import metrics
 from torch import Tensor
 
 from ..disagreement import output_similarity, position_similarity, subspace_similarity
-from ..modules.diverse_attention import ATTENTION_TYPES
-from ..option_parsing import ALL_LAYERS, parse_layer_spec, parse_names, resolve_layers
+from ..modules.sites import (ATTENTION_TYPES, AttentionSite, observe, require_diverse, select_sites, unwrap,
+                             uses_activation_checkpointing)
+from ..option_parsing import ALL_LAYERS, parse_layer_spec, parse_names
 
 TERMS = ("sub", "pos", "out")
 _TAP_OF_TERM = {"sub": "v", "pos": "a", "out": "o"}
@@ -58,13 +60,6 @@ class LabelSmoothedCrossEntropyWithDisagreementConfig(LabelSmoothedCrossEntropyC
     )
 
 
-def unwrap_model(model):
-    """The model under fairseq's distributed / proxy wrappers."""
-    while not hasattr(type(model), "diverse_attention_modules") and hasattr(model, "module"):
-        model = model.module
-    return model
-
-
 @register_criterion(CRITERION_NAME, dataclass=LabelSmoothedCrossEntropyWithDisagreementConfig)
 class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(
@@ -91,91 +86,60 @@ class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntro
             raise ValueError("--disagreement-layers none would regularize nothing: choose layers ('all' or "
                              "indices), or train with --criterion label_smoothed_cross_entropy")
         self._prepared_for: Optional[int] = None
-        self._regularized: Dict[str, List] = {}
+        self._sites: List[AttentionSite] = []
 
     # ------------------------------------------------------------------ model set-up
 
-    def prepare_model(self, model) -> None:
-        """Check that ``model`` can be regularized and set its attention taps (idempotent)."""
-        core = unwrap_model(model)
-        if self._prepared_for == id(core):
-            return
-        if not hasattr(core, "diverse_attention_modules"):
-            raise ValueError(
-                f"--criterion {CRITERION_NAME} needs a model whose attention modules expose their heads "
-                f"(e.g. --arch diverse_transformer_iwslt_de_en); {type(core).__name__} does not "
-                f"(no diverse_attention_modules())"
-            )
-        if getattr(core, "uses_activation_checkpointing", False):
-            raise ValueError(
-                f"--criterion {CRITERION_NAME} cannot be used with --checkpoint-activations / "
-                "--offload-activations: their first forward runs without autograd, so the tapped heads "
-                "carry no graph; drop the flag"
-            )
-        modules = {t: [] for t in self.attention_types}
-        depth: Dict[str, int] = {}
-        needed = frozenset(_TAP_OF_TERM[t] for t in self.terms)
-        for m in core.diverse_attention_modules():
-            depth[m.attention_type] = max(depth.get(m.attention_type, 0), m.layer_idx + 1)
-        chosen = {t: resolve_layers(self.layers, depth[t], "--disagreement-layers", f" of {t} attention")
-                  for t in self.attention_types if t in depth}
-        for m in core.diverse_attention_modules():
-            selected = m.layer_idx in chosen.get(m.attention_type, ())
-            if selected:
-                if m.num_heads < 2:
-                    raise ValueError(
-                        f"--criterion {CRITERION_NAME}: {m.attention_type} attention of layer {m.layer_idx} "
-                        f"has {m.num_heads} head; disagreement needs at least 2"
-                    )
-                modules[m.attention_type].append(m)
-            m.set_taps(needed if selected else ())
-        for attention_type, mods in modules.items():
-            if not mods:
+    @property
+    def taps(self) -> frozenset:
+        """The per-head tensors the terms need: sub → V, pos → A, out → O."""
+        return frozenset(_TAP_OF_TERM[t] for t in self.terms)
+
+    def regularized_sites(self, model) -> List[AttentionSite]:
+        """The attention sites this criterion regularizes in ``model``, checked once per model."""
+        core = unwrap(model)
+        if self._prepared_for != id(core):
+            if uses_activation_checkpointing(core):
                 raise ValueError(
-                    f"--disagreement-attention {attention_type}: the model has no such attention modules"
-                )
-        self._regularized = modules
-        self._prepared_for = id(core)
+                    f"--criterion {CRITERION_NAME} cannot be used with --checkpoint-activations / "
+                    "--offload-activations: their first forward runs without autograd, so the recorded heads "
+                    "carry no graph; drop the flag")
+            sites = select_sites(core, self.attention_types, self.layers, "--disagreement-attention",
+                                 "--disagreement-layers")
+            require_diverse(sites, f"--criterion {CRITERION_NAME}")
+            for site in sites:
+                if site.num_heads < 2:
+                    raise ValueError(f"--criterion {CRITERION_NAME}: {site.attention_type} attention of layer "
+                                     f"{site.layer} has {site.num_heads} head; disagreement needs at least 2")
+            self._sites, self._prepared_for = sites, id(core)
+        return self._sites
 
     # ------------------------------------------------------------------ loss
 
-    def similarities(self, sample) -> Dict[str, Tensor]:
-        """``{"<term>_<type>": 0-dim tensor}`` from the taps of the last forward (then cleared)."""
-        src_pad = sample["net_input"]["src_tokens"].eq(self.padding_idx)  # [B, S]
-        tgt_pad = sample["target"].eq(self.padding_idx)  # [B, T]
+    def similarities(self, sites: List[AttentionSite], heads, sample) -> Dict[str, Tensor]:
+        """``{"<term>_<type>": 0-dim tensor}``: per term and attention type, the layer mean of the similarity
+        of the recorded heads (``heads(site)`` → ``{tap: tensor}``) over the non-padding tokens."""
+        pads = {"source": sample["net_input"]["src_tokens"].eq(self.padding_idx),  # [B, S]
+                "target": sample["target"].eq(self.padding_idx)}  # [B, T]
         sims: Dict[str, Tensor] = {}
-        for attention_type, mods in self._regularized.items():
-            query_pad = src_pad if attention_type == "enc_self" else tgt_pad
-            key_pad = tgt_pad if attention_type == "dec_self" else src_pad
+        for attention_type in self.attention_types:
+            of_type = [s for s in sites if s.attention_type == attention_type]
             for term in self.terms:
-                tap = _TAP_OF_TERM[term]
-                pad = key_pad if term == "sub" else query_pad
-                per_layer = []
-                for m in mods:
-                    if tap not in m.tapped:
-                        raise RuntimeError(
-                            f"{attention_type} attention of layer {m.layer_idx} produced no '{tap}' tap; "
-                            "was the model run through this criterion's forward?"
-                        )
-                    per_layer.append(_SIMILARITY[term](m.tapped[tap], pad))
+                per_layer = [_SIMILARITY[term](heads(s)[_TAP_OF_TERM[term]],
+                                               pads[s.key_side if term == "sub" else s.query_side]) for s in of_type]
                 sims[f"{term}_{attention_type}"] = torch.stack(per_layer).mean()
-        for mods in self._regularized.values():
-            for m in mods:
-                m.tapped = {}
         return sims
 
     def forward(self, model, sample, reduce=True):
         if not reduce:
             raise ValueError(f"{CRITERION_NAME} only supports reduce=True (a summed loss)")
-        self.prepare_model(model)
-        net_output = model(**sample["net_input"])
+        sites = self.regularized_sites(model)
+        with observe(sites, self.taps) as seen:
+            net_output = model(**sample["net_input"])
         loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
-        if self.disagreement_lambda > 0:
-            sims = self.similarities(sample)
-        else:  # only for logging
-            with torch.no_grad():
-                sims = self.similarities(sample)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.disagreement_lambda > 0):  # λ = 0: only logged
+            sims = self.similarities(sites, seen.heads, sample)
         sim_total = torch.stack(list(sims.values())).sum()
         if self.disagreement_lambda > 0:
             loss = loss + (self.disagreement_lambda * sample_size) * sim_total

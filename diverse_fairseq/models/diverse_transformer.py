@@ -1,11 +1,10 @@
 """The Transformer whose attention modules expose their heads: ``--arch diverse_transformer*``.
 
 Identical to fairseq's legacy ``transformer`` (same parameter names, initialisation and outputs) except
-that every attention module is a :class:`~diverse_fairseq.modules.diverse_attention.DiverseMultiheadAttention`
-tagged with ``attention_type`` ("enc_self", "dec_self", "enc_dec") and ``layer_idx`` (0-based), so that
-criteria (disagreement regularization, Li et al. EMNLP 2018) and optimizers (repulsive attention, An et
-al. EMNLP 2020) find them through :meth:`DiverseTransformerModel.diverse_attention_modules` and never
-by parameter names. With no taps set and no aggregator it trains exactly like ``transformer``.
+that every attention module is a :class:`~diverse_fairseq.modules.diverse_attention.DiverseMultiheadAttention`,
+whose heads the disagreement criterion (Li et al. EMNLP 2018) and the analysis can observe; every feature
+finds them through :mod:`diverse_fairseq.modules.sites`. Not observed and without aggregators it trains
+exactly like ``transformer``.
 
 Routing-by-agreement (Li et al., NAACL 2019, §3-4): the ``--routing-*`` options replace concatenation +
 W_O of chosen attention modules by a :class:`~diverse_fairseq.modules.aggregation.RoutingAggregation`
@@ -15,7 +14,7 @@ architectures route the encoder self-attention of layers 0 and 1 with EM routing
 """
 
 from argparse import Namespace
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Tuple
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
@@ -33,23 +32,16 @@ from fairseq.models.transformer.transformer_legacy import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from omegaconf import DictConfig, OmegaConf
-from torch import Tensor
 
-from ..modules.aggregation import build_aggregator, skip_padding
+from ..modules.aggregation import build_aggregator
 from ..modules.diverse_attention import DiverseMultiheadAttention
 from ..modules.routing import ROUTING_TYPES, compile_requested
+from ..modules.sites import attention_sites
 from ..option_parsing import parse_layers
 
 
 class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer with a :class:`DiverseMultiheadAttention` self-attention.
-
-    A routing aggregator in the self-attention skips the padded positions (their outputs are never used:
-    padded keys are masked, padded encoder outputs are ignored by the decoder)."""
-
-    def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
-        with skip_padding([self.self_attn.aggregator], encoder_padding_mask):
-            return super().forward(x, encoder_padding_mask, attn_mask)
+    """fairseq's encoder layer with a :class:`DiverseMultiheadAttention` self-attention."""
 
     def build_self_attention(self, embed_dim, cfg):
         return DiverseMultiheadAttention(
@@ -64,23 +56,7 @@ class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
 
 
 class DiverseTransformerDecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's decoder layer with :class:`DiverseMultiheadAttention` self- and cross-attention.
-
-    Routing aggregators skip the padded target positions (their outputs do not reach any real position
-    through the causal self-attention and are excluded from the loss)."""
-
-    def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
-                prev_self_attn_state=None, prev_attn_state=None, self_attn_mask=None,
-                self_attn_padding_mask=None, need_attn=False, need_head_weights=False):
-        aggregators = [self.self_attn.aggregator, getattr(self.encoder_attn, "aggregator", None)]
-        with skip_padding(aggregators, self_attn_padding_mask):
-            return super().forward(
-                x, encoder_out=encoder_out, encoder_padding_mask=encoder_padding_mask,
-                incremental_state=incremental_state, prev_self_attn_state=prev_self_attn_state,
-                prev_attn_state=prev_attn_state, self_attn_mask=self_attn_mask,
-                self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn,
-                need_head_weights=need_head_weights,
-            )
+    """fairseq's decoder layer with :class:`DiverseMultiheadAttention` self- and cross-attention."""
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return DiverseMultiheadAttention(
@@ -118,35 +94,12 @@ def _wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
-def _tag_layers(layers, pairs):
-    """Set ``attention_type`` / ``layer_idx`` on each layer's attention modules (pairs: (attr, type))."""
-    for idx, layer in enumerate(layers):
-        for attr, attention_type in pairs:
-            for module in layer.modules():  # also finds the layer inside an FSDP wrapper
-                mha = getattr(module, attr, None)
-                if isinstance(mha, DiverseMultiheadAttention):
-                    mha.attention_type = attention_type
-                    mha.layer_idx = idx
-                    break
-
-
 class DiverseTransformerEncoder(TransformerEncoderBase):
-    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
-        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        _tag_layers(self.layers, [("self_attn", "enc_self")])
-
     def build_encoder_layer(self, cfg):
         return _wrap_layer(DiverseTransformerEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
 
 class DiverseTransformerDecoder(TransformerDecoderBase):
-    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
-        super().__init__(
-            cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
-            output_projection=output_projection,
-        )
-        _tag_layers(self.layers, [("self_attn", "dec_self"), ("encoder_attn", "enc_dec")])
-
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap_layer(DiverseTransformerDecoderLayer(cfg, no_encoder_attn), cfg)
 
@@ -287,7 +240,6 @@ class DiverseTransformerModel(TransformerModel):
         base_architecture(args)  # layer counts and widths, as TransformerModel.build_model does first
         plan = routing_plan(args)  # validated before the model is built
         model = super().build_model(args, task)
-        model.diverse_args = args
         model.install_routing(plan)
         return model
 
@@ -298,21 +250,14 @@ class DiverseTransformerModel(TransformerModel):
                         for layer in (*self.encoder.layers, *self.decoder.layers)):
             raise ValueError("routing (--routing-*) cannot be combined with --ddp-backend fully_sharded")
         found = set()
-        for mha in self.diverse_attention_modules():
-            key = (mha.attention_type, mha.layer_idx)
-            if key not in plan:
-                continue
-            mha.set_aggregator(build_aggregator(embed_dim=mha.embed_dim, num_heads=mha.num_heads, **plan[key]))
-            found.add(key)
+        for site in attention_sites(self):
+            if site.key in plan:
+                mha = site.module
+                mha.set_aggregator(build_aggregator(embed_dim=mha.embed_dim, num_heads=mha.num_heads, **plan[site.key]))
+                found.add(site.key)
         missing = set(plan) - found
         if missing:  # e.g. --no-cross-attention with --routing-encoder-decoder-layers
             raise ValueError(f"routing: no attention module for {sorted(missing)} in the built model")
-
-    def routed_attention_modules(self) -> Iterator[DiverseMultiheadAttention]:
-        """The attention modules whose heads are combined by a routing aggregator."""
-        for module in self.diverse_attention_modules():
-            if module.aggregator is not None:
-                yield module
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -322,17 +267,6 @@ class DiverseTransformerModel(TransformerModel):
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
         return DiverseTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
-
-    def diverse_attention_modules(self) -> Iterator[DiverseMultiheadAttention]:
-        """All attention modules, encoder then decoder, each tagged with attention_type and layer_idx."""
-        for module in self.modules():
-            if isinstance(module, DiverseMultiheadAttention) and module.attention_type is not None:
-                yield module
-
-    @property
-    def uses_activation_checkpointing(self) -> bool:
-        """True when layers run under ``--checkpoint-activations`` (first forward without a graph)."""
-        return bool(self.cfg.checkpoint_activations or self.cfg.offload_activations)
 
 
 # ---------------------------------------------------------------------------------- architectures

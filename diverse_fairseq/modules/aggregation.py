@@ -5,8 +5,7 @@ Routing-by-Agreement*. NAACL 2019, §4.1 (Eqs. 5-7) and §4.2; the authors' fuse
 (docs/methods.md#routing-by-agreement-aggregation).
 """
 
-from contextlib import contextmanager
-from typing import Iterable, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -15,7 +14,7 @@ from torch import Tensor
 
 from .routing import ROUTING_TYPES, get_routing_function
 
-__all__ = ["RoutingAggregation", "build_aggregator", "skip_padding"]
+__all__ = ["RoutingAggregation", "build_aggregator"]
 
 
 class RoutingAggregation(nn.Module):
@@ -85,8 +84,6 @@ class RoutingAggregation(nn.Module):
         self.iterations = iterations
         self.eps = eps
         self._route = get_routing_function(routing, compile)
-        #: [B, T] padding of the current input (True = pad), set around a layer's forward by skip_padding()
-        self.padding_mask: Optional[Tensor] = None
 
         self.layer_norm = nn.LayerNorm(embed_dim)
         self.fc1 = nn.Linear(embed_dim, embed_dim)  # W1: input capsules, Eq. 5
@@ -117,15 +114,13 @@ class RoutingAggregation(nn.Module):
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
         """x: concatenated head outputs Ô [..., E] (e.g. [T, B, E]) -> aggregated output [..., E].
 
-        ``padding_mask`` (default: the ``padding_mask`` attribute, which the model sets around a layer's
-        forward, see :func:`skip_padding`): ``[B, T]``, True at padding positions of an input ``[T, B, E]``.
+        ``padding_mask``: ``[B, T]``, True at padding positions of an input ``[T, B, E]`` (the attention module
+        passes its self-attention padding, see ``DiverseMultiheadAttention.combine_heads``).
         Those positions are not routed and come out as zeros: routing is per position, so this only saves
         the work whose results fairseq ignores (padded queries).
         """
         if x.shape[-1] != self.embed_dim:
             raise ValueError(f"expected input width {self.embed_dim}, got {x.shape[-1]}")
-        if padding_mask is None:
-            padding_mask = self.padding_mask
         if (padding_mask is not None and x.dim() == 3 and tuple(padding_mask.shape) == (x.shape[1], x.shape[0])
                 and bool(padding_mask.any())):
             keep = ~padding_mask.t().to(torch.bool)  # [T, B]
@@ -148,20 +143,6 @@ class RoutingAggregation(nn.Module):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, routing={self.routing!r}, "
             f"num_capsules={self.num_capsules}, iterations={self.iterations}"
         )
-
-
-@contextmanager
-def skip_padding(aggregators: Iterable[Optional[nn.Module]], padding_mask: Optional[Tensor]):
-    """Within the block, the given aggregators skip the padding positions ``padding_mask`` ([B, T], True =
-    pad) of their [T, B, E] inputs (see :meth:`RoutingAggregation.forward`)."""
-    mods = [a for a in aggregators if isinstance(a, RoutingAggregation)]
-    for a in mods:
-        a.padding_mask = padding_mask
-    try:
-        yield
-    finally:
-        for a in mods:
-            a.padding_mask = None
 
 
 def build_aggregator(

@@ -1,4 +1,4 @@
-"""fairseq ``MultiheadAttention`` whose heads can be observed (taps) and combined by a custom module.
+"""fairseq ``MultiheadAttention`` whose heads can be observed and combined by a custom module.
 
 Disagreement regularization (Li et al., EMNLP 2018, §3) needs, per attention module and per forward,
 the projected values V, the attention probabilities A or the head outputs O
@@ -6,15 +6,18 @@ the projected values V, the attention probabilities A or the head outputs O
 the concatenation + W_O that combines the heads.
 ``DiverseMultiheadAttention`` offers both without giving up fairseq's behaviour:
 
-* no taps and no aggregator: ``MultiheadAttention.forward`` unchanged (bit-identical to stock);
+* not observed and no aggregator: ``MultiheadAttention.forward`` unchanged (bit-identical to stock);
 * full sequences (training, scoring): own Q/K/V projections and the fused
   ``scaled_dot_product_attention`` kernel; A is materialised (fp32 softmax, as fairseq does) only when
-  it is tapped or attention weights are requested;
+  it is recorded or attention weights are requested;
 * incremental decoding: fairseq's own cached path up to the attention logits (``before_softmax=True``),
   then softmax, dropout and ``A·V`` here, so the key/value cache stays fairseq's.
+
+Heads are observed only through :func:`diverse_fairseq.modules.sites.observe`, which sets ``observer`` for
+the duration of a ``with`` block.
 """
 
-from typing import Dict, FrozenSet, Iterable, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -22,23 +25,15 @@ from fairseq import utils
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
 
-TAP_NAMES = frozenset({"v", "a", "o"})
-#: the ``attention_type`` tags, in the order of a Transformer (encoder self, decoder self, encoder-decoder)
-ATTENTION_TYPES = ("enc_self", "dec_self", "enc_dec")
-
 
 class DiverseMultiheadAttention(MultiheadAttention):
-    """Multi-head attention with per-head taps and a replaceable head combination.
+    """Multi-head attention whose heads can be observed and whose head combination can be replaced.
 
     Attributes:
-        taps: which per-head tensors to keep after each forward, a subset of ``{"v", "a", "o"}``
-            (empty by default). Set it directly or with :meth:`set_taps`.
-        tapped: after each forward, ``{"v": [B,H,S,d], "a": [B,H,T,S], "o": [B,H,T,d]}`` restricted to
-            ``taps``, with their autograd graph; ``a`` is the fp32 softmax output before attention
-            dropout, ``v`` covers the real key tokens (no ``bias_kv`` / zero-attention slot). Cleared at
-            the start of every forward.
-        attention_type, layer_idx: where the module sits ("enc_self", "dec_self", "enc_dec"; 0-based
-            layer), set by the model that builds it.
+        observer: ``None``, or inside :func:`~diverse_fairseq.modules.sites.observe` a ``HeadObserver``
+            that records ``{"v": [B,H,S,d], "a": [B,H,T,S], "o": [B,H,T,d]}`` (with their autograd graph;
+            ``a`` is the fp32 softmax output before attention dropout, ``v`` covers the real key tokens, no
+            ``bias_kv`` / zero-attention slot) and may hold a head mask [H] multiplied into O.
 
     Args:
         aggregator: optional module mapping the concatenated heads ``[T, B, E] -> [T, B, E]``; it
@@ -48,22 +43,12 @@ class DiverseMultiheadAttention(MultiheadAttention):
 
     def __init__(self, *args, aggregator: Optional[nn.Module] = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.taps: FrozenSet[str] = frozenset()
-        self.tapped: Dict[str, Tensor] = {}
-        self.attention_type: Optional[str] = None
-        self.layer_idx: Optional[int] = None
+        self.observer = None
         self.aggregator: Optional[nn.Module] = None
         if aggregator is not None:
             self.set_aggregator(aggregator)
 
     # ------------------------------------------------------------------ configuration
-
-    def set_taps(self, taps: Iterable[str]) -> None:
-        taps = frozenset(taps)
-        unknown = taps - TAP_NAMES
-        if unknown:
-            raise ValueError(f"unknown attention taps {sorted(unknown)}; choose from {sorted(TAP_NAMES)}")
-        self.taps = taps
 
     def set_aggregator(self, aggregator: nn.Module) -> None:
         """Combine heads with ``aggregator`` ([T, B, E] -> [T, B, E]) instead of ``out_proj``."""
@@ -81,12 +66,18 @@ class DiverseMultiheadAttention(MultiheadAttention):
         if hasattr(self.aggregator, "reset_parameters"):
             self.aggregator.reset_parameters()
 
-    def combine_heads(self, o: Tensor) -> Tensor:
-        """Concatenate head outputs ``o`` [B, H, T, d] and project: ``[T, B, E]``."""
+    def combine_heads(self, o: Tensor, query_padding_mask: Optional[Tensor] = None) -> Tensor:
+        """Record, mask, concatenate and project the head outputs ``o`` [B, H, T, d]: ``[T, B, E]``.
+
+        ``query_padding_mask`` [B, T] (True = pad): positions a routing aggregator need not route."""
+        if self.observer is not None:
+            self.observer.record("o", o)
+            if self.observer.head_mask is not None:
+                o = o * self.observer.head_mask.to(dtype=o.dtype, device=o.device).view(1, -1, 1, 1)  # [B, H, T, d]
         bsz, num_heads, tgt_len, head_dim = o.shape
         x = o.permute(2, 0, 1, 3).reshape(tgt_len, bsz, num_heads * head_dim)  # [T, B, E]
         if self.aggregator is not None:
-            return self.aggregator(x)
+            return self.aggregator(x, query_padding_mask)
         return self.out_proj(x)
 
     # ------------------------------------------------------------------ forward
@@ -104,9 +95,9 @@ class DiverseMultiheadAttention(MultiheadAttention):
         before_softmax: bool = False,
         need_head_weights: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        if self.tapped:
-            self.tapped = {}
-        if (not self.taps and self.aggregator is None) or before_softmax or self.onnx_trace:
+        if self.observer is not None and torch.compiler.is_compiling():
+            raise RuntimeError("attention heads cannot be observed inside torch.compile; observe the uncompiled model")
+        if (self.observer is None and self.aggregator is None) or before_softmax or self.onnx_trace:
             if self.aggregator is not None and not before_softmax:
                 raise RuntimeError("DiverseMultiheadAttention with an aggregator cannot be ONNX-traced")
             return super().forward(
@@ -140,6 +131,8 @@ class DiverseMultiheadAttention(MultiheadAttention):
         need_head_weights: bool,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         tgt_len, bsz, _ = query.size()
+        # in self-attention the queries are the keys: their padding [B, T] need not be routed
+        query_padding = key_padding_mask if self.self_attention else None
         if self.self_attention:
             key = value = query
         elif self.encoder_decoder_attention:
@@ -150,8 +143,8 @@ class DiverseMultiheadAttention(MultiheadAttention):
         q = self.q_proj(query)  # [T, B, E]
         k = self.k_proj(key)  # [S, B, E]
         v = self.v_proj(value)  # [S, B, E]
-        if "v" in self.taps:
-            self.tapped["v"] = v.view(-1, bsz, num_heads, head_dim).permute(1, 2, 0, 3)  # [B, H, S, d]
+        if self.observer is not None:
+            self.observer.record("v", v.view(-1, bsz, num_heads, head_dim).permute(1, 2, 0, 3))  # [B, H, S, d]
         if self.bias_k is not None:
             k, v, key_padding_mask, attn_mask = self._add_bias(k, v, key_padding_mask, attn_mask, bsz)
 
@@ -180,21 +173,20 @@ class DiverseMultiheadAttention(MultiheadAttention):
 
         dropout_p = self._dropout_p()
         weights: Optional[Tensor] = None
-        if "a" in self.taps or need_weights:
+        record_a = self.observer is not None and "a" in self.observer.taps
+        if record_a or need_weights:
             logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # [B, H, T, S]
             if mask is not None:
                 logits = logits + mask
             probs = utils.softmax(logits, dim=-1)  # fp32, as fairseq
-            if "a" in self.taps:
-                self.tapped["a"] = probs
+            if record_a:
+                self.observer.record("a", probs)
             weights = probs
             probs = self.dropout_module(probs.type_as(logits))
             o = torch.matmul(probs, v)  # [B, H, T, d]
         else:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # [B, H, T, d]
-        if "o" in self.taps:
-            self.tapped["o"] = o
-        attn = self.combine_heads(o)  # [T, B, E]
+        attn = self.combine_heads(o, query_padding)  # [T, B, E]
         return attn, self._head_weights(weights, need_weights, need_head_weights)
 
     def _forward_incremental(
@@ -228,12 +220,9 @@ class DiverseMultiheadAttention(MultiheadAttention):
             ).reshape(bsz, num_heads, tgt_len, head_dim)
         else:
             o = torch.bmm(probs, v).view(bsz, num_heads, tgt_len, head_dim)  # [B, H, T, d]
-        if "v" in self.taps:
-            self.tapped["v"] = v.view(kv_bsz, num_heads, -1, head_dim)
-        if "a" in self.taps:
-            self.tapped["a"] = probs_f.view(bsz, num_heads, tgt_len, src_len)
-        if "o" in self.taps:
-            self.tapped["o"] = o
+        if self.observer is not None:
+            self.observer.record("v", v.view(kv_bsz, num_heads, -1, head_dim))
+            self.observer.record("a", probs_f.view(bsz, num_heads, tgt_len, src_len))
         attn = self.combine_heads(o)  # [T, B, E]
         weights = probs_f.view(bsz, num_heads, tgt_len, src_len) if need_weights else None
         return attn, self._head_weights(weights, need_weights, need_head_weights)

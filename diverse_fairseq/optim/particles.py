@@ -10,12 +10,9 @@ How the optimizer finds them (fairseq hands ``build_optimizer(cfg, params)`` onl
    ``fairseq.models.build_model`` (which every task's ``build_model`` calls, for fairseq-train,
    fairseq-hydra-train and checkpoint loading alike) so that each model it returns is added to a
    ``WeakSet``. Models built some other way can be registered with :func:`track_model`.
-2. **Attention modules are found from the module structure, at optimizer construction.** In every
-   tracked model, each ``fairseq.modules.MultiheadAttention`` (the project's
-   ``DiverseMultiheadAttention`` is a subclass) gets its attention type and 0-based layer index from
-   its own ``attention_type`` / ``layer_idx`` attributes when it has them, and otherwise from where it
-   sits: inside ``<x>.encoder.layers[i]`` it is ``enc_self``, inside ``<x>.decoder.layers[i]`` it is
-   ``dec_self``, or ``enc_dec`` when ``encoder_decoder_attention`` is set. No parameter names are used,
+2. **Attention modules are the model's attention sites, found at optimizer construction**
+   (:func:`diverse_fairseq.modules.sites.attention_sites`: stock ``MultiheadAttention`` and
+   ``DiverseMultiheadAttention`` alike, from the module structure). No parameter names are used,
    so DDP/FSDP/checkpoint wrappers (which change names) do not matter. Doing this at optimizer
    construction (not at model construction) sees the model as the trainer finally holds it, after
    ``.half()``, quantization or any replacement of modules.
@@ -37,7 +34,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..modules.diverse_attention import ATTENTION_TYPES
+from ..modules.sites import ATTENTION_TYPES, attention_sites
 
 PROJECTIONS = ("q", "k", "v")
 
@@ -80,42 +77,14 @@ def install_build_model_hook() -> None:
     fairseq_models.build_model = build_model
 
 
-def _is_attention(module: nn.Module) -> bool:
-    from fairseq.modules.multihead_attention import MultiheadAttention
-
-    return isinstance(module, MultiheadAttention)
-
-
-def attention_modules(model: nn.Module) -> List[Tuple[nn.Module, str, int]]:
-    """``(module, attention_type, layer_idx)`` for every attention module found structurally."""
-    found: Dict[int, Tuple[nn.Module, str, int]] = {}
-    for module in model.modules():
-        attention_type = getattr(module, "attention_type", None)
-        layer_idx = getattr(module, "layer_idx", None)
-        if _is_attention(module) and attention_type in ATTENTION_TYPES and layer_idx is not None:
-            found[id(module)] = (module, attention_type, int(layer_idx))
-    for owner in model.modules():  # encoder-decoder models, also nested ones (e.g. multilingual)
-        for side in ("encoder", "decoder"):
-            stack = owner._modules.get(side)
-            layers = getattr(stack, "layers", None) if stack is not None else None
-            if not isinstance(layers, (nn.ModuleList, list, tuple)):
-                continue
-            for layer_idx, layer in enumerate(layers):
-                for module in layer.modules():  # also finds a layer inside a checkpoint/FSDP wrapper
-                    if not _is_attention(module) or id(module) in found:
-                        continue
-                    if getattr(module, "encoder_decoder_attention", False):
-                        attention_type = "enc_dec"
-                    else:
-                        attention_type = "enc_self" if side == "encoder" else "dec_self"
-                    found[id(module)] = (module, attention_type, layer_idx)
-    order = {id(m): i for i, m in enumerate(model.modules())}
-    return sorted(found.values(), key=lambda item: order[id(item[0])])
-
-
 def particle_weights(model: nn.Module) -> Iterator[Tuple[torch.Tensor, ParticleTag]]:
     """Every q/k/v projection weight of every attention module of ``model`` with its tag."""
-    for module, attention_type, layer_idx in attention_modules(model):
+    try:
+        sites = attention_sites(model)
+    except ValueError:  # not an encoder-decoder model: no particles
+        return
+    for site in sites:
+        module, attention_type, layer_idx = site.module, site.attention_type, site.layer
         num_heads = int(module.num_heads)
         for projection in PROJECTIONS:
             proj = getattr(module, f"{projection}_proj", None)
