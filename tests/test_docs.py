@@ -200,7 +200,7 @@ def flag_defaults():
     from dataclasses import fields
 
     from diverse_fairseq.criterions.disagreement_loss import LabelSmoothedCrossEntropyWithDisagreementConfig
-    from diverse_fairseq.models.diverse_transformer import ROUTING_DEFAULTS
+    from diverse_fairseq.models.routing_options import ROUTING_DEFAULTS
     from diverse_fairseq.optim.repulsive_adam import RepulsiveAdamConfig
 
     defaults = {}

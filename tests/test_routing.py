@@ -12,14 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diverse_fairseq.modules.aggregation import RoutingAggregation, build_aggregator
-from diverse_fairseq.modules.routing import (
-    COMPILE_ENV_VAR,
-    em_routing,
-    get_routing_function,
-    simple_routing,
-    squash,
-)
+from diverse_fairseq.modules.aggregation import RoutingAggregation
+from diverse_fairseq.modules.routing import em_routing, get_routing_function, simple_routing, squash
+from diverse_fairseq.modules.routing_fast import COMPILE_ENV_VAR
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -290,10 +285,7 @@ def test_aggregator_options_are_validated():
         RoutingAggregation(32, 4, routing="simple", iterations=0)
     with pytest.raises(ValueError, match="eps"):
         RoutingAggregation(32, 4, routing="em", eps=1e-2)
-    assert build_aggregator(None, 32, 4) is None
-    assert build_aggregator("none", 32, 4) is None
-    agg = build_aggregator("simple", 32, 4, num_capsules=8, iterations=2)
-    assert isinstance(agg, RoutingAggregation)
+    agg = RoutingAggregation(32, 4, routing="simple", num_capsules=8, iterations=2)
     assert (agg.routing, agg.num_capsules, agg.capsule_dim, agg.iterations) == ("simple", 8, 4, 2)
 
 

@@ -17,14 +17,16 @@ from fairseq.models.transformer import TransformerModel
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import OmegaConf
 
-import diverse_fairseq.modules.routing as routing_module
+import diverse_fairseq.modules.routing_fast as routing_fast
 from _disagreement_utils import batch, build, model_args, tiny_task
 from conftest import REPO, USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
 from diverse_fairseq.criterions.disagreement_loss import LabelSmoothedCrossEntropyWithDisagreementCriterion
-from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel, routing_plan
+from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel
+from diverse_fairseq.models.routing_options import routing_plan
 from diverse_fairseq.modules.aggregation import RoutingAggregation
 from diverse_fairseq.modules.diverse_attention import DiverseMultiheadAttention
-from diverse_fairseq.modules.routing import COMPILE_ENV_VAR, em_routing, simple_routing
+from diverse_fairseq.modules.routing import em_routing, simple_routing
+from diverse_fairseq.modules.routing_fast import COMPILE_ENV_VAR
 from diverse_fairseq.modules.sites import attention_sites, observe
 from diverse_fairseq.option_parsing import parse_layers
 
@@ -232,9 +234,9 @@ def test_fused_em_core_matches_autograd_through_generic_code(monkeypatch, shape,
     """Capsule width 1: the chunked core with the hand-derived backward equals autograd through the generic
     implementation (tests/test_routing.py checks that against Algorithm 2), in value and gradient; with the
     E-step's ratio C / Σ_h C and with its log-space form (used where some Σ_h C is tiny)."""
-    monkeypatch.setattr(routing_module, "_CHUNK_ELEMENTS", 2 * shape[-2] * shape[-1])  # several chunks
+    monkeypatch.setattr(routing_fast, "_CHUNK_ELEMENTS", 2 * shape[-2] * shape[-1])  # several chunks
     if log_space:
-        monkeypatch.setattr(routing_module, "_TINY_TOTAL", float("inf"))
+        monkeypatch.setattr(routing_fast, "_TINY_TOTAL", float("inf"))
     g = torch.Generator().manual_seed(hash((shape, iterations, scalar_betas)) % 2**31)
     N = shape[-1]
     votes = (2 * torch.randn(*shape, 1, generator=g, dtype=torch.float64)).requires_grad_(True)
@@ -258,7 +260,7 @@ def test_fused_em_core_matches_autograd_through_generic_code(monkeypatch, shape,
 
 
 def test_fused_em_core_gradcheck_and_float32(monkeypatch):
-    monkeypatch.setattr(routing_module, "_CHUNK_ELEMENTS", 3 * 4)  # one token per chunk
+    monkeypatch.setattr(routing_fast, "_CHUNK_ELEMENTS", 3 * 4)  # one token per chunk
     g = torch.Generator().manual_seed(1)
     votes = torch.randn(2, 3, 4, 1, generator=g, dtype=torch.float64, requires_grad=True)
     beta_a = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)

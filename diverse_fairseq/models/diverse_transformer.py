@@ -33,11 +33,10 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from omegaconf import DictConfig, OmegaConf
 
-from ..modules.aggregation import build_aggregator
+from ..modules.aggregation import RoutingAggregation
 from ..modules.diverse_attention import DiverseMultiheadAttention
-from ..modules.routing import ROUTING_TYPES, compile_requested
 from ..modules.sites import attention_sites
-from ..option_parsing import parse_layers
+from .routing_options import add_routing_args, routing_architecture, routing_plan
 
 
 class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
@@ -104,99 +103,6 @@ class DiverseTransformerDecoder(TransformerDecoderBase):
         return _wrap_layer(DiverseTransformerDecoderLayer(cfg, no_encoder_attn), cfg)
 
 
-# ------------------------------------------------------------------------------ routing options
-# (flag destination, attention type, stack whose depth bounds the indices)
-ROUTING_PLACEMENTS = (
-    ("routing_encoder_layers", "enc_self", "encoder"),
-    ("routing_decoder_layers", "dec_self", "decoder"),
-    ("routing_encoder_decoder_layers", "enc_dec", "decoder"),
-)
-ROUTING_DEFAULTS = {
-    "routing_type": "em",
-    "routing_encoder_layers": "none",
-    "routing_decoder_layers": "none",
-    "routing_encoder_decoder_layers": "none",
-    "routing_iterations": 3,
-    "routing_capsules": None,
-    "routing_compile": False,
-}
-
-
-# the options that only act on routed modules (an error when they differ from the default and none routes)
-ROUTING_OPTIONS = ("routing_type", "routing_iterations", "routing_capsules", "routing_compile")
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def set_routing_defaults(args) -> None:
-    """Fill in the routing options a namespace lacks (no routing; older checkpoints have none)."""
-    for dest, default in ROUTING_DEFAULTS.items():
-        if getattr(args, dest, None) is None:
-            setattr(args, dest, default)
-
-
-def routing_plan(args) -> Dict[Tuple[str, int], dict]:
-    """Validate the routing options of ``args`` and return ``{(attention_type, layer): aggregator kwargs}``.
-
-    Errors (``ValueError``) name the flag: an unknown ``--routing-type``, a layer index out of range, a
-    ``--routing-iterations`` below 1, a ``--routing-capsules`` that does not divide the width of a
-    routed attention module, and a ``--routing-type`` / ``--routing-iterations`` / ``--routing-capsules`` /
-    ``--routing-compile`` other than the default when no layer routes (it would do nothing; the default
-    values themselves are accepted, as checkpoints of unrouted models store them).
-    """
-    set_routing_defaults(args)
-    routing = str(args.routing_type).strip().lower()
-    if routing not in ROUTING_TYPES:
-        raise ValueError(
-            f"--routing-type: unknown routing type {args.routing_type!r}; choose from {', '.join(ROUTING_TYPES)}"
-        )
-    iterations = args.routing_iterations
-    if not _is_int(iterations) or iterations < 1:
-        raise ValueError(f"--routing-iterations must be an integer >= 1, got {iterations!r}")
-    capsules = args.routing_capsules
-    if capsules is not None and (not _is_int(capsules) or capsules < 1):
-        raise ValueError(f"--routing-capsules must be a positive integer, got {capsules!r}")
-    depth = {
-        "encoder": len(str(args.encoder_layers_to_keep).split(",")) if getattr(args, "encoder_layers_to_keep", None)
-        else args.encoder_layers,
-        "decoder": len(str(args.decoder_layers_to_keep).split(",")) if getattr(args, "decoder_layers_to_keep", None)
-        else args.decoder_layers,
-    }
-    width = {"enc_self": args.encoder_embed_dim, "dec_self": args.decoder_embed_dim, "enc_dec": args.decoder_embed_dim}
-    plan = {}
-    for dest, attention_type, stack in ROUTING_PLACEMENTS:
-        layers = parse_layers(getattr(args, dest), depth[stack], _flag(dest))
-        if layers and capsules is not None and width[attention_type] % int(capsules) != 0:
-            raise ValueError(
-                f"--routing-capsules {capsules} must divide the attention width {width[attention_type]} "
-                f"({_flag(dest)}: capsule width E/N)"
-            )
-        for layer in layers:
-            plan[(attention_type, layer)] = dict(
-                routing=routing,
-                num_capsules=None if capsules is None else int(capsules),
-                iterations=iterations,
-                compile=True if args.routing_compile else None,  # None: the environment variable decides
-            )
-    if not plan:
-        idle = [_flag(dest) + ("" if isinstance(getattr(args, dest), bool) else f" {getattr(args, dest)}")
-                for dest in ROUTING_OPTIONS if getattr(args, dest) != ROUTING_DEFAULTS[dest]]
-        if idle:
-            raise ValueError(
-                f"{', '.join(idle)} would do nothing: no attention module routes (--routing-encoder-layers, "
-                f"--routing-decoder-layers and --routing-encoder-decoder-layers select none). Choose layers to "
-                f"route, e.g. --routing-encoder-layers 0,1 (or --arch routing_transformer_*), or drop the option")
-    else:
-        compile_requested()  # a bad DIVERSE_FAIRSEQ_COMPILE_ROUTING is refused before training
-    return plan
-
-
 @register_model("diverse_transformer")
 class DiverseTransformerModel(TransformerModel):
     """fairseq's ``transformer`` built from :class:`DiverseMultiheadAttention` modules, optionally with
@@ -204,32 +110,10 @@ class DiverseTransformerModel(TransformerModel):
 
     @classmethod
     def add_args(cls, parser):
-        """fairseq's Transformer options plus the routing-by-agreement options.
-
-        No argparse defaults (fairseq's convention for architecture options): the ``routing_transformer_*``
-        architectures set their own, everything else falls back to ``ROUTING_DEFAULTS`` (no routing).
-        """
+        """fairseq's Transformer options plus the routing-by-agreement options
+        (:func:`~diverse_fairseq.models.routing_options.add_routing_args`)."""
         super().add_args(parser)
-        layers = ("comma-separated 0-based layer indices (negative ones count from the last layer, "
-                  "-1 = the last), 'all' or 'none' (default: none)")
-        parser.add_argument("--routing-type", choices=ROUTING_TYPES, metavar="{simple,em}",
-                            help="routing-by-agreement algorithm aggregating the heads of the routed attention "
-                                 "modules: simple (NAACL 2019 Alg. 1) or em (Alg. 2) (default: em)")
-        parser.add_argument("--routing-encoder-layers", type=str, metavar="LAYERS",
-                            help="encoder self-attention layers whose heads are aggregated by routing "
-                                 "instead of concatenation + W_O: " + layers)
-        parser.add_argument("--routing-decoder-layers", type=str, metavar="LAYERS",
-                            help="decoder self-attention layers aggregated by routing: " + layers)
-        parser.add_argument("--routing-encoder-decoder-layers", type=str, metavar="LAYERS",
-                            help="encoder-decoder attention layers aggregated by routing: " + layers)
-        parser.add_argument("--routing-iterations", type=int, metavar="T",
-                            help="routing iterations T (default: 3, as in the paper)")
-        parser.add_argument("--routing-capsules", type=int, metavar="N",
-                            help="output capsules N per routed module, must divide the model width E "
-                                 "(capsule width E/N); default E, i.e. capsules of width 1 as in the paper")
-        parser.add_argument("--routing-compile", action="store_true",
-                            help="run the routing iterations through torch.compile (needs a working "
-                                 "TorchInductor toolchain; also DIVERSE_FAIRSEQ_COMPILE_ROUTING=1)")
+        add_routing_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -253,7 +137,7 @@ class DiverseTransformerModel(TransformerModel):
         for site in attention_sites(self):
             if site.key in plan:
                 mha = site.module
-                mha.set_aggregator(build_aggregator(embed_dim=mha.embed_dim, num_heads=mha.num_heads, **plan[site.key]))
+                mha.set_aggregator(RoutingAggregation(embed_dim=mha.embed_dim, num_heads=mha.num_heads, **plan[site.key]))
                 found.add(site.key)
         missing = set(plan) - found
         if missing:  # e.g. --no-cross-attention with --routing-encoder-decoder-layers
@@ -315,13 +199,6 @@ def diverse_transformer_wmt_en_de_big_8heads(args):
 # Routing-by-agreement, the paper's "Effective Aggregation" (NAACL 2019 Table 3 / journal Table 5): EM
 # routing, 3 iterations, N = E capsules, in the encoder self-attention of the lowest two layers. Each
 # sets these defaults (a command line or config still overrides them) and calls the diverse architecture.
-
-
-def routing_architecture(args):
-    """Routing defaults of the ``routing_transformer_*`` architectures: EM routing in encoder layers 0, 1."""
-    for dest, default in (("routing_type", "em"), ("routing_encoder_layers", "0,1"), ("routing_iterations", 3)):
-        if getattr(args, dest, None) is None:
-            setattr(args, dest, default)
 
 
 @register_model_architecture("diverse_transformer", "routing_transformer_iwslt_de_en")

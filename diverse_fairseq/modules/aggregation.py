@@ -12,9 +12,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .routing import ROUTING_TYPES, get_routing_function
+from .routing import ROUTING_TYPES, _check_iterations, get_routing_function
 
-__all__ = ["RoutingAggregation", "build_aggregator"]
+__all__ = ["RoutingAggregation"]
 
 
 class RoutingAggregation(nn.Module):
@@ -71,8 +71,7 @@ class RoutingAggregation(nn.Module):
                 f"num_capsules (routing output capsules, N={num_capsules}) must be >= 1 and divide "
                 f"embed_dim (E={embed_dim})"
             )
-        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-            raise ValueError(f"routing iterations must be an integer >= 1, got {iterations!r}")
+        _check_iterations(iterations)
         if not 0.0 < eps <= 1e-4:
             raise ValueError(f"the EM variance floor eps must lie in (0, 1e-4], got {eps}")
 
@@ -143,21 +142,3 @@ class RoutingAggregation(nn.Module):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, routing={self.routing!r}, "
             f"num_capsules={self.num_capsules}, iterations={self.iterations}"
         )
-
-
-def build_aggregator(
-    routing: Optional[str],
-    embed_dim: int,
-    num_heads: int,
-    num_capsules: Optional[int] = None,
-    iterations: int = 3,
-    **kwargs,
-) -> Optional[RoutingAggregation]:
-    """``RoutingAggregation`` for ``routing`` in {"simple", "em"}; ``None`` for ``None``/``"none"``
-    (the attention module then keeps its linear ``out_proj``). Extra keyword arguments (``eps``,
-    ``compile``) go to :class:`RoutingAggregation`."""
-    if routing is None or routing == "none":
-        return None
-    return RoutingAggregation(
-        embed_dim, num_heads, routing=routing, num_capsules=num_capsules, iterations=iterations, **kwargs
-    )
