@@ -76,10 +76,9 @@ class _ParticleGroup:
 class ParticleAdam(Adam):
     """fairseq's Adam (same update, same state) whose particle gradients are first transformed.
 
-    :meth:`set_particles` names the particle weights (with their tags) and the :class:`ParticleRule`;
-    ``step(inv_scale=c)`` replaces the gradient of each particle weight with its SVGD/SPOS direction
-    (computed from ``p.grad`` × c) and updates every other parameter with ``p.grad`` × c (c = None
-    means 1). Also counts the steps it has taken (``num_steps``), kept in its state dict.
+    :meth:`set_particles` names the particle weights (with tags) and the :class:`ParticleRule`; ``step(inv_scale=c)``
+    uses the SVGD/SPOS direction of ``p.grad`` × c for those, ``p.grad`` × c for the rest (c = None means 1).
+    Counts its steps (``num_steps``, kept in its state dict).
     """
 
     def __init__(self, params, **kwargs):

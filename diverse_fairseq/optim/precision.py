@@ -63,8 +63,7 @@ def check_precision_setup(cfg) -> None:
 class AmpAwareStep:
     """Mixin for a ``FairseqOptimizer`` whose ``step()`` starts with :meth:`true_gradient_factor`."""
 
-    # torch.amp.GradScaler.step() then calls step() with self.grad_scale / self.found_inf set instead
-    # of unscaling again ("--amp" above)
+    # torch.amp.GradScaler.step() then calls step() with grad_scale / found_inf set ("--amp" above)
     _step_supports_amp_scaling = True
     _unscaled_since_step = False
 

@@ -1,11 +1,10 @@
-"""``--optimizer repulsive_adam``, the fairseq plugin: its options and the registered optimizer.
+"""``--optimizer repulsive_adam`` (repulsive attention, An et al., EMNLP 2020), the fairseq plugin.
 
-Adam whose per-head Q/K/V gradients are replaced by SVGD or SPOS (repulsive attention, An et al.,
-EMNLP 2020). Where things are: the update math in :mod:`.repulsive`, which parameters are particles in
-:mod:`.particles` (models are found through :mod:`diverse_fairseq.hooks`), the torch optimizer that
-applies the transform and then Adam in :mod:`.particle_adam`, the fp16/bf16/AMP paths in
-:mod:`.precision`. This module parses and checks the options, selects the particle weights, and makes
-``step()`` hand the true gradient scale to the torch optimizer.
+Adam whose per-head Q/K/V gradients are replaced by SVGD or SPOS. The math is in :mod:`.repulsive`,
+which parameters are particles in :mod:`.particles` (models are found through :mod:`diverse_fairseq.hooks`),
+the torch optimizer (transform, then Adam) in :mod:`.particle_adam`, the fp16/bf16/AMP paths in
+:mod:`.precision`. Here: the options, their checks, the particle selection, and a ``step()`` that hands
+the true gradient scale to the torch optimizer.
 """
 
 import logging
@@ -144,9 +143,8 @@ class RepulsiveAdam(AmpAwareStep, FairseqAdam):
         ]
         if not selected:
             hint = (
-                "no attention module was found in the model being trained (models are found when built "
-                "through fairseq.models.build_model; register others with "
-                "diverse_fairseq.hooks.track_model)"
+                "no attention module was found in the model being trained (models are found when built through "
+                "fairseq.models.build_model; register others with diverse_fairseq.hooks.track_model)"
                 if not tags
                 else f"the {len(tags)} q/k/v weights found are all excluded by --repulsive-attention "
                      f"{','.join(self.attention_types)} / --repulsive-layers "
