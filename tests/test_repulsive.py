@@ -10,9 +10,10 @@ import torch.nn.functional as F
 
 from conftest import USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
 
-from diverse_fairseq.optim import repulsive_adam as repulsive_adam_module
+from diverse_fairseq.hooks import track_model, tracked_models
 from diverse_fairseq.modules.sites import attention_sites
-from diverse_fairseq.optim.particles import ParticleTag, find_particle_tags
+from diverse_fairseq.optim import particle_adam as particle_adam_module
+from diverse_fairseq.optim.particles import ParticleTag, find_particle_tags, particle_weights
 from diverse_fairseq.optim.repulsive import spos_direction, svgd_direction
 
 
@@ -174,7 +175,8 @@ def _cfg(*extra, arch="transformer"):
     return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
 
 
-def _model(cfg, seed=0):
+def _model(cfg, seed=0, tracked=True):
+    import fairseq.models
     from fairseq.data import Dictionary
     from fairseq.tasks.translation import TranslationTask
 
@@ -183,6 +185,8 @@ def _model(cfg, seed=0):
         dictionary.add_symbol(f"w{i}")
     task = TranslationTask(cfg.task, dictionary, dictionary)
     torch.manual_seed(seed)
+    if not tracked:  # fairseq's own build_model, bypassing diverse_fairseq.hooks
+        return fairseq.models.build_model.__wrapped__(cfg.model, task)
     return task.build_model(cfg.model)  # through fairseq.models.build_model: tracked
 
 
@@ -209,13 +213,13 @@ def _update(optimizer, model, clip=0.5, call_clip=True, sample_size=30.0):
 def seen(monkeypatch):
     """The gradients handed to the SVGD transform, one [G, M, D] tensor per group and step."""
     calls = []
-    real = repulsive_adam_module.svgd_update_
+    real = particle_adam_module.svgd_update_
 
     def spy(theta, grad, out, alpha, stepsize, bandwidth, grad_scale=None):
         calls.append(grad.detach().clone() * (1.0 if grad_scale is None else grad_scale))
         return real(theta, grad, out, alpha, stepsize, bandwidth, grad_scale=grad_scale)
 
-    monkeypatch.setattr(repulsive_adam_module, "svgd_update_", spy)
+    monkeypatch.setattr(particle_adam_module, "svgd_update_", spy)
     return calls
 
 
@@ -433,6 +437,37 @@ def test_master_copies_are_matched_by_position_and_value():
     assert len(tags) == 18
     copies[next(iter(sorted(tags)))].data.add_(1.0)  # not a copy of this model any more
     assert find_particle_tags(copies) == {}
+
+
+def test_a_model_the_hook_never_saw_is_refused_not_trained_as_plain_adam():
+    cfg = _cfg()
+    model = _model(cfg, seed=123, tracked=False)  # a seed of its own: no live tracked model has its values
+    assert model not in tracked_models()
+    with pytest.raises(ValueError, match=r"no particles to update: no attention module was found in the model "
+                                         r"being trained .*diverse_fairseq\.hooks\.track_model"):
+        _build(cfg, list(model.parameters()))
+    track_model(model)
+    assert len(_build(cfg, list(model.parameters())).particle_tags) == 18
+
+
+def test_a_torch_compiled_model_is_found_through_orig_mod():
+    """``torch.compile`` wraps the model in an ``OptimizedModule`` whose ``_orig_mod`` is a submodule, with the
+    same Parameter objects: tracking the wrapper is enough, by identity and (master copies) by position."""
+    cfg = _cfg()
+    model = _model(cfg, seed=124, tracked=False)
+    compiled = track_model(torch.compile(model))  # never called, so nothing is compiled
+    assert type(compiled).__name__ == "OptimizedModule" and compiled._orig_mod is model
+    opt = _build(cfg, list(compiled.parameters()))
+    assert len(opt.particle_tags) == 18
+    assert {id(p) for p in opt.particle_params} == {id(w) for w, _ in particle_weights(model)}
+    copies = [torch.nn.Parameter(p.detach().float().clone()) for p in compiled.parameters()]
+    assert len(find_particle_tags(copies)) == 18
+
+
+def test_track_model_is_the_hooks_one_also_from_particles():
+    from diverse_fairseq.optim import particles
+
+    assert particles.track_model is track_model and particles.tracked_models is tracked_models
 
 
 def test_state_dict_keeps_the_step_count():

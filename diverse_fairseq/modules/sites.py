@@ -71,9 +71,15 @@ class AttentionSite:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The model under fairseq's distributed / proxy wrappers (``.module`` chains)."""
-    while not _owners(model) and isinstance(getattr(model, "module", None), nn.Module):
-        model = model.module
+    """The model under fairseq's distributed / proxy wrappers (``.module``) and ``torch.compile`` (``._orig_mod``).
+
+    (Heads of a compiled model are still refused when observed: see ``DiverseMultiheadAttention.forward``.)"""
+    while not _owners(model):
+        inner = getattr(model, "module", None)
+        inner = inner if isinstance(inner, nn.Module) else getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
     return model
 
 
@@ -97,9 +103,6 @@ def attention_sites(model: nn.Module) -> List[AttentionSite]:
     """Every attention site of ``model``: all enc_self layers, then dec_self, then enc_dec.
 
     Raises ``ValueError`` when the model has none (not a fairseq encoder-decoder model)."""
-    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
-        raise ValueError(f"{type(model).__name__}: the attention sites of a torch.compile'd model cannot be "
-                         "observed or changed; pass the model before torch.compile (model._orig_mod)")
     model = unwrap(model)
     sites: List[AttentionSite] = []
     for attention_type, (side, attr) in _PLACES.items():

@@ -6,10 +6,9 @@ holds its M = H particles.
 
 How the optimizer finds them (fairseq hands ``build_optimizer(cfg, params)`` only parameters):
 
-1. **Models are tracked when they are built.** Importing ``diverse_fairseq`` wraps
-   ``fairseq.models.build_model`` (which every task's ``build_model`` calls, for fairseq-train,
-   fairseq-hydra-train and checkpoint loading alike) so that each model it returns is added to a
-   ``WeakSet``. Models built some other way can be registered with :func:`track_model`.
+1. **Models are tracked when they are built**, by the one hook in :mod:`diverse_fairseq.hooks` (which
+   says why and what it wraps); models built some other way can be registered with :func:`track_model`.
+   A ``torch.compile`` wrapper (``OptimizedModule``) needs nothing more: its ``_orig_mod`` is a submodule.
 2. **Attention modules are the model's attention sites, found at optimizer construction**
    (:func:`diverse_fairseq.modules.sites.attention_sites`: stock ``MultiheadAttention`` and
    ``DiverseMultiheadAttention`` alike, from the module structure). No parameter names are used,
@@ -26,19 +25,16 @@ How the optimizer finds them (fairseq hands ``build_optimizer(cfg, params)`` onl
    parameter (the copy was just made from it), so a wrong model can never be picked silently.
 """
 
-import functools
-import weakref
 from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+from ..hooks import track_model, tracked_models  # noqa: F401  (track_model: also importable from here)
 from ..modules.sites import ATTENTION_TYPES, attention_sites
 
 PROJECTIONS = ("q", "k", "v")
-
-_TRACKED_MODELS: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -51,30 +47,6 @@ class ParticleTag:
     num_heads: int  # M: the weight's rows split into M blocks of d = rows / M
 
 
-def track_model(model: nn.Module) -> nn.Module:
-    """Register ``model`` so that ``repulsive_adam`` can find its attention modules; returns it."""
-    _TRACKED_MODELS.add(model)
-    return model
-
-
-def tracked_models() -> List[nn.Module]:
-    return list(_TRACKED_MODELS)
-
-
-def install_build_model_hook() -> None:
-    """Wrap ``fairseq.models.build_model`` once so that every model it builds is tracked."""
-    import fairseq.models as fairseq_models
-
-    original = fairseq_models.build_model
-    if getattr(original, "_diverse_fairseq_tracks_models", False):
-        return
-
-    @functools.wraps(original)
-    def build_model(*args, **kwargs):
-        return track_model(original(*args, **kwargs))
-
-    build_model._diverse_fairseq_tracks_models = True
-    fairseq_models.build_model = build_model
 
 
 def particle_weights(model: nn.Module) -> Iterator[Tuple[torch.Tensor, ParticleTag]]:

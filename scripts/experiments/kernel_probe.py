@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 import diverse_fairseq  # noqa: E402,F401  (registers the plugin before fairseq imports the user dir)
 from diverse_fairseq import training  # noqa: E402
-from diverse_fairseq.optim import repulsive_adam  # noqa: E402
+from diverse_fairseq.optim import particle_adam  # noqa: E402
 from diverse_fairseq.optim.repulsive import rbf_kernel  # noqa: E402
 
 
@@ -74,7 +74,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     every = int(os.environ.get("PROBE_EVERY", "20"))
     stats_file = open(out / "kernel_stats.jsonl", "a")
-    real = repulsive_adam.svgd_update_
+    real = particle_adam.svgd_update_
     calls = {"n": 0}
 
     def probed(theta, grad, out_, alpha, stepsize, bandwidth, grad_scale=None):
@@ -85,7 +85,7 @@ def main():
             stats_file.flush()
         return real(theta, grad, out_, alpha, stepsize, bandwidth, grad_scale=grad_scale)
 
-    repulsive_adam.svgd_update_ = probed
+    particle_adam.svgd_update_ = probed
     print("[kernel_probe] fairseq-train " + " ".join(args), flush=True)
     sys.argv = ["fairseq-train", *args]
     from fairseq_cli.train import cli_main
