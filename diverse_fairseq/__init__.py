@@ -1,21 +1,19 @@
 """diverse-fairseq: fairseq plugins for multi-head attention whose heads stay diverse.
 
-Load with ``fairseq-train --user-dir diverse_fairseq ...`` (or ``import diverse_fairseq``). Importing the
-package registers, with fairseq's registries:
+Load with ``fairseq-train --user-dir diverse_fairseq ...`` (or ``import diverse_fairseq``). The package has two
+halves (docs/architecture.md):
 
-* models and architectures (``diverse_fairseq.models``): the Transformer variant whose attention modules
-  expose their heads (disagreement regularization, Li et al. EMNLP 2018) and can aggregate them by
-  routing-by-agreement (Li et al. NAACL 2019);
-* criteria (``diverse_fairseq.criterions``): label-smoothed cross-entropy plus the disagreement term;
-* optimizers (``diverse_fairseq.optim``): Adam whose per-head Q/K/V gradients are replaced by an SVGD or
-  SPOS update (repulsive attention, An et al. EMNLP 2020).
-
-It also allowlists, for ``torch.load(weights_only=True)`` (the default since torch 2.6), the classes
-fairseq stores in its checkpoints, so that ``fairseq-generate``, ``fairseq-interactive`` and resuming
-``fairseq-train`` work without switching the safety check off (``diverse_fairseq.checkpoint_compat``).
+* :mod:`diverse_fairseq.methods`, the three methods as fairseq plugins, registered on import: the
+  ``diverse_transformer`` model and architectures, the criterion
+  ``label_smoothed_cross_entropy_with_disagreement`` (disagreement regularization, Li et al. EMNLP 2018),
+  routing-by-agreement aggregation (``--routing-*``, Li et al. NAACL 2019) and ``--optimizer repulsive_adam``
+  (repulsive attention, An et al. EMNLP 2020). Importing also allowlists, for ``torch.load(weights_only=True)``,
+  the classes fairseq stores in its checkpoints (:mod:`diverse_fairseq.methods.checkpoint_compat`).
+* the experiment workflow, which uses them: data recipes (:mod:`.data`), training (:mod:`.training`),
+  evaluation (:mod:`.evaluate`, :mod:`.average_checkpoints`, :mod:`.significance`), the paper tables
+  (:mod:`.tables`) and the head-diversity analysis (:mod:`.analysis`, ``python -m diverse_fairseq.analyze``).
 """
 
 __version__ = "0.1.0"
 
-from . import checkpoint_compat  # noqa: F401  (side effect: allowlist fairseq checkpoint globals)
-from . import criterions, models, optim  # noqa: F401  (side effect: fairseq registrations)
+from . import methods  # noqa: F401  (side effect: fairseq registrations, checkpoint allowlist)

@@ -59,12 +59,12 @@ from fairseq.models.transformer import TransformerModel  # noqa: E402
 from fairseq.tasks.translation import TranslationConfig, TranslationTask  # noqa: E402
 
 import diverse_fairseq  # noqa: E402,F401  (registers the plugin)
-from diverse_fairseq.criterions.disagreement_loss import (  # noqa: E402
+from diverse_fairseq.methods.disagreement.criterion import (  # noqa: E402
     LabelSmoothedCrossEntropyWithDisagreementCriterion,
 )
-from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel  # noqa: E402
-from diverse_fairseq.optim.particles import track_model  # noqa: E402
-from diverse_fairseq.optim.repulsive_adam import RepulsiveAdam, RepulsiveAdamConfig  # noqa: E402
+from diverse_fairseq.methods.transformer import DiverseTransformerModel  # noqa: E402
+from diverse_fairseq.methods.repulsive.particles import track_model  # noqa: E402
+from diverse_fairseq.methods.repulsive.optimizer import RepulsiveAdam, RepulsiveAdamConfig  # noqa: E402
 
 LABEL_SMOOTHING = 0.1
 

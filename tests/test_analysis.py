@@ -17,7 +17,7 @@ from torch import nn
 
 from conftest import run_cli, tiny_train_args
 from diverse_fairseq.analysis import plots
-from diverse_fairseq.modules.sites import AttentionSite, observe
+from diverse_fairseq.methods.sites import AttentionSite, observe
 from diverse_fairseq.analysis.scores import (
     ScoreAccumulator,
     combine_layers,
@@ -28,8 +28,8 @@ from diverse_fairseq.analysis.scores import (
     sentence_position_overlap,
     subspace_score,
 )
-from diverse_fairseq.disagreement import output_similarity, subspace_similarity
-from diverse_fairseq.modules.diverse_attention import DiverseMultiheadAttention
+from diverse_fairseq.methods.disagreement.similarity import output_similarity, subspace_similarity
+from diverse_fairseq.methods.attention import DiverseMultiheadAttention
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -105,7 +105,7 @@ def test_scores_match_a_double_loop_over_head_pairs():
 
 
 def test_scores_use_the_training_similarity():
-    """The reported score is exp(−similarity) with the similarity training minimises (disagreement.py)."""
+    """The reported score is exp(−similarity) with the similarity training minimises (methods/disagreement/similarity.py)."""
     torch.manual_seed(0)
     v = torch.randn(3, 5, 7, 6) + 0.7
     pad = torch.arange(7).unsqueeze(0) >= torch.tensor([[7], [4], [2]])
@@ -398,7 +398,7 @@ def test_analyze_cli_end_to_end(tiny_checkpoints, tmp_path):
 def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoints, tiny_data, arch):
     """Reusing the unmasked outputs of the layers below a masked head changes nothing; masking changes the NLL."""
     from diverse_fairseq.analysis.ablation import head_importance
-    from diverse_fairseq.modules.sites import attention_sites
+    from diverse_fairseq.methods.sites import attention_sites
     from diverse_fairseq.analysis.loading import load_batches, load_checkpoint
 
     loaded = load_checkpoint(str(tiny_checkpoints[arch]), str(tiny_data))
@@ -420,7 +420,7 @@ def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoint
 @pytest.mark.slow
 def test_score_checkpoint_equals_the_full_pass(tiny_checkpoints, tiny_data):
     """The scores-only pass (no output projection, no NLL, its own batching) gives the analysis' scores."""
-    from diverse_fairseq.modules.sites import attention_sites
+    from diverse_fairseq.methods.sites import attention_sites
     from diverse_fairseq.analysis.collect import collect
     from diverse_fairseq.analysis.loading import load_batches, load_checkpoint
     from diverse_fairseq.analysis.pipeline import Options, score_checkpoint

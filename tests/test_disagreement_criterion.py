@@ -7,9 +7,9 @@ from fairseq.logging import metrics
 from fairseq.models.transformer import TransformerModel
 
 from _disagreement_utils import batch, build, tiny_task
-from diverse_fairseq.criterions.disagreement_loss import LabelSmoothedCrossEntropyWithDisagreementCriterion
-from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel
-from diverse_fairseq.modules.sites import attention_sites, observe
+from diverse_fairseq.methods.disagreement.criterion import LabelSmoothedCrossEntropyWithDisagreementCriterion
+from diverse_fairseq.methods.transformer import DiverseTransformerModel
+from diverse_fairseq.methods.sites import attention_sites, observe
 from test_disagreement_functions import naive_cosine, naive_overlap
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
@@ -143,7 +143,7 @@ def test_layer_out_of_range_is_named(task):
     (None, [0, 1]), ("all", [0, 1]), ("ALL", [0, 1]), ("0", [0]), ("-1", [1]), ("1,0", [0, 1]), ([1], [1]),
 ])
 def test_layer_selection(task, value, expected):
-    """The shared layer syntax (option_parsing): all, 0-based indices, negative ones from the last layer."""
+    """The shared layer syntax (methods.options): all, 0-based indices, negative ones from the last layer."""
     model = build(DiverseTransformerModel, "diverse_transformer", task)
     crit = criterion(task, disagreement_layers=value)
     sites = crit.regularized_sites(model)

@@ -4,7 +4,7 @@ against naive O(H²) loops."""
 import pytest
 import torch
 
-from diverse_fairseq.disagreement import output_similarity, position_similarity, subspace_similarity
+from diverse_fairseq.methods.disagreement.similarity import output_similarity, position_similarity, subspace_similarity
 
 
 def naive_cosine(x, pad_mask=None):

@@ -7,9 +7,9 @@ import pytest
 import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from diverse_fairseq.modules import diverse_attention
-from diverse_fairseq.modules.diverse_attention import DiverseMultiheadAttention
-from diverse_fairseq.modules.sites import AttentionSite, observe
+from diverse_fairseq.methods import attention as diverse_attention
+from diverse_fairseq.methods.attention import DiverseMultiheadAttention
+from diverse_fairseq.methods.sites import AttentionSite, observe
 
 E, H, T, S, B = 32, 4, 6, 9, 3
 # stock fairseq passes a bool key padding mask with a float causal mask to torch's attention

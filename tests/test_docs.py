@@ -199,9 +199,9 @@ def flag_defaults():
     """{--flag: default} of the plugin's options, from the code."""
     from dataclasses import fields
 
-    from diverse_fairseq.criterions.disagreement_loss import LabelSmoothedCrossEntropyWithDisagreementConfig
-    from diverse_fairseq.models.routing_options import ROUTING_DEFAULTS
-    from diverse_fairseq.optim.repulsive_adam import RepulsiveAdamConfig
+    from diverse_fairseq.methods.disagreement.criterion import LabelSmoothedCrossEntropyWithDisagreementConfig
+    from diverse_fairseq.methods.routing.options import ROUTING_DEFAULTS
+    from diverse_fairseq.methods.repulsive.optimizer import RepulsiveAdamConfig
 
     defaults = {}
     for cfg in (LabelSmoothedCrossEntropyWithDisagreementConfig, RepulsiveAdamConfig):

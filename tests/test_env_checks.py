@@ -12,7 +12,7 @@ from conftest import fake_prepared
 from diverse_fairseq import env_checks
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.evaluate import main as evaluate
-from diverse_fairseq.modules.routing_fast import COMPILE_ENV_VAR, compile_requested
+from diverse_fairseq.methods.routing.fast import COMPILE_ENV_VAR, compile_requested
 from diverse_fairseq.training import build_command
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ def test_package_imports_and_allowlists_fairseq_globals():
     import argparse
 
     import diverse_fairseq
-    from diverse_fairseq.checkpoint_compat import FAIRSEQ_CHECKPOINT_GLOBALS
+    from diverse_fairseq.methods.checkpoint_compat import FAIRSEQ_CHECKPOINT_GLOBALS
 
     assert diverse_fairseq.__version__
     assert argparse.Namespace in FAIRSEQ_CHECKPOINT_GLOBALS

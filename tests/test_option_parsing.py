@@ -1,11 +1,11 @@
-"""The one parser of layer options (diverse_fairseq.option_parsing): ``all``, ``none``, comma lists of 0-based
+"""The one parser of layer options (diverse_fairseq.methods.options): ``all``, ``none``, comma lists of 0-based
 indices (negative from the last layer); malformed text and out-of-range indices are errors naming the flag and
 the layer count. Used by --routing-*-layers, --disagreement-layers, --repulsive-layers and tables.scale (their
 own tests: test_routing_model.py, test_disagreement_criterion.py, test_repulsive.py)."""
 
 import pytest
 
-from diverse_fairseq.option_parsing import ALL_LAYERS, NO_LAYERS, parse_layer_spec, parse_layers, resolve_layers
+from diverse_fairseq.methods.options import ALL_LAYERS, NO_LAYERS, parse_layer_spec, parse_layers, resolve_layers
 from diverse_fairseq.tables import scale
 from diverse_fairseq.tables.scale import LAYER_FLAGS
 

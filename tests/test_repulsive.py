@@ -10,18 +10,18 @@ import torch.nn.functional as F
 
 from conftest import USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
 
-from diverse_fairseq.hooks import track_model, tracked_models
-from diverse_fairseq.modules.sites import attention_sites
-from diverse_fairseq.optim import particle_adam as particle_adam_module
-from diverse_fairseq.optim.particles import ParticleTag, find_particle_tags, particle_weights
-from diverse_fairseq.optim.repulsive import spos_direction, svgd_direction
+from diverse_fairseq.methods.hooks import track_model, tracked_models
+from diverse_fairseq.methods.sites import attention_sites
+from diverse_fairseq.methods.repulsive import particle_adam as particle_adam_module
+from diverse_fairseq.methods.repulsive.particles import ParticleTag, find_particle_tags, particle_weights
+from diverse_fairseq.methods.repulsive.svgd import spos_direction, svgd_direction
 
 
 # ------------------------------------------------------------------------------- core vs formula
 
 
 def naive_svgd(theta, grad, alpha, stepsize, bandwidth):
-    """The update of ``diverse_fairseq.optim.repulsive`` written as a double loop over particle pairs (float64)."""
+    """The update of ``diverse_fairseq.methods.repulsive.svgd`` written as a double loop over particle pairs (float64)."""
     m = theta.shape[0]
     sq = [[float(((theta[i] - theta[j]) ** 2).sum()) for j in range(m)] for i in range(m)]
     if bandwidth == "median":
@@ -185,7 +185,7 @@ def _model(cfg, seed=0, tracked=True):
         dictionary.add_symbol(f"w{i}")
     task = TranslationTask(cfg.task, dictionary, dictionary)
     torch.manual_seed(seed)
-    if not tracked:  # fairseq's own build_model, bypassing diverse_fairseq.hooks
+    if not tracked:  # fairseq's own build_model, bypassing diverse_fairseq.methods.hooks
         return fairseq.models.build_model.__wrapped__(cfg.model, task)
     return task.build_model(cfg.model)  # through fairseq.models.build_model: tracked
 
@@ -444,7 +444,7 @@ def test_a_model_the_hook_never_saw_is_refused_not_trained_as_plain_adam():
     model = _model(cfg, seed=123, tracked=False)  # a seed of its own: no live tracked model has its values
     assert model not in tracked_models()
     with pytest.raises(ValueError, match=r"no particles to update: no attention module was found in the model "
-                                         r"being trained .*diverse_fairseq\.hooks\.track_model"):
+                                         r"being trained .*diverse_fairseq\.methods\.hooks\.track_model"):
         _build(cfg, list(model.parameters()))
     track_model(model)
     assert len(_build(cfg, list(model.parameters())).particle_tags) == 18
@@ -465,7 +465,7 @@ def test_a_torch_compiled_model_is_found_through_orig_mod():
 
 
 def test_track_model_is_the_hooks_one_also_from_particles():
-    from diverse_fairseq.optim import particles
+    from diverse_fairseq.methods.repulsive import particles
 
     assert particles.track_model is track_model and particles.tracked_models is tracked_models
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diverse_fairseq.modules.aggregation import RoutingAggregation
-from diverse_fairseq.modules.routing import em_routing, get_routing_function, simple_routing, squash
-from diverse_fairseq.modules.routing_fast import COMPILE_ENV_VAR
+from diverse_fairseq.methods.routing.aggregation import RoutingAggregation
+from diverse_fairseq.methods.routing.algorithms import em_routing, get_routing_function, simple_routing, squash
+from diverse_fairseq.methods.routing.fast import COMPILE_ENV_VAR
 
 LOG_2PI = math.log(2 * math.pi)
 

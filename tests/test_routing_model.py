@@ -17,18 +17,18 @@ from fairseq.models.transformer import TransformerModel
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import OmegaConf
 
-import diverse_fairseq.modules.routing_fast as routing_fast
+import diverse_fairseq.methods.routing.fast as routing_fast
 from _disagreement_utils import batch, build, model_args, tiny_task
 from conftest import REPO, USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
-from diverse_fairseq.criterions.disagreement_loss import LabelSmoothedCrossEntropyWithDisagreementCriterion
-from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel
-from diverse_fairseq.models.routing_options import routing_plan
-from diverse_fairseq.modules.aggregation import RoutingAggregation
-from diverse_fairseq.modules.diverse_attention import DiverseMultiheadAttention
-from diverse_fairseq.modules.routing import em_routing, simple_routing
-from diverse_fairseq.modules.routing_fast import COMPILE_ENV_VAR
-from diverse_fairseq.modules.sites import attention_sites, observe
-from diverse_fairseq.option_parsing import parse_layers
+from diverse_fairseq.methods.disagreement.criterion import LabelSmoothedCrossEntropyWithDisagreementCriterion
+from diverse_fairseq.methods.transformer import DiverseTransformerModel
+from diverse_fairseq.methods.routing.options import routing_plan
+from diverse_fairseq.methods.routing.aggregation import RoutingAggregation
+from diverse_fairseq.methods.attention import DiverseMultiheadAttention
+from diverse_fairseq.methods.routing.algorithms import em_routing, simple_routing
+from diverse_fairseq.methods.routing.fast import COMPILE_ENV_VAR
+from diverse_fairseq.methods.sites import attention_sites, observe
+from diverse_fairseq.methods.options import parse_layers
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 

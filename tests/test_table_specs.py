@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from diverse_fairseq import training
-from diverse_fairseq.option_parsing import parse_layers, parse_names
+from diverse_fairseq.methods.options import parse_layers, parse_names
 from diverse_fairseq.tables.spec import TABLE_DIR, TableSpecError, load_table, parse_table
 
 USER_DIR = training.USER_DIR
@@ -154,7 +154,7 @@ def test_row_args_parse_with_fairseq(table, row):
     assert args.criterion == (DISAGREEMENT if has_disagreement else "label_smoothed_cross_entropy")
     assert args.optimizer == (REPULSIVE if has_repulsive else "adam")
     if has_disagreement:
-        from diverse_fairseq.criterions import disagreement_loss as dl
+        from diverse_fairseq.methods.disagreement import criterion as dl
 
         assert row.family == "diverse_transformer", "the disagreement criterion needs --arch diverse_transformer*"
         assert parse_names(args.disagreement_terms, dl.TERMS, "--disagreement-terms")
@@ -162,7 +162,7 @@ def test_row_args_parse_with_fairseq(table, row):
         assert parse_layers(args.disagreement_layers, min(depth.values()), "--disagreement-layers", "all")
         assert args.disagreement_lambda > 0
     if has_repulsive:
-        from diverse_fairseq.optim import repulsive_adam as ra
+        from diverse_fairseq.methods.repulsive import optimizer as ra
 
         assert args.repulsive_method in ra.METHODS
         assert parse_names(args.repulsive_attention, ra.ATTENTION_TYPES, "--repulsive-attention")

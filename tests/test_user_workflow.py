@@ -141,7 +141,7 @@ def test_fairseq_interactive_translates(workdir, model):
 @pytest.mark.parametrize("model", list(MODELS))
 def test_hub_interface_translates(workdir, model):
     import diverse_fairseq  # noqa: F401  (registers diverse_transformer; allowlists checkpoint classes)
-    from diverse_fairseq.models.diverse_transformer import DiverseTransformerModel
+    from diverse_fairseq.methods.transformer import DiverseTransformerModel
     from fairseq.models.transformer import TransformerModel
 
     cls = DiverseTransformerModel if model == "routing" else TransformerModel

@@ -3,7 +3,7 @@
 * :mod:`.scores`: the disagreement scores exp(D) of EMNLP 2018 Tables 4–5 on the paper's scale (mean over
   all H² head pairs, self-pairs included), with the off-diagonal mean cosine as a second figure;
 * :mod:`.loading`: loads a checkpoint (a stock ``transformer`` as the identical ``diverse_transformer``, so
-  its heads can be observed and masked through :func:`diverse_fairseq.modules.sites.observe`) and batches;
+  its heads can be observed and masked through :func:`diverse_fairseq.methods.sites.observe`) and batches;
 * :mod:`.collect`: teacher-forced passes gathering scores, mean head outputs, NLL and attention maps;
 * :mod:`.ablation`: head importance by masking one head at test time (Michel et al. 2019; EMNLP 2020 Fig. 2);
 * :mod:`.plots`: PNG heatmaps, t-SNE (journal Fig. 3), per-layer scores, importance histogram;

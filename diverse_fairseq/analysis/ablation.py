@@ -4,7 +4,7 @@ masking at test time").
 
 Each head h of each attention module is masked in turn, by zeroing its output O_h before the heads are
 combined (``out_proj`` of the concatenation, or a routing aggregator; the head mask of
-:func:`diverse_fairseq.modules.sites.observe`), and the
+:func:`diverse_fairseq.methods.sites.observe`), and the
 validation set is scored again. A head's importance is the resulting **increase** of the teacher-forced
 token NLL (nats per target token; a negative value means the model got better without the head) and,
 optionally, the **drop** of BLEU of beam-search translations. One pass per masked head; for the NLL, the layers below the masked one are not recomputed but replayed
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..modules.sites import AttentionSite, observe
+from diverse_fairseq.methods.sites import AttentionSite, observe
 from .collect import batch_nll
 
 

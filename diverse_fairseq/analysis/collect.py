@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from ..modules.sites import AttentionSite, observe
+from diverse_fairseq.methods.sites import AttentionSite, observe
 from .scores import TOKEN_SIDE, ScoreAccumulator
 
 

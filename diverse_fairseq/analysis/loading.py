@@ -76,7 +76,7 @@ def as_diverse(model: torch.nn.Module, cfg, task) -> torch.nn.Module:
     a clear error."""
     from fairseq.models.transformer import TransformerModel
 
-    from ..models.diverse_transformer import DiverseTransformerModel
+    from diverse_fairseq.methods.transformer import DiverseTransformerModel
 
     if isinstance(model, DiverseTransformerModel):
         return model

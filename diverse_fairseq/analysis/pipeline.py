@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..modules.sites import ATTENTION_TYPES, attention_sites
+from diverse_fairseq.methods.sites import ATTENTION_TYPES, attention_sites
 from . import plots
 from .ablation import head_importance
 from .collect import attention_maps, collect, token_labels

@@ -11,7 +11,7 @@ each head is masked (Michel et al. 2019; EMNLP 2020 Figure 2).
 import statistics
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from ..modules.sites import ATTENTION_TYPES, AttentionSite
+from diverse_fairseq.methods.sites import ATTENTION_TYPES, AttentionSite
 from .ablation import Importance
 from .collect import Collected
 from .scores import COSINE_NAMES, SCALE, SCORE_NAMES, TOKEN_SIDE, combine_layers

@@ -17,7 +17,7 @@ model. The mapped flags are what the runner passes to fairseq-train and what its
 from typing import List
 
 from .. import training
-from ..option_parsing import ALL_LAYERS, parse_layer_spec
+from diverse_fairseq.methods.options import ALL_LAYERS, parse_layer_spec
 
 PAPER_LAYERS = 6
 # every option that selects layers (tests/test_table_scale.py checks that the plugin registers no other)

@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO))
 
 import diverse_fairseq  # noqa: E402,F401  (registers the plugin before fairseq imports the user dir)
 from diverse_fairseq import training  # noqa: E402
-from diverse_fairseq.optim import particle_adam  # noqa: E402
-from diverse_fairseq.optim.repulsive import rbf_kernel  # noqa: E402
+from diverse_fairseq.methods.repulsive import particle_adam  # noqa: E402
+from diverse_fairseq.methods.repulsive.svgd import rbf_kernel  # noqa: E402
 
 
 def kernel_stats(theta, grad, alpha, bandwidth, grad_scale=None):

@@ -3,9 +3,9 @@
 Why fairseq forces it: the trainer builds the optimizer with ``build_optimizer(cfg, params)``, which
 receives only the parameters, never the model. ``--optimizer repulsive_adam`` needs the model's structure
 (which parameters are the q/k/v projections of which attention module, with how many heads; see
-:mod:`diverse_fairseq.optim.particles`), so it has to find the model some other way.
+:mod:`diverse_fairseq.methods.repulsive.particles`), so it has to find the model some other way.
 
-What it hooks: :func:`install_build_model_hook` (called once when :mod:`diverse_fairseq.optim` is
+What it hooks: :func:`install_build_model_hook` (called once when :mod:`diverse_fairseq.methods` is
 imported; idempotent) wraps ``fairseq.models.build_model``, which every task's ``build_model`` calls
 (fairseq-train, fairseq-hydra-train and checkpoint loading alike), so that each model it returns is
 added to a ``WeakSet`` (a model nobody references any more is forgotten). Nothing else is changed: the

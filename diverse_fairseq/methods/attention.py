@@ -13,7 +13,7 @@ the concatenation + W_O that combines the heads.
 * incremental decoding: fairseq's own cached path up to the attention logits (``before_softmax=True``),
   then softmax, dropout and ``A·V`` here, so the key/value cache stays fairseq's.
 
-Heads are observed only through :func:`diverse_fairseq.modules.sites.observe`, which sets ``observer`` for
+Heads are observed only through :func:`diverse_fairseq.methods.sites.observe`, which sets ``observer`` for
 the duration of a ``with`` block.
 """
 
@@ -30,7 +30,7 @@ class DiverseMultiheadAttention(MultiheadAttention):
     """Multi-head attention whose heads can be observed and whose head combination can be replaced.
 
     Attributes:
-        observer: ``None``, or inside :func:`~diverse_fairseq.modules.sites.observe` a ``HeadObserver``
+        observer: ``None``, or inside :func:`~diverse_fairseq.methods.sites.observe` a ``HeadObserver``
             that records ``{"v": [B,H,S,d], "a": [B,H,T,S], "o": [B,H,T,d]}`` (with their autograd graph;
             ``a`` is the fp32 softmax output before attention dropout, ``v`` covers the real key tokens, no
             ``bias_kv`` / zero-attention slot) and may hold a head mask [H] multiplied into O.

@@ -27,7 +27,7 @@ import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
 
-from ..option_parsing import LayerSpec, resolve_layers
+from diverse_fairseq.methods.options import LayerSpec, resolve_layers
 
 #: attention types in the order of a Transformer: encoder self, decoder self, encoder-decoder
 ATTENTION_TYPES = ("enc_self", "dec_self", "enc_dec")
@@ -120,7 +120,7 @@ def attention_sites(model: nn.Module) -> List[AttentionSite]:
 def select_sites(model: nn.Module, attention_types: Sequence[str], layers: LayerSpec, types_flag: str,
                  layers_flag: str) -> List[AttentionSite]:
     """The sites of the given attention types in the layers ``layers`` selects (see
-    :func:`~diverse_fairseq.option_parsing.parse_layer_spec`); each type's depth bounds the indices.
+    :func:`~diverse_fairseq.methods.options.parse_layer_spec`); each type's depth bounds the indices.
     An attention type the model lacks is a ``ValueError`` naming ``types_flag``, an index out of range one
     naming ``layers_flag``."""
     sites = attention_sites(model)
@@ -137,7 +137,7 @@ def select_sites(model: nn.Module, attention_types: Sequence[str], layers: Layer
 
 def require_diverse(sites: Iterable[AttentionSite], what: str) -> None:
     """``ValueError`` unless every site's module can expose its heads (a ``DiverseMultiheadAttention``)."""
-    from .diverse_attention import DiverseMultiheadAttention
+    from diverse_fairseq.methods.attention import DiverseMultiheadAttention
 
     for site in sites:
         if not isinstance(site.module, DiverseMultiheadAttention):

@@ -2,7 +2,7 @@
 
 Repulsive attention (An et al., EMNLP 2020, Algorithm 1): every chosen q/k/v projection weight is a set
 of M = H particles (its per-head row blocks, :mod:`.particles`) and, inside ``step()``, its gradient is
-replaced by the particle-optimization direction of :mod:`.repulsive` (SVGD, Eq. 4, or SPOS, Eq. 5)
+replaced by the particle-optimization direction of :mod:`.svgd` (SVGD, Eq. 4, or SPOS, Eq. 5)
 before the Adam update. All other parameters get plain fairseq Adam (``fairseq.optim.adam.Adam``; same
 math, decoupled weight decay).
 
@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from fairseq.optim.adam import Adam
 
-from .particles import ParticleTag
-from .repulsive import spos_update_, svgd_update_
+from diverse_fairseq.methods.repulsive.particles import ParticleTag
+from diverse_fairseq.methods.repulsive.svgd import spos_update_, svgd_update_
 
 OPTIMIZER_NAME = "repulsive_adam"  # fairseq's --optimizer name; also the state dict's key of num_steps
 

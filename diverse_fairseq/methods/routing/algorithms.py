@@ -17,7 +17,7 @@ large votes, when the coupling becomes one-hot) ever occurs. The result is the s
 paper's, computed without 0/0.
 
 Speed. With capsule width 1 (N = E, the paper's setting and the default) :func:`em_routing` runs the fused
-core of :mod:`~diverse_fairseq.modules.routing_fast` (hand-derived backward, same values);
+core of :mod:`~diverse_fairseq.methods.routing.fast` (hand-derived backward, same values);
 ``em_routing(..., fused=False)`` runs the generic code here. :func:`get_routing_function` can wrap either
 algorithm in ``torch.compile`` (``routing_fast.compile_requested``).
 """
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .routing_fast import compile_requested, compiled, em_routing_width1
+from diverse_fairseq.methods.routing.fast import compile_requested, compiled, em_routing_width1
 
 __all__ = ["ROUTING_TYPES", "em_routing", "get_routing_function", "simple_routing", "squash"]
 

@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .particle_adam import OPTIMIZER_NAME
+from diverse_fairseq.methods.repulsive.particle_adam import OPTIMIZER_NAME
 
 
 def option(cfg, name: str, default):

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .routing import ROUTING_TYPES, _check_iterations, get_routing_function
+from diverse_fairseq.methods.routing.algorithms import ROUTING_TYPES, _check_iterations, get_routing_function
 
 __all__ = ["RoutingAggregation"]
 

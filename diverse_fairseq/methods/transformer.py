@@ -1,13 +1,13 @@
 """The Transformer whose attention modules expose their heads: ``--arch diverse_transformer*``.
 
 Identical to fairseq's legacy ``transformer`` (same parameter names, initialisation and outputs) except
-that every attention module is a :class:`~diverse_fairseq.modules.diverse_attention.DiverseMultiheadAttention`,
+that every attention module is a :class:`~diverse_fairseq.methods.attention.DiverseMultiheadAttention`,
 whose heads the disagreement criterion (Li et al. EMNLP 2018) and the analysis can observe; every feature
-finds them through :mod:`diverse_fairseq.modules.sites`. Not observed and without aggregators it trains
+finds them through :mod:`diverse_fairseq.methods.sites`. Not observed and without aggregators it trains
 exactly like ``transformer``.
 
 Routing-by-agreement (Li et al., NAACL 2019, §3-4): the ``--routing-*`` options replace concatenation +
-W_O of chosen attention modules by a :class:`~diverse_fairseq.modules.aggregation.RoutingAggregation`
+W_O of chosen attention modules by a :class:`~diverse_fairseq.methods.routing.aggregation.RoutingAggregation`
 (vote network + simple or EM routing). None are routed by default; the ``routing_transformer_*``
 architectures route the encoder self-attention of layers 0 and 1 with EM routing, the paper's
 "Effective Aggregation" (NAACL 2019 Table 3, journal Table 5).
@@ -33,10 +33,10 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from omegaconf import DictConfig, OmegaConf
 
-from ..modules.aggregation import RoutingAggregation
-from ..modules.diverse_attention import DiverseMultiheadAttention
-from ..modules.sites import attention_sites
-from .routing_options import add_routing_args, routing_architecture, routing_plan
+from diverse_fairseq.methods.routing.aggregation import RoutingAggregation
+from diverse_fairseq.methods.attention import DiverseMultiheadAttention
+from diverse_fairseq.methods.sites import attention_sites
+from diverse_fairseq.methods.routing.options import add_routing_args, routing_architecture, routing_plan
 
 
 class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
@@ -111,7 +111,7 @@ class DiverseTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         """fairseq's Transformer options plus the routing-by-agreement options
-        (:func:`~diverse_fairseq.models.routing_options.add_routing_args`)."""
+        (:func:`~diverse_fairseq.methods.routing.options.add_routing_args`)."""
         super().add_args(parser)
         add_routing_args(parser)
 

@@ -1,15 +1,15 @@
 """The ``--routing-*`` options of ``diverse_transformer``: flags, defaults and their validation into a plan.
 
 Routing-by-agreement (Li et al., NAACL 2019, §3-4) replaces concatenation + W_O of chosen attention modules by a
-:class:`~diverse_fairseq.modules.aggregation.RoutingAggregation`; :func:`routing_plan` turns the options into
+:class:`~diverse_fairseq.methods.routing.aggregation.RoutingAggregation`; :func:`routing_plan` turns the options into
 ``{(attention_type, layer): aggregator kwargs}``, which ``DiverseTransformerModel.install_routing`` applies.
 """
 
 from typing import Dict, Tuple
 
-from ..modules.routing import ROUTING_TYPES
-from ..modules.routing_fast import compile_requested
-from ..option_parsing import parse_layers
+from diverse_fairseq.methods.routing.algorithms import ROUTING_TYPES
+from diverse_fairseq.methods.routing.fast import compile_requested
+from diverse_fairseq.methods.options import parse_layers
 
 # (flag destination, attention type, stack whose depth bounds the indices)
 ROUTING_PLACEMENTS = (

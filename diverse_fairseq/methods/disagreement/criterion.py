@@ -5,13 +5,13 @@ J = likelihood + λ·D, λ = 1).
 fairseq's) is ``CE_sum + λ · sample_size · sim_total`` (docs/methods.md#disagreement-regularization), where
 ``sim_total`` sums, over the
 selected terms (sub, pos, out) and attention types (enc_self, dec_self, enc_dec), the layer mean of
-each module's masked token-mean head similarity (:mod:`diverse_fairseq.disagreement`). Each active
+each module's masked token-mean head similarity (:mod:`diverse_fairseq.methods.disagreement.similarity`). Each active
 (term, type) value is logged as ``sim_<term>_<type>`` for training and validation.
 
 The model must expose its attention heads (``--arch diverse_transformer*``): on its first forward the
-criterion selects its attention sites (:func:`diverse_fairseq.modules.sites.select_sites`); each forward
+criterion selects its attention sites (:func:`diverse_fairseq.methods.sites.select_sites`); each forward
 records exactly what the terms need (sub → V, pos → A, out → O) of those sites only
-(:func:`~diverse_fairseq.modules.sites.observe`), so unregularized modules keep fairseq's path.
+(:func:`~diverse_fairseq.methods.sites.observe`), so unregularized modules keep fairseq's path.
 """
 
 from dataclasses import dataclass, field
@@ -26,10 +26,10 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.logging import metrics
 from torch import Tensor
 
-from ..disagreement import output_similarity, position_similarity, subspace_similarity
-from ..modules.sites import (ATTENTION_TYPES, AttentionSite, observe, require_diverse, select_sites, unwrap,
+from diverse_fairseq.methods.disagreement.similarity import output_similarity, position_similarity, subspace_similarity
+from diverse_fairseq.methods.sites import (ATTENTION_TYPES, AttentionSite, observe, require_diverse, select_sites, unwrap,
                              uses_activation_checkpointing)
-from ..option_parsing import ALL_LAYERS, parse_layer_spec, parse_names
+from diverse_fairseq.methods.options import ALL_LAYERS, parse_layer_spec, parse_names
 
 TERMS = ("sub", "pos", "out")
 _TAP_OF_TERM = {"sub": "v", "pos": "a", "out": "o"}

@@ -6,11 +6,11 @@ holds its M = H particles.
 
 How the optimizer finds them (fairseq hands ``build_optimizer(cfg, params)`` only parameters):
 
-1. **Models are tracked when they are built**, by the one hook in :mod:`diverse_fairseq.hooks` (which
+1. **Models are tracked when they are built**, by the one hook in :mod:`diverse_fairseq.methods.hooks` (which
    says why and what it wraps); models built some other way can be registered with :func:`track_model`.
    A ``torch.compile`` wrapper (``OptimizedModule``) needs nothing more: its ``_orig_mod`` is a submodule.
 2. **Attention modules are the model's attention sites, found at optimizer construction**
-   (:func:`diverse_fairseq.modules.sites.attention_sites`: stock ``MultiheadAttention`` and
+   (:func:`diverse_fairseq.methods.sites.attention_sites`: stock ``MultiheadAttention`` and
    ``DiverseMultiheadAttention`` alike, from the module structure). No parameter names are used,
    so DDP/FSDP/checkpoint wrappers (which change names) do not matter. Doing this at optimizer
    construction (not at model construction) sees the model as the trainer finally holds it, after
@@ -31,8 +31,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..hooks import track_model, tracked_models  # noqa: F401  (track_model: also importable from here)
-from ..modules.sites import ATTENTION_TYPES, attention_sites
+from diverse_fairseq.methods.hooks import track_model, tracked_models  # noqa: F401  (track_model: also importable from here)
+from diverse_fairseq.methods.sites import ATTENTION_TYPES, attention_sites
 
 PROJECTIONS = ("q", "k", "v")
 

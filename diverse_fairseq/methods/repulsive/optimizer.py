@@ -1,7 +1,7 @@
 """``--optimizer repulsive_adam`` (repulsive attention, An et al., EMNLP 2020), the fairseq plugin.
 
-Adam whose per-head Q/K/V gradients are replaced by SVGD or SPOS. The math is in :mod:`.repulsive`,
-which parameters are particles in :mod:`.particles` (models are found through :mod:`diverse_fairseq.hooks`),
+Adam whose per-head Q/K/V gradients are replaced by SVGD or SPOS. The math is in :mod:`.svgd`,
+which parameters are particles in :mod:`.particles` (models are found through :mod:`diverse_fairseq.methods.hooks`),
 the torch optimizer (transform, then Adam) in :mod:`.particle_adam`, the fp16/bf16/AMP paths in
 :mod:`.precision`. Here: the options, their checks, the particle selection, and a ``step()`` that hands
 the true gradient scale to the torch optimizer.
@@ -19,11 +19,11 @@ from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.optim.fairseq_optimizer import FairseqOptimizer
 from omegaconf import II
 
-from ..option_parsing import ALL_LAYERS, describe_layers, parse_layer_spec, parse_names, resolve_layers
-from .particle_adam import OPTIMIZER_NAME, ParticleAdam, ParticleRule
-from .particles import ATTENTION_TYPES, PROJECTIONS, ParticleTag, find_particle_tags
-from .precision import AmpAwareStep, check_precision_setup, option
-from .repulsive import NOISE_SCALES, parse_bandwidth
+from diverse_fairseq.methods.options import ALL_LAYERS, describe_layers, parse_layer_spec, parse_names, resolve_layers
+from diverse_fairseq.methods.repulsive.particle_adam import OPTIMIZER_NAME, ParticleAdam, ParticleRule
+from diverse_fairseq.methods.repulsive.particles import ATTENTION_TYPES, PROJECTIONS, ParticleTag, find_particle_tags
+from diverse_fairseq.methods.repulsive.precision import AmpAwareStep, check_precision_setup, option
+from diverse_fairseq.methods.repulsive.svgd import NOISE_SCALES, parse_bandwidth
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class RepulsiveAdam(AmpAwareStep, FairseqAdam):
         if not selected:
             hint = (
                 "no attention module was found in the model being trained (models are found when built through "
-                "fairseq.models.build_model; register others with diverse_fairseq.hooks.track_model)"
+                "fairseq.models.build_model; register others with diverse_fairseq.methods.hooks.track_model)"
                 if not tags
                 else f"the {len(tags)} q/k/v weights found are all excluded by --repulsive-attention "
                      f"{','.join(self.attention_types)} / --repulsive-layers "
