@@ -148,11 +148,11 @@ def parse_gpus(text) -> Optional[int]:
     """``GPUS``: None when unset (every visible GPU), else a non-negative integer; SystemExit otherwise."""
     if text in (None, ""):
         return None
-    value = str(text).strip()
-    if not value.isdigit():
-        raise SystemExit(f"error: GPUS={text!r} is not valid: use a non-negative integer (0 = the CPU, N = the first "
-                         f"N visible GPUs), or leave GPUS unset to use every visible GPU")
-    return int(value)
+    try:
+        return env_checks.parse_int("GPUS", text)
+    except SystemExit:
+        raise env_checks.bad("GPUS", text, "use a non-negative integer (0 = the CPU, N = the first N visible GPUs), "
+                             "or leave GPUS unset to use every visible GPU") from None
 
 
 def select_gpus(requested: Optional[int], env, visible: int):

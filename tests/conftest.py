@@ -36,6 +36,18 @@ def write_parallel(directory, split, pairs, src="en", tgt="de"):
     (directory / f"{split}.{tgt}").write_text("".join(t + "\n" for _, t in pairs))
 
 
+def lines(path):
+    """The lines of a UTF-8 text file."""
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(request, monkeypatch):
+    """Unset the environment variables that the test module names in ``ENV_KEYS``, if it has one."""
+    for key in getattr(request.module, "ENV_KEYS", ()):
+        monkeypatch.delenv(key, raising=False)
+
+
 def fake_prepared(data_bin, dataset, **meta):
     """``data_bin/dataset/prepare.json`` (en→de, joined dictionary, plus ``meta``) and nothing else: all that
     :func:`diverse_fairseq.training.build_command` reads. Returns ``data_bin``."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import lines
 from diverse_fairseq import training
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.data.text import tokenize
@@ -20,16 +21,6 @@ CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"
 ENV_KEYS = ("BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "WORKERS", "SRC", "TGT", "CORPUS_DIR", "DATASET_NAME",
             "SEPARATE_VOCAB", "PROGRESS_INTERVAL", "STOP_AFTER", "GPUS", "SAVE_DIR", "NNODES", "MAX_TOKENS",
             "UPDATE_FREQ", "PRECISION", "AVERAGE", "OUT", "SUBSET", "SLURM_NNODES")
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for key in ENV_KEYS:
-        monkeypatch.delenv(key, raising=False)
-
-
-def lines(path):
-    return Path(path).read_text(encoding="utf-8").splitlines()
 
 
 def args(tmp_path, corpus=CORPUS, *extra):

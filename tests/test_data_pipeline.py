@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import lines
 from diverse_fairseq.data import download
 from diverse_fairseq.data.download import DownloadError, Source, fetch
 from diverse_fairseq.data.prepare import main as prepare
@@ -22,16 +23,6 @@ MIRROR = FIXTURES / "mirror"
 SUMS = str(MIRROR / "SHA256SUMS")
 ENV_KEYS = ("BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "DIVERSE_FAIRSEQ_MIRROR", "CHECKSUMS", "WORKERS", "DEMO_DIR",
             "CWMT_DIR", "CWMT", "ZH_SEG", "STOP_AFTER")
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for key in ENV_KEYS:
-        monkeypatch.delenv(key, raising=False)
-
-
-def lines(path):
-    return Path(path).read_text(encoding="utf-8").splitlines()
 
 
 def common(tmp_path, *extra):

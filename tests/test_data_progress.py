@@ -13,6 +13,7 @@ from diverse_fairseq.data.prepare import main as prepare
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
+ENV_KEYS = ("PROGRESS_INTERVAL", "BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "DEMO_DIR", "STOP_AFTER")
 
 
 @pytest.fixture(autouse=True)
@@ -20,8 +21,6 @@ def _restore(monkeypatch):
     """Tests change the interval and the step label; put them back afterwards."""
     monkeypatch.setattr(progress, "interval", progress.interval)
     monkeypatch.setattr(progress, "_step", "")
-    for key in ("PROGRESS_INTERVAL", "BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "DEMO_DIR", "STOP_AFTER"):
-        monkeypatch.delenv(key, raising=False)
 
 
 def test_progress_lines_count_percent_elapsed_and_time_left():

@@ -1,4 +1,5 @@
-"""Tests of the demo-corpus builder (scripts/demo_corpus.py) and of the shipped corpus in data/demo/.
+"""Tests of the demo-corpus builder (scripts/demo_corpus.py, scripts/corpuslib/) and of the shipped corpus in
+data/demo/.
 
 The fixture tests/fixtures/demo_corpus/ is an extracted package tree: ``demo.po`` (hand-written, one
 entry per cleaning rule) compiled into ``usr/share/locale/de/LC_MESSAGES/demo.mo``, and
@@ -7,7 +8,6 @@ Regenerate a binary with ``python3 scripts/demo_corpus.py --po2mo SRC.po DST.mo`
 """
 
 import gzip
-import importlib.util
 import json
 import struct
 import sys
@@ -20,16 +20,8 @@ FIXTURE = REPO / "tests" / "fixtures" / "demo_corpus"
 MESSAGES = FIXTURE / "usr/share/locale/de/LC_MESSAGES"
 DEMO = REPO / "data" / "demo"
 
-
-def _load_module():
-    spec = importlib.util.spec_from_file_location("demo_corpus", REPO / "scripts" / "demo_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-dc = _load_module()
+sys.path.insert(0, str(REPO / "scripts"))
+from corpuslib import build, catalog, rules  # noqa: E402
 
 
 def _pairs(splits):
@@ -38,12 +30,12 @@ def _pairs(splits):
 
 @pytest.fixture(scope="module")
 def po_entries():
-    return dc.parse_po((FIXTURE / "demo.po").read_bytes())
+    return catalog.parse_po((FIXTURE / "demo.po").read_bytes())
 
 
 @pytest.fixture(scope="module")
 def mo_entries():
-    entries, undecodable = dc.read_catalog(MESSAGES / "demo.mo")
+    entries, undecodable = catalog.read_catalog(MESSAGES / "demo.mo")
     assert undecodable == 0
     return entries
 
@@ -51,8 +43,8 @@ def mo_entries():
 @pytest.fixture(scope="module")
 def built():
     """The fixture catalog run through the whole pipeline with 1 valid and 1 test pair."""
-    return dc.build_corpus(
-        [("demo", path) for path in dc.find_catalogs(FIXTURE)], n_valid=1, n_test=1
+    return build.build_corpus(
+        [("demo", path) for path in catalog.find_catalogs(FIXTURE)], n_valid=1, n_test=1
     )
 
 
@@ -60,8 +52,8 @@ def built():
 
 
 def test_committed_mo_is_the_compiled_po(po_entries):
-    assert (MESSAGES / "demo.mo").read_bytes() == dc.write_mo(po_entries)
-    reserved = dc.write_mo(dc.parse_po((FIXTURE / "reserved.po").read_bytes()))
+    assert (MESSAGES / "demo.mo").read_bytes() == catalog.write_mo(po_entries)
+    reserved = catalog.write_mo(catalog.parse_po((FIXTURE / "reserved.po").read_bytes()))
     for name in ("de/LC_MESSAGES/cpplib.mo", "de/LC_MESSAGES/gcc.mo", "de_AT/LC_MESSAGES/demo.mo"):
         assert (FIXTURE / "usr/share/locale" / name).read_bytes() == reserved
 
@@ -77,17 +69,17 @@ def test_big_endian_mo_parses_the_same(mo_entries):
     table_end = strs_at + 8 * count
     words = struct.unpack_from(f"<{table_end // 4}I", data)
     swapped = struct.pack(f">{len(words)}I", *words) + data[table_end:]
-    assert dc.parse_mo(swapped) == (mo_entries, 0)
+    assert catalog.parse_mo(swapped) == (mo_entries, 0)
 
 
 def test_header_charset_is_honoured():
     po = 'msgid ""\nmsgstr "Content-Type: text/plain; charset=ISO-8859-1\\n"\n\nmsgid "Size"\nmsgstr "Größe"\n'
-    entries = dc.parse_po(po.encode("latin-1"))
+    entries = catalog.parse_po(po.encode("latin-1"))
     assert entries[1].msgstr == ("Größe",)
-    mo = dc.write_mo(entries)
+    mo = catalog.write_mo(entries)
     assert b"Gr\xf6\xdfe\x00" in mo
-    assert dc.parse_mo(mo) == (entries, 0)
-    assert dc.header_charset("charset=CHARSET") == "utf-8"
+    assert catalog.parse_mo(mo) == (entries, 0)
+    assert catalog.header_charset("charset=CHARSET") == "utf-8"
 
 
 def test_context_plural_and_multiline_entries(mo_entries):
@@ -105,10 +97,10 @@ def test_context_plural_and_multiline_entries(mo_entries):
 
 
 def test_gcc_and_cpplib_catalogs_are_excluded(built):
-    assert [p.name for p in dc.find_catalogs(FIXTURE)] == ["demo.mo"]  # not cpplib/gcc, not de_AT
+    assert [p.name for p in catalog.find_catalogs(FIXTURE)] == ["demo.mo"]  # not cpplib/gcc, not de_AT
     for name in ("gcc.mo", "gcc-12.mo", "cpplib.mo", "cpplib-12.mo"):
-        assert dc.is_excluded_catalog(Path("x") / name)
-    assert not dc.is_excluded_catalog("gccgo-tools.mo") and not dc.is_excluded_catalog("coreutils.mo")
+        assert catalog.is_excluded_catalog(Path("x") / name)
+    assert not catalog.is_excluded_catalog("gccgo-tools.mo") and not catalog.is_excluded_catalog("coreutils.mo")
     assert not any("reserviert" in de for _, de in _pairs(built[0]))
 
 
@@ -117,11 +109,11 @@ def test_gcc_packages_are_refused(tmp_path):
         listing = tmp_path / "packages.txt"
         listing.write_text(f"coreutils 9.1-1\n{name} 1.0\n")
         with pytest.raises(ValueError, match="reserved"):
-            dc.read_packages(listing)
+            catalog.read_packages(listing)
 
 
 def test_shipped_package_list_is_pinned_and_gcc_free():
-    packages = dc.read_packages(DEMO / "packages.txt")
+    packages = catalog.read_packages(DEMO / "packages.txt")
     assert len(packages) >= 20 and len({name for name, _ in packages}) == len(packages)
     assert all(version for _, version in packages)
 
@@ -130,20 +122,20 @@ def test_shipped_package_list_is_pinned_and_gcc_free():
 
 
 def test_header_and_fuzzy_are_dropped(po_entries):
-    kept = dc.drop_fuzzy(dc.drop_header(po_entries))
+    kept = rules.drop_fuzzy(rules.drop_header(po_entries))
     assert all(e.msgid for e in kept)
     assert not any(e.fuzzy for e in kept)
     assert len(kept) == len(po_entries) - 2
 
 
 def test_plurals_expand_to_two_pairs(po_entries):
-    pairs = {(p.en, p.de) for p in dc.expand_plurals(po_entries, "demo")}
+    pairs = {(p.en, p.de) for p in rules.expand_plurals(po_entries, "demo")}
     assert ("%d file removed", "%d Datei entfernt") in pairs
     assert ("%d files removed", "%d Dateien entfernt") in pairs
 
 
 def test_whitespace_is_collapsed():
-    assert dc.normalise_whitespace(" Usage:\n\t%s  [OPTION]...\n") == "Usage: %s [OPTION]..."
+    assert rules.normalise_whitespace(" Usage:\n\t%s  [OPTION]...\n") == "Usage: %s [OPTION]..."
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -155,23 +147,23 @@ def test_whitespace_is_collapsed():
     ("Sa&ve the file now to the disk", "Sa&ve the file now to the disk"),  # too long for a menu
 ])
 def test_accelerators(text, expected):
-    assert dc.strip_accelerators(text) == expected
+    assert rules.strip_accelerators(text) == expected
 
 
 @pytest.mark.parametrize("en, de, rule, keep", [
-    ("Linux", "Linux", dc.is_translated, False),
-    ("Untranslated", "", dc.is_translated, False),
-    ("File", "Datei", dc.is_translated, True),
-    ("%s (%d)", "%s [%d]", dc.has_letters, False),
-    ("%s: done", "%s: fertig", dc.has_letters, True),
-    (" ".join(["w"] * 61), " ".join(["W"] * 61), dc.within_length, False),
-    (" ".join(["w"] * 60), " ".join(["W"] * 60), dc.within_length, True),
-    ("Quit", "Beenden Sie das Programm jetzt", dc.within_ratio, False),
-    ("Quit now", "Jetzt beenden bitte", dc.within_ratio, True),  # longer side ≤ 3 words
-    ("a b", "c d e f g h", dc.within_ratio, True),  # ratio exactly 3
+    ("Linux", "Linux", rules.is_translated, False),
+    ("Untranslated", "", rules.is_translated, False),
+    ("File", "Datei", rules.is_translated, True),
+    ("%s (%d)", "%s [%d]", rules.has_letters, False),
+    ("%s: done", "%s: fertig", rules.has_letters, True),
+    (" ".join(["w"] * 61), " ".join(["W"] * 61), rules.within_length, False),
+    (" ".join(["w"] * 60), " ".join(["W"] * 60), rules.within_length, True),
+    ("Quit", "Beenden Sie das Programm jetzt", rules.within_ratio, False),
+    ("Quit now", "Jetzt beenden bitte", rules.within_ratio, True),  # longer side ≤ 3 words
+    ("a b", "c d e f g h", rules.within_ratio, True),  # ratio exactly 3
 ])
 def test_pair_rules(en, de, rule, keep):
-    assert rule(dc.Pair(en, de, "demo")) is keep
+    assert rule(rules.Pair(en, de, "demo")) is keep
 
 
 def test_fixture_through_the_pipeline(built):
@@ -194,11 +186,11 @@ def test_fixture_through_the_pipeline(built):
 
 
 def test_unique_source_prefers_frequency_then_order():
-    pairs = [dc.Pair("Open", de, "p") for de in ("Offen", "Öffnen", "Öffnen")]
-    unique, counts = dc.deduplicate(pairs)
-    assert [(p.en, p.de) for p in dc.unique_source(unique, counts)] == [("Open", "Öffnen")]
-    unique, counts = dc.deduplicate([dc.Pair("Close", de, "p") for de in ("Zu", "Schließen")])
-    assert [p.de for p in dc.unique_source(unique, counts)] == ["Schließen"]
+    pairs = [rules.Pair("Open", de, "p") for de in ("Offen", "Öffnen", "Öffnen")]
+    unique, counts = rules.deduplicate(pairs)
+    assert [(p.en, p.de) for p in rules.unique_source(unique, counts)] == [("Open", "Öffnen")]
+    unique, counts = rules.deduplicate([rules.Pair("Close", de, "p") for de in ("Zu", "Schließen")])
+    assert [p.de for p in rules.unique_source(unique, counts)] == ["Schließen"]
 
 
 # ---- split and output -----------------------------------------------------------------------------
@@ -206,12 +198,12 @@ def test_unique_source_prefers_frequency_then_order():
 
 def _synthetic_pairs():
     """200 pairs; pairs 4k and 4k + 1 share their German string."""
-    return [dc.Pair(f"message number {i}", f"Meldung {i - i % 2 if i % 4 < 2 else i}", "p")
+    return [rules.Pair(f"message number {i}", f"Meldung {i - i % 2 if i % 4 < 2 else i}", "p")
             for i in range(200)]
 
 
 def test_split_sizes_and_no_overlap():
-    splits, dropped = dc.split_pairs(_synthetic_pairs(), n_valid=20, n_test=20)
+    splits, dropped = build.split_pairs(_synthetic_pairs(), n_valid=20, n_test=20)
     assert len(splits["valid"]) == 20 and len(splits["test"]) == 20
     held = splits["valid"] + splits["test"]
     assert len({p.en for p in held}) == 40 and len({p.de for p in held}) == 40
@@ -222,13 +214,13 @@ def test_split_sizes_and_no_overlap():
 
 def test_split_is_a_function_of_the_pairs_not_their_order():
     pairs = _synthetic_pairs()
-    assert dc.split_pairs(pairs, 20, 20) == dc.split_pairs(list(reversed(pairs)), 20, 20)
+    assert build.split_pairs(pairs, 20, 20) == build.split_pairs(list(reversed(pairs)), 20, 20)
 
 
 def test_written_corpus_is_deterministic(tmp_path, built):
     splits, stats = built
-    dc.write_corpus(tmp_path / "a", splits, stats)
-    dc.write_corpus(tmp_path / "b", {k: list(reversed(v)) for k, v in splits.items()}, stats)
+    build.write_corpus(tmp_path / "a", splits, stats)
+    build.write_corpus(tmp_path / "b", {k: list(reversed(v)) for k, v in splits.items()}, stats)
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == ["stats.json", "test.de", "test.en", "train.de.gz", "train.en.gz", "valid.de", "valid.en"]
     for name in names:
@@ -262,7 +254,7 @@ def test_corpus_sizes(corpus):
 def test_corpus_lines_are_clean(corpus):
     for sides in corpus.values():
         for lines in sides.values():
-            assert all(line and line == dc.normalise_whitespace(line) for line in lines)
+            assert all(line and line == rules.normalise_whitespace(line) for line in lines)
 
 
 def test_corpus_has_no_held_out_leak(corpus):
@@ -277,5 +269,5 @@ def test_corpus_matches_its_stats(corpus):
     stats = json.loads((DEMO / "stats.json").read_text(encoding="utf-8"))
     assert stats["splits"] == {split: len(sides["en"]) for split, sides in corpus.items()}
     assert sum(p["pairs_kept"] for p in stats["packages"].values()) == sum(stats["splits"].values())
-    listed = dict(dc.read_packages(DEMO / "packages.txt"))
+    listed = dict(catalog.read_packages(DEMO / "packages.txt"))
     assert {name: info["version"] for name, info in stats["packages"].items()} == listed

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import fake_prepared
+from conftest import fake_prepared, lines
 from diverse_fairseq.average_checkpoints import average_checkpoints, last_n_checkpoints
 from diverse_fairseq.evaluate import parse_generate_output, parse_generate_speed
 from diverse_fairseq.training import build_command, resolve_setting, update_freq
@@ -198,10 +198,10 @@ def test_demo_train_average_evaluate_end_to_end(tmp_path):
     out = run(REPO / "scripts" / "evaluate.sh", avg, "demo", "--max-len-b", "5")
     result_dir = save / "eval-demo-test-checkpoint_avg_last2"
     results = json.loads((result_dir / "results.json").read_text())
-    refs = (FIXTURES / "demo_text" / "test.de").read_text(encoding="utf-8").splitlines()
+    refs = lines(FIXTURES / "demo_text" / "test.de")
     assert results["sentences"] == len(refs) and results["speed"]["sentences"] == len(refs)
     assert results["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a") and 0 <= results["bleu"] <= 100
     assert results["tok_bleu_kind"] == "tokenized, compound-split" and results["speed"]["sentences_per_second"] > 0
-    assert (result_dir / "ref.detok.de").read_text(encoding="utf-8").splitlines() == refs
-    assert len((result_dir / "hyp.detok.de").read_text(encoding="utf-8").splitlines()) == len(refs)
+    assert lines(result_dir / "ref.detok.de") == refs
+    assert len(lines(result_dir / "hyp.detok.de")) == len(refs)
     assert "BLEU (sacrebleu, detokenized) =" in out and "sentences/s" in out

@@ -19,7 +19,7 @@ starts and to ``train.json`` when it ends. When a row's YAML, the setting or the
 directory is **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained
 afresh; a run interrupted under the same key resumes from its last checkpoint. The report lists the runs
 reused from earlier invocations. The thread count is recorded in ``train.json`` but is not part of the key:
-it changes the last bits of the numbers, not the experiment; nor are the logging flags (``LOGGING_FLAGS``),
+it changes the last bits of the numbers, not the experiment; nor are the logging flags (``RUNNER_FLAGS``),
 which change what is written, not what is trained: keys are compared without them (:func:`same_key`).
 
 Reproducibility and parallelism. Every job runs with a fixed number of CPU threads (``threads``: the
@@ -104,24 +104,23 @@ def cache_key(run: RunConfig, seed: int, setting: str, extra: List[str], env: Di
     return json.loads(json.dumps(key))
 
 
-#: fairseq-train flags (each with one value) that change the log, not the model; left out when keys are compared
-LOGGING_FLAGS = ("--log-format",)
-#: flags the runner sets itself for every run; TRAIN_ARGS must not contain them
+#: fairseq-train flags (each with one value) that the runner sets itself for every run (TRAIN_ARGS must not contain
+#: them); they change the log, not the model, so they are left out when keys are compared
 RUNNER_FLAGS = ("--log-format", "--log-file")
 LOG_FORMAT_ARGS = ["--log-format", "json"]  # every run logs JSON records (read by logs.py); check.py builds the same
 
 
 def comparable(key: Optional[Dict]) -> Optional[Dict]:
-    """``key`` without the :data:`LOGGING_FLAGS` and their values in its command."""
+    """``key`` without the :data:`RUNNER_FLAGS` and their values in its command."""
     if not key or "command" not in key:
         return key
     command, skip = [], False
     for arg in key["command"]:
         if skip:
             skip = False
-        elif arg in LOGGING_FLAGS:
+        elif arg in RUNNER_FLAGS:
             skip = True
-        elif arg.split("=", 1)[0] not in LOGGING_FLAGS:
+        elif arg.split("=", 1)[0] not in RUNNER_FLAGS:
             command.append(arg)
     return dict(key, command=command)
 

@@ -1,0 +1,184 @@
+"""The benchmark's cases: the stock-fairseq baseline and the builders of the disagreement, repulsive, routing
+and decode cases, each a ``builder(Context) -> Case`` entry of :data:`CASES`."""
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import torch
+from fairseq import options
+from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+from fairseq.models.transformer import TransformerModel
+from fairseq.tasks.translation import TranslationTask
+
+import diverse_fairseq  # noqa: F401  (registers the plugin)
+from diverse_fairseq.methods.disagreement.criterion import LabelSmoothedCrossEntropyWithDisagreementCriterion
+from diverse_fairseq.methods.transformer import DiverseTransformerModel
+from diverse_fairseq.methods.hooks import track_model
+from diverse_fairseq.methods.repulsive.optimizer import RepulsiveAdam, RepulsiveAdamConfig
+
+LABEL_SMOOTHING = 0.1
+
+
+@dataclass
+class Context:
+    """What every case builder gets: the task, model arguments and the baseline's weights."""
+
+    task: TranslationTask
+    device: torch.device
+    arch: str
+    extra_model_args: List[str]
+    baseline_state: Optional[Dict[str, torch.Tensor]] = None
+    beam: int = 5
+    decode_len: int = 30
+
+    def generator(self, model: torch.nn.Module):
+        """fairseq's beam search with exactly ``decode_len`` steps for every hypothesis (EOS is barred
+        before and forced at that length), so that models with different weights do the same work."""
+        from fairseq.sequence_generator import SequenceGenerator
+
+        return SequenceGenerator([model], self.task.target_dictionary, beam_size=self.beam,
+                                 max_len_a=0, max_len_b=self.decode_len, min_len=self.decode_len)
+
+    def model_args(self, arch: str, extra=()) -> argparse.Namespace:
+        parser = options.get_training_parser()
+        argv = ["unused-data-dir", "--arch", arch, "--task", "translation", *self.extra_model_args, *extra]
+        return options.parse_args_and_arch(parser, input_args=argv)
+
+    def finish(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Load the baseline's weights (same names) and move to the device, in training mode.
+
+        A model with routing aggregators has no ``out_proj`` in its routed attention modules and
+        aggregator parameters the baseline lacks: exactly those are left out (and checked to be the only
+        differences), everything else is loaded."""
+        if self.baseline_state is not None:
+            routed = [name for name, m in model.named_modules() if getattr(m, "aggregator", None) is not None]
+            if not routed:
+                model.load_state_dict(self.baseline_state, strict=True)
+            else:
+                state = {k: v for k, v in self.baseline_state.items()
+                         if not any(k.startswith(f"{name}.out_proj.") for name in routed)}
+                missing, unexpected = model.load_state_dict(state, strict=False)
+                assert not unexpected, unexpected
+                assert all(any(k.startswith(f"{name}.aggregator.") for name in routed) for k in missing), missing
+        return model.to(self.device).train()
+
+
+@dataclass
+class Case:
+    model: torch.nn.Module
+    criterion: Optional[torch.nn.Module]
+    optimizer: object  # zero_grad(set_to_none=...) and step(), e.g. a torch optimizer
+    report_memory: bool = False  # put "<key>_peak_mem" in the JSON (the table shows every case)
+    times: List[float] = field(default_factory=list)
+    #: "train": one training step per round, against the baseline's training step; "decode": beam search
+    #: over one test batch per round with ``generator``, against the baseline model's beam search
+    mode: str = "train"
+    generator: Optional[object] = None
+
+
+def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=5e-4, betas=(0.9, 0.98), weight_decay=1e-4)
+
+
+def build_baseline(ctx: Context) -> Case:
+    args = ctx.model_args(ctx.arch.replace("diverse_", ""))
+    model = ctx.finish(TransformerModel.build_model(args, ctx.task))
+    criterion = LabelSmoothedCrossEntropyCriterion(ctx.task, sentence_avg=False, label_smoothing=LABEL_SMOOTHING)
+    return Case(model, criterion.to(ctx.device), adam(model))
+
+
+def disagreement_case(terms: str, attention: str = "enc_self,dec_self,enc_dec", report_memory=False):
+    def build(ctx: Context) -> Case:
+        args = ctx.model_args(ctx.arch)
+        model = ctx.finish(DiverseTransformerModel.build_model(args, ctx.task))
+        criterion = LabelSmoothedCrossEntropyWithDisagreementCriterion(
+            ctx.task, sentence_avg=False, label_smoothing=LABEL_SMOOTHING,
+            disagreement_lambda=1.0, disagreement_terms=terms, disagreement_attention=attention,
+        )
+        return Case(model, criterion.to(ctx.device), adam(model), report_memory=report_memory)
+
+    return build
+
+
+class SvgdThenAdam:
+    """The baseline's Adam after ``repulsive_adam``'s SVGD transform of the Q/K/V head blocks of every
+    attention module (the transformed gradients are copied into ``.grad``), so that the ratio is the
+    cost of the transform itself and not of a different Adam implementation."""
+
+    def __init__(self, model: torch.nn.Module, **options):
+        config = RepulsiveAdamConfig(lr=[5e-4], adam_betas="(0.9, 0.98)", weight_decay=1e-4, **options)
+        self.repulsive = RepulsiveAdam(config, list(model.parameters()))
+        self.adam = adam(model)
+        self.state = self.adam.state
+
+    def zero_grad(self, set_to_none=True):
+        self.adam.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        new = self.repulsive.particle_gradients()
+        for p in self.repulsive.particle_params:
+            p.grad.copy_(new[id(p)])
+        self.adam.step()
+
+
+def repulsive_case(**options):
+    def build(ctx: Context) -> Case:
+        args = ctx.model_args(ctx.arch.replace("diverse_", ""))  # stock fairseq transformer
+        model = track_model(ctx.finish(TransformerModel.build_model(args, ctx.task)))
+        criterion = LabelSmoothedCrossEntropyCriterion(ctx.task, sentence_avg=False, label_smoothing=LABEL_SMOOTHING)
+        return Case(model, criterion.to(ctx.device), SvgdThenAdam(model, **options))
+
+    return build
+
+
+def routing_args(routing: str = "em", encoder=None, decoder=None, enc_dec=None) -> List[str]:
+    """``--routing-*`` options: ``encoder`` / ``decoder`` / ``enc_dec`` are layer lists ("0,1", "all")."""
+    args = ["--routing-type", routing, "--routing-iterations", "3"]
+    for flag, layers in (("--routing-encoder-layers", encoder), ("--routing-decoder-layers", decoder),
+                         ("--routing-encoder-decoder-layers", enc_dec)):
+        if layers is not None:
+            args += [flag, layers]
+    return args
+
+
+def routing_case(report_memory=False, **placement):
+    """Training step of diverse_transformer with routing-by-agreement aggregation (NAACL 2019) in the
+    given attention modules, plain label-smoothed cross-entropy."""
+
+    def build(ctx: Context) -> Case:
+        args = ctx.model_args(ctx.arch, routing_args(**placement))
+        model = ctx.finish(DiverseTransformerModel.build_model(args, ctx.task))
+        criterion = LabelSmoothedCrossEntropyCriterion(ctx.task, sentence_avg=False, label_smoothing=LABEL_SMOOTHING)
+        return Case(model, criterion.to(ctx.device), adam(model), report_memory=report_memory)
+
+    return build
+
+
+def decode_case(train_builder: Callable[[Context], Case]):
+    """Beam search (``Context.beam`` beams, ``Context.decode_len`` steps) with the model that
+    ``train_builder`` builds, against the same beam search with the baseline model."""
+
+    def build(ctx: Context) -> Case:
+        case = train_builder(ctx)
+        case.model.eval()
+        return Case(case.model, None, None, mode="decode", generator=ctx.generator(case.model))
+
+    return build
+
+
+#: key -> builder(Context) -> Case: a new case is one more entry here.
+CASES: Dict[str, Callable[[Context], Case]] = {
+    "disagreement_out_all": disagreement_case("out", report_memory=True),
+    "disagreement_pos_all": disagreement_case("pos"),
+    "disagreement_sub_all": disagreement_case("sub"),
+    "repulsive_svgd_all": repulsive_case(repulsive_method="svgd"),
+    # routing-by-agreement (NAACL 2019): EM routing in the lowest two encoder layers (the paper's
+    # "Effective Aggregation"), in all encoder layers, in every attention module; beam search with the first
+    # (encoder routing runs once per test sentence, not once per decoding step)
+    "routing_em_enc2_train": routing_case(encoder="0,1", report_memory=True),
+    "routing_em_enc_all_train": routing_case(encoder="all"),
+    "routing_em_all_train": routing_case(encoder="all", decoder="all", enc_dec="all"),
+    "routing_em_enc2_decode": decode_case(routing_case(encoder="0,1")),
+}
+
