@@ -464,12 +464,6 @@ def test_a_torch_compiled_model_is_found_through_orig_mod():
     assert len(find_particle_tags(copies)) == 18
 
 
-def test_track_model_is_the_hooks_one_also_from_particles():
-    from diverse_fairseq.methods.repulsive import particles
-
-    assert particles.track_model is track_model and particles.tracked_models is tracked_models
-
-
 def test_state_dict_keeps_the_step_count():
     cfg = _cfg("--repulsive-method", "spos")
     model = _model(cfg)

@@ -6,8 +6,9 @@ holds its M = H particles.
 
 How the optimizer finds them (fairseq hands ``build_optimizer(cfg, params)`` only parameters):
 
-1. **Models are tracked when they are built**, by the one hook in :mod:`diverse_fairseq.methods.hooks` (which
-   says why and what it wraps); models built some other way can be registered with :func:`track_model`.
+1. **Models are tracked when they are built**, by the one hook in :mod:`diverse_fairseq.methods.hooks`
+   (which says why and what it wraps); models built some other way can be registered with its
+   :func:`~diverse_fairseq.methods.hooks.track_model`.
    A ``torch.compile`` wrapper (``OptimizedModule``) needs nothing more: its ``_orig_mod`` is a submodule.
 2. **Attention modules are the model's attention sites, found at optimizer construction**
    (:func:`diverse_fairseq.methods.sites.attention_sites`: stock ``MultiheadAttention`` and
@@ -31,7 +32,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from diverse_fairseq.methods.hooks import track_model, tracked_models  # noqa: F401  (track_model: also importable from here)
+from diverse_fairseq.methods.hooks import tracked_models
 from diverse_fairseq.methods.sites import ATTENTION_TYPES, attention_sites
 
 PROJECTIONS = ("q", "k", "v")
