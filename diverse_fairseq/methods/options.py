@@ -2,6 +2,7 @@
 ``--disagreement-attention``, ``--repulsive-attention``, ``--repulsive-projections``) and the layer lists
 (``--routing-*-layers``, ``--disagreement-layers``, ``--repulsive-layers``: ``all``, ``none`` or 0-based indices)."""
 
+from dataclasses import field
 from typing import Iterable, Sequence, Tuple, Union
 
 
@@ -98,3 +99,19 @@ def parse_layers(value, num_layers: int, flag: str, default: str = "none") -> Tu
 def describe_layers(spec: LayerSpec) -> str:
     """``all``, ``none`` or the comma list, for messages."""
     return spec if spec == ALL_LAYERS else ",".join(map(str, spec)) or "none"
+
+
+# ------------------------------------------------------------------------------ dataclass fields
+def attention_types_field(what: str):
+    """The ``--*-attention`` option of a plugin's dataclass config: which attention types ``what``."""
+    return field(default="enc_self,dec_self,enc_dec",
+                 metadata={"help": f"comma-separated attention types {what}: enc_self, dec_self, enc_dec"})
+
+
+def layers_field(what: str, none: bool = True):
+    """The ``--*-layers`` option of a plugin's dataclass config (default ``all``), parsed by :func:`parse_layer_spec`;
+    ``none``: whether 'none' is a choice to offer in the help."""
+    return field(default=None,
+                 metadata={"help": f"layers {what} in every selected attention type: 'all' (the default), "
+                                   + ("'none' or " if none else "or ")
+                                   + "comma-separated 0-based layer indices (negative ones count from the last layer)"})

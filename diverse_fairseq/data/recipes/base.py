@@ -44,7 +44,7 @@ class Recipe:
     clean_max: int = 250
     clean_ratio: float = 9.0  # clean-corpus-n.perl's default ratio
     clean_after_bpe: bool = False
-    clean_splits: Tuple[str, ...] = ("train",)
+    clean_splits: Tuple[str, ...] = ("train",)  # dev/test stay whole so that they align with their references
     valid_every: Optional[int] = None  # derive valid as every N-th line of the cleaned train set
     beam: int = 5
     lenpen: float = 1.0
@@ -64,6 +64,12 @@ class Recipe:
 
     def raw_splits(self) -> Tuple[str, ...]:
         return ("train", "test") if self.valid_every else ("train", "valid", "test")
+
+
+#: what the two WMT recipes share: Moses normalisation of train, fairseq's apostrophe fix on the SGM dev/test
+#: sets, 32k subword-nmt merges, length cleaning after BPE, and the papers' beam 4 / length penalty 0.6
+WMT_SETTINGS = dict(bpe="subword-nmt", bpe_size=32000, punct_norm=True, non_printing=True,
+                    apostrophe_splits=("valid", "test"), clean_after_bpe=True, beam=4, lenpen=0.6)
 
 
 @dataclass

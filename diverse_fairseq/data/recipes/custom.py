@@ -137,9 +137,7 @@ def collect(ctx: Context):
 
 
 RECIPE = Recipe(
-    name="custom",
-    src="",  # set from SRC / TGT by configure()
-    tgt="",
+    name="custom", src="", tgt="",  # set from SRC / TGT by configure()
     description="your own parallel corpus (SRC, TGT, CORPUS_DIR)",
     archives=[],
     bpe="subword-nmt",
@@ -147,11 +145,6 @@ RECIPE = Recipe(
     joint_bpe=True,
     joined_dictionary=True,
     non_printing=True,
-    clean_max=250,
-    clean_ratio=9.0,
-    clean_splits=("train",),
-    beam=5,
-    lenpen=1.0,
     collect=collect,
     check=check,
     collect_key=collect_key,

@@ -54,9 +54,7 @@ def collect(ctx: Context):
 
 
 RECIPE = Recipe(
-    name="demo",
-    src="en",
-    tgt="de",
+    name="demo", src="en", tgt="de",
     description="software messages en→de from Debian gettext catalogs (data/demo)",
     archives=[],
     bpe="sentencepiece",
@@ -64,10 +62,6 @@ RECIPE = Recipe(
     joint_bpe=True,
     joined_dictionary=True,
     non_printing=True,
-    clean_max=250,
-    clean_ratio=9.0,
-    beam=5,
-    lenpen=1.0,
     max_len_a=1.5,  # messages are short: an undertrained model must not loop for 200 tokens
     max_len_b=10,
     collect=collect,

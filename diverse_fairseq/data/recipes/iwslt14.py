@@ -32,9 +32,7 @@ def collect(ctx: Context):
 
 
 RECIPE = Recipe(
-    name="iwslt14_de_en",
-    src="de",
-    tgt="en",
+    name="iwslt14_de_en", src="de", tgt="en",
     description="IWSLT14 TED talks de→en, fairseq's recipe (160k pairs)",
     archives=[Archive("de-en", [SOURCE])],
     bpe="subword-nmt",
@@ -46,8 +44,6 @@ RECIPE = Recipe(
     clean_max=175,
     clean_ratio=1.5,
     valid_every=23,
-    beam=5,
-    lenpen=1.0,
     collect=collect,
     notes="download 20 MB, 1 GB of disk, preparation ~10 minutes",
 )

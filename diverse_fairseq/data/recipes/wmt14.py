@@ -8,7 +8,7 @@ valid from the training data), valid is newstest2013 and test newstest2014, as i
 
 from ..download import Source, published_md5
 from ..text import sgm_segments
-from .base import Archive, Context, Recipe, find_member, write_parallel, concat_parallel
+from .base import WMT_SETTINGS, Archive, Context, Recipe, find_member, write_parallel, concat_parallel
 from ..lines import iter_lines
 
 DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
@@ -60,25 +60,14 @@ def collect(ctx: Context):
 
 
 RECIPE = Recipe(
-    name="wmt14_en_de",
-    src="en",
-    tgt="de",
+    **WMT_SETTINGS,
+    name="wmt14_en_de", src="en", tgt="de",
     description="WMT14 en→de (Europarl v7, Common Crawl, News Commentary v9; newstest2013/2014)",
     archives=ARCHIVES,
-    bpe="subword-nmt",
-    bpe_size=32000,
     joint_bpe=True,
     joined_dictionary=True,
-    punct_norm=True,
-    non_printing=True,
     aggressive_dash=True,
-    apostrophe_splits=("valid", "test"),
-    clean_max=250,
     clean_ratio=1.5,
-    clean_after_bpe=True,
-    clean_splits=("train",),  # dev/test stay whole so that they align with their references
-    beam=4,
-    lenpen=0.6,
     collect=collect,
     notes="download 1.6 GB, ~15 GB of disk, preparation 1-3 hours with WORKERS=8",
 )

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..archive import extract
 from ..download import Source, published_md5
 from ..text import sgm_segments
-from .base import Archive, Context, Recipe, concat_parallel, find_member, write_parallel
+from .base import WMT_SETTINGS, Archive, Context, Recipe, concat_parallel, find_member, write_parallel
 
 DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
 TEST_URL = "https://data.statmt.org/wmt17/translation-task/test.tgz"
@@ -133,24 +133,13 @@ def collect_key(ctx: Context):
 
 
 RECIPE = Recipe(
-    name="wmt17_zh_en",
-    src="zh",
-    tgt="en",
+    **WMT_SETTINGS,
+    name="wmt17_zh_en", src="zh", tgt="en",
     description="WMT17 zh→en (News Commentary v12, UN v1.0, CWMT; newsdev2017/newstest2017)",
     archives=ARCHIVES,
-    bpe="subword-nmt",
-    bpe_size=32000,
     joint_bpe=False,
     joined_dictionary=False,
-    punct_norm=True,
-    non_printing=True,
-    apostrophe_splits=("valid", "test"),
     clean_max=50,
-    clean_ratio=9.0,
-    clean_after_bpe=True,
-    clean_splits=("train",),
-    beam=4,
-    lenpen=0.6,
     collect=collect,
     check=check,
     collect_key=collect_key,

@@ -29,7 +29,7 @@ from torch import Tensor
 from diverse_fairseq.methods.disagreement.similarity import output_similarity, position_similarity, subspace_similarity
 from diverse_fairseq.methods.sites import (ATTENTION_TYPES, AttentionSite, observe, require_diverse, select_sites, unwrap,
                              uses_activation_checkpointing)
-from diverse_fairseq.methods.options import ALL_LAYERS, parse_layer_spec, parse_names
+from diverse_fairseq.methods.options import ALL_LAYERS, attention_types_field, layers_field, parse_layer_spec, parse_names
 
 TERMS = ("sub", "pos", "out")
 _TAP_OF_TERM = {"sub": "v", "pos": "a", "out": "o"}
@@ -49,15 +49,8 @@ class LabelSmoothedCrossEntropyWithDisagreementConfig(LabelSmoothedCrossEntropyC
         metadata={"help": "comma-separated similarity terms to minimise: sub (value subspaces), "
                           "pos (attended positions), out (head outputs)"},
     )
-    disagreement_attention: str = field(
-        default="enc_self,dec_self,enc_dec",
-        metadata={"help": "comma-separated attention types to regularize: enc_self, dec_self, enc_dec"},
-    )
-    disagreement_layers: Optional[str] = field(
-        default=None,
-        metadata={"help": "layers to regularize in every selected attention type: 'all' (the default), or "
-                          "comma-separated 0-based layer indices (negative ones count from the last layer)"},
-    )
+    disagreement_attention: str = attention_types_field("to regularize")
+    disagreement_layers: Optional[str] = layers_field("to regularize", none=False)
 
 
 @register_criterion(CRITERION_NAME, dataclass=LabelSmoothedCrossEntropyWithDisagreementConfig)

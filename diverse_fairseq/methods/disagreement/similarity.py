@@ -44,7 +44,8 @@ def _token_weights(pad_mask: Optional[Tensor], x: Tensor, ntok: int, name: str) 
     return keep / keep.sum().clamp_min(1.0)
 
 
-def _check_heads(x: Tensor, name: str, what: str) -> None:
+def _weights(x: Tensor, pad_mask: Optional[Tensor], name: str, what: str) -> Tensor:
+    """Check ``x`` ([B, H, N, ·], described by ``what``) and return the [B, N] weights of its masked token mean."""
     if not isinstance(x, Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"{name}: expected {what}, got shape {shape}")
@@ -54,6 +55,7 @@ def _check_heads(x: Tensor, name: str, what: str) -> None:
         )
     if not x.is_floating_point():
         raise ValueError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    return _token_weights(pad_mask, x, x.size(2), name)
 
 
 class _MeanHeadCosine(torch.autograd.Function):
@@ -117,8 +119,7 @@ def subspace_similarity(v: Tensor, pad_mask: Optional[Tensor] = None, eps: float
     Returns:
         0-dim fp32 tensor (fp64 for fp64 inputs): mean over non-padding tokens of ``(1/H²) Σ_i Σ_j cos(V_i[b,s], V_j[b,s])``.
     """
-    _check_heads(v, "subspace_similarity", "v of shape [B, H, S, d]")
-    w = _token_weights(pad_mask, v, v.size(2), "subspace_similarity")
+    w = _weights(v, pad_mask, "subspace_similarity", "v of shape [B, H, S, d]")
     return _MeanHeadCosine.apply(v, w, eps)
 
 
@@ -131,8 +132,7 @@ def output_similarity(o: Tensor, pad_mask: Optional[Tensor] = None, eps: float =
     Returns:
         0-dim fp32 tensor (fp64 for fp64 inputs): mean over non-padding tokens of ``(1/H²) Σ_i Σ_j cos(O_i[b,t], O_j[b,t])``.
     """
-    _check_heads(o, "output_similarity", "o of shape [B, H, T, d]")
-    w = _token_weights(pad_mask, o, o.size(2), "output_similarity")
+    w = _weights(o, pad_mask, "output_similarity", "o of shape [B, H, T, d]")
     return _MeanHeadCosine.apply(o, w, eps)
 
 
@@ -145,6 +145,5 @@ def position_similarity(a: Tensor, pad_mask: Optional[Tensor] = None) -> Tensor:
     Returns:
         0-dim fp32 tensor (fp64 for fp64 inputs): mean over non-padding tokens of ``(1/H²) Σ_i Σ_j Σ_s A_i[b,t,s] A_j[b,t,s]``.
     """
-    _check_heads(a, "position_similarity", "a of shape [B, H, T, S]")
-    w = _token_weights(pad_mask, a, a.size(2), "position_similarity")
+    w = _weights(a, pad_mask, "position_similarity", "a of shape [B, H, T, S]")
     return _MeanHeadOverlap.apply(a, w)

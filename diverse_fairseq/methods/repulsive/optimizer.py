@@ -19,7 +19,8 @@ from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.optim.fairseq_optimizer import FairseqOptimizer
 from omegaconf import II
 
-from diverse_fairseq.methods.options import ALL_LAYERS, describe_layers, parse_layer_spec, parse_names, resolve_layers
+from diverse_fairseq.methods.options import (ALL_LAYERS, attention_types_field, describe_layers, layers_field, parse_layer_spec,
+                                             parse_names, resolve_layers)
 from diverse_fairseq.methods.repulsive.particle_adam import OPTIMIZER_NAME, ParticleAdam, ParticleRule
 from diverse_fairseq.methods.repulsive.particles import ATTENTION_TYPES, PROJECTIONS, ParticleTag, find_particle_tags
 from diverse_fairseq.methods.repulsive.precision import AmpAwareStep, check_precision_setup, option
@@ -64,16 +65,8 @@ class RepulsiveAdamConfig(FairseqAdamConfig):
         metadata={"help": "SPOS only: unit (the paper's formula) or grad_median (noise times the median |g| of "
                           "the particle set, as in the authors' code)"},
     )
-    repulsive_attention: str = field(
-        default="enc_self,dec_self,enc_dec",
-        metadata={"help": "comma-separated attention types whose heads are particles: "
-                          "enc_self, dec_self, enc_dec"},
-    )
-    repulsive_layers: Optional[str] = field(
-        default=None,
-        metadata={"help": "layers whose heads are particles: 'all' (the default), 'none', or comma-separated "
-                          "0-based indices (negative ones count from the last layer of each attention type)"},
-    )
+    repulsive_attention: str = attention_types_field("whose heads are particles")
+    repulsive_layers: Optional[str] = layers_field("whose heads are particles")
     repulsive_projections: str = field(
         default="q,k,v",
         metadata={"help": "comma-separated projections whose per-head blocks are particles: q, k, v"},
