@@ -345,6 +345,9 @@ def test_padding_is_skipped_without_changing_real_positions(task, monkeypatch):
     rows = []
     fc1 = model.encoder.layers[0].self_attn.aggregator.fc1
     fc1.register_forward_pre_hook(lambda m, a: rows.append(a[0].numel() // a[0].shape[-1]))  # positions routed
+    cross_rows = []
+    model.decoder.layers[0].encoder_attn.aggregator.fc1.register_forward_pre_hook(
+        lambda m, a: cross_rows.append(a[0].numel() // a[0].shape[-1]))
     with torch.no_grad():
         skipped = model(**sample["net_input"])[0]
         enc_skipped = model.encoder(src, src_lengths=sample["net_input"]["src_lengths"])["encoder_out"][0]
@@ -352,6 +355,7 @@ def test_padding_is_skipped_without_changing_real_positions(task, monkeypatch):
         full = model(**sample["net_input"])[0]
         enc_full = model.encoder(src, src_lengths=sample["net_input"]["src_lengths"])["encoder_out"][0]
     assert rows[0] == int(src.ne(pad).sum()) and rows[-1] == src.numel()  # only real tokens were routed
+    assert cross_rows[0] == int(prev.ne(pad).sum()) and cross_rows[-1] == prev.numel()  # also in enc-dec attention
     keep = prev.ne(pad)
     assert (skipped - full).abs()[keep].max() <= 1e-5
     enc_keep = src.ne(pad).t()  # [S, B]

@@ -45,6 +45,10 @@ class DiverseMultiheadAttention(MultiheadAttention):
         super().__init__(*args, **kwargs)
         self.observer = None
         self.aggregator: Optional[nn.Module] = None
+        #: [B, T] query padding of an encoder-decoder attention with an aggregator, which fairseq's decoder layer
+        #: cannot pass as an argument: set by DiverseTransformerDecoderLayer.forward only (self-attention uses
+        #: its key padding, which is its query padding)
+        self.query_padding_mask: Optional[Tensor] = None
         if aggregator is not None:
             self.set_aggregator(aggregator)
 
@@ -131,8 +135,8 @@ class DiverseMultiheadAttention(MultiheadAttention):
         need_head_weights: bool,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         tgt_len, bsz, _ = query.size()
-        # in self-attention the queries are the keys: their padding [B, T] need not be routed
-        query_padding = key_padding_mask if self.self_attention else None
+        # padded query positions [B, T] need not be routed; in self-attention the queries are the keys
+        query_padding = key_padding_mask if self.self_attention else self.query_padding_mask
         if self.self_attention:
             key = value = query
         elif self.encoder_decoder_attention:

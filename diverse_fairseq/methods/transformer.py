@@ -57,6 +57,22 @@ class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
 class DiverseTransformerDecoderLayer(TransformerDecoderLayerBase):
     """fairseq's decoder layer with :class:`DiverseMultiheadAttention` self- and cross-attention."""
 
+    def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
+                prev_self_attn_state=None, prev_attn_state=None, self_attn_mask=None, self_attn_padding_mask=None,
+                need_attn=False, need_head_weights=False):
+        """fairseq's forward. A routed encoder-decoder attention also gets the target padding (its query padding,
+        which fairseq's layer does not pass it) for this call, so that its aggregator skips padded positions."""
+        args = (x, encoder_out, encoder_padding_mask, incremental_state, prev_self_attn_state, prev_attn_state,
+                self_attn_mask, self_attn_padding_mask, need_attn, need_head_weights)
+        cross = self.encoder_attn
+        if cross is None or cross.aggregator is None:
+            return super().forward(*args)
+        cross.query_padding_mask = self_attn_padding_mask
+        try:
+            return super().forward(*args)
+        finally:
+            cross.query_padding_mask = None
+
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return DiverseMultiheadAttention(
             embed_dim,
