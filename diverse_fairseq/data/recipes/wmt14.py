@@ -64,8 +64,7 @@ RECIPE = Recipe(
     name="wmt14_en_de", src="en", tgt="de",
     description="WMT14 en→de (Europarl v7, Common Crawl, News Commentary v9; newstest2013/2014)",
     archives=ARCHIVES,
-    joint_bpe=True,
-    joined_dictionary=True,
+    joint_bpe=True, joined_dictionary=True,  # one BPE and one dictionary for English and German
     aggressive_dash=True,
     clean_ratio=1.5,
     collect=collect,

@@ -137,8 +137,7 @@ RECIPE = Recipe(
     name="wmt17_zh_en", src="zh", tgt="en",
     description="WMT17 zh→en (News Commentary v12, UN v1.0, CWMT; newsdev2017/newstest2017)",
     archives=ARCHIVES,
-    joint_bpe=False,
-    joined_dictionary=False,
+    joint_bpe=False, joined_dictionary=False,  # Chinese and English: separate BPE and dictionaries
     clean_max=50,
     collect=collect,
     check=check,
