@@ -153,3 +153,14 @@ def tiny_train_args(data, save_dir, arch="transformer", max_update=20, extra=())
 @pytest.fixture
 def tiny_args():
     return tiny_train_args
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoints(tiny_data, tmp_path_factory):
+    """``{"transformer": path, "diverse_transformer": path}``: tiny models trained 8 updates on ``tiny_data``."""
+    root = tmp_path_factory.mktemp("analysis_ckpt")
+    ckpts = {}
+    for arch in ("transformer", "diverse_transformer"):
+        run_cli("train", tiny_train_args(tiny_data, root / arch, arch=arch, max_update=8))
+        ckpts[arch] = root / arch / "checkpoint_last.pt"
+    return ckpts

@@ -15,7 +15,6 @@ from PIL import Image
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import nn
 
-from conftest import run_cli, tiny_train_args
 from diverse_fairseq.analysis import plots
 from diverse_fairseq.methods.sites import AttentionSite, observe
 from diverse_fairseq.analysis.scores import (
@@ -338,16 +337,6 @@ def test_tsne_is_deterministic_for_a_seed():
 
 
 # ------------------------------------------------------------------------------------------- end to end
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoints(tiny_data, tmp_path_factory):
-    root = tmp_path_factory.mktemp("analysis_ckpt")
-    ckpts = {}
-    for arch in ("transformer", "diverse_transformer"):
-        run_cli("train", tiny_train_args(tiny_data, root / arch, arch=arch, max_update=8))
-        ckpts[arch] = root / arch / "checkpoint_last.pt"
-    return ckpts
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from diverse_fairseq.data.senteval import TASKS
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted((REPO / "docs").glob("*.md"))
 MARKDOWN = [REPO / "README.md", *DOCS]
@@ -149,7 +151,8 @@ def markdown_tables(text: str):
 
 PAPER_COLUMNS = {"BLEU": "bleu", "# Para. (M)": "params", "train steps/s": "train_speed",
                  "decode sent/s": "decode_speed", "time per step": "relative_step_time", "Sub.": "sub_score",
-                 "Pos.": "pos_score", "Out.": "out_score", **{f"Pos. L{i}": f"pos_score_layer{i}" for i in range(1, 7)}}
+                 "Pos.": "pos_score", "Out.": "out_score", **{f"Pos. L{i}": f"pos_score_layer{i}" for i in range(1, 7)},
+                 **{t.column: t.paper_key for t in TASKS}}  # probing accuracies (naacl19_t1, journal_t7)
 
 
 def test_paper_settings_tables_match_the_table_descriptions():

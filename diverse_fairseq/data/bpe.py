@@ -157,6 +157,11 @@ def _apply_line(kind: str, model: str, line: str) -> str:
     return applier(line)
 
 
+def segment(kind: str, model: Path, line: str) -> str:
+    """One line segmented with ``model`` (as :func:`apply` segments each line of a file)."""
+    return _apply_line(kind, str(model), line)
+
+
 def apply(kind: str, model: Path, src: Path, dst: Path, workers: int = 1) -> int:
     """Segment every line of ``src`` into ``dst`` with ``model``."""
     fn = functools.partial(_apply_line, kind, str(model))

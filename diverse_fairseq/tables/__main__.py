@@ -42,6 +42,9 @@ def build_parser():
     p.add_argument("--data-bin", default=env("DATA_BIN", str(REPO / "data-bin")), help="[DATA_BIN]")
     p.add_argument("--train-args", default=env("TRAIN_ARGS", ""),
                    help="extra fairseq-train flags for every row, e.g. '--max-update 100' [TRAIN_ARGS]")
+    p.add_argument("--probing-data", default=env("PROBING_DATA"),
+                   help="folder of SentEval's probing files, for tables with probing tasks; missing files are "
+                        "downloaded there [PROBING_DATA] (default work/senteval_probing)")
     p.add_argument("--generate-args", default=env("GENERATE_ARGS", ""),
                    help="extra fairseq-generate flags for every row, e.g. '--beam 1' [GENERATE_ARGS]")
     return p
@@ -89,6 +92,19 @@ def ensure_demo_data(data: Path):
     subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], check=True, cwd=REPO, env=env)
 
 
+def ensure_probing_data(tasks: List[str], folder: Optional[str]) -> Path:
+    """The folder with the table's SentEval probing files, downloading those missing (before any training)."""
+    from ..data import senteval
+    from ..data.download import DownloadError
+
+    path = (Path(folder) if folder else senteval.default_dir()).resolve()
+    try:
+        senteval.download(senteval.parse_tasks(tasks), path)
+    except DownloadError as e:
+        raise SystemExit(f"error: {e}") from None
+    return path
+
+
 def main(argv: Optional[List[str]] = None):
     args = build_parser().parse_args(argv)
     settings = check_settings(args)  # before any work
@@ -111,6 +127,8 @@ def main(argv: Optional[List[str]] = None):
                     train_args=settings["train_args"], generate_args=settings["generate_args"],
                     threads=settings["threads"], jobs=min(settings["jobs"] or default_jobs(n_jobs, settings["gpus"]),
                                                           n_jobs))
+    if table.probing:
+        run.probing_tasks, run.probing_dir = table.probing, ensure_probing_data(table.probing, args.probing_data)
     if dataset == "demo":
         ensure_demo_data(run.data_bin / dataset)
     results = run_table(table, run)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .disagreement_report import disagreement_entry, disagreement_section
+from .probing_report import probing_entry, probing_section
 from .scale import changes as layer_changes
 from .spec import Table
 
@@ -167,6 +168,7 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
             if all(key in r for r in runs):
                 entry[key] = _mean_std([r[key] for r in runs])[0]
         entry.update(disagreement_entry(table, row, runs))  # EMNLP 2018 Tables 4-5 scores, ours and the paper's
+        entry.update(probing_entry(table, row, runs))  # NAACL 2019 Table 1 / journal Table 7 probing accuracies
         if row.id in marks:
             entry["significance"] = marks[row.id]
         rows.append(entry)
@@ -319,6 +321,7 @@ def to_markdown(summary: Dict) -> str:
     if sig:
         lines += ["", f"sacrebleu signature: `{sig}`"]
     lines += disagreement_section(summary)  # EMNLP 2018 Tables 4-5 layout, only for tables with those paper numbers
+    lines += probing_section(summary)  # only for tables with a probing field
     return "\n".join(lines) + "\n"
 
 

@@ -58,6 +58,8 @@ class RunConfig:
     generate_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-generate flags
     threads: int = 1  # CPU threads of every job (fairseq-train, fairseq-generate, in-process torch)
     jobs: int = 1  # row/seed jobs run at once (each in its own process when > 1)
+    probing_tasks: List[str] = field(default_factory=list)  # SentEval probing tasks of every run (table's probing)
+    probing_dir: Optional[Path] = None  # where their files are
 
     def run_dir(self, row: Row, seed: int) -> Path:
         return self.out_dir / "runs" / row.id / f"seed{seed}"
@@ -269,12 +271,39 @@ def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) ->
     return {t: {**scores, "layers": payload["by_layer"][t]} for t, scores in payload["by_type"].items()}
 
 
+def probing_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
+    """NAACL 2019 Table 1 / journal Table 7: the run's frozen encoder on the table's SentEval probing tasks.
+
+    :func:`diverse_fairseq.analysis.probing.probe_checkpoint` with the classifier seeded by the run's seed;
+    ``{task: {"accuracy", "valid_accuracy", "majority", ...}}`` (percentages), cached in
+    ``analysis/probing.json`` while its key (checkpoint name, task files' digests, classifier settings, package
+    version) matches."""
+    from ..analysis.probing import ProbeSettings, cache_key, probe_checkpoint
+    from ..data.senteval import parse_tasks
+
+    tasks, settings = parse_tasks(run.probing_tasks), ProbeSettings(seed=seed)
+    path = run.run_dir(row, seed) / "analysis" / "probing.json"
+    key = cache_key(checkpoint, tasks, run.probing_dir, settings)
+    payload = json.loads(path.read_text()) if path.exists() else {}
+    if payload.get("key") != key:
+        print(f"  [{row.id} seed {seed}] probing tasks {', '.join(t.name for t in tasks)}", flush=True)
+        payload = probe_checkpoint(checkpoint, tasks, run.probing_dir, settings, data=str(run.data_bin / run.dataset),
+                                   device="cuda" if run.gpus else "cpu")
+        payload["key"] = key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=1) + "\n")
+    return payload["tasks"]
+
+
 def run_job(row: Row, run: RunConfig, seed: int) -> Dict:
-    """One row and seed: train (or reuse), evaluate, measure head disagreement; the per-seed record."""
+    """One row and seed: train (or reuse), evaluate, measure head disagreement (and probe, for tables that ask
+    for it); the per-seed record."""
     record = train_row(row, run, seed)
     record["eval"] = evaluate_row(row, run, seed, record["checkpoint"])
     record["disagreement"] = disagreement_scores(row, run, seed, record["checkpoint"])
     record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
+    if run.probing_tasks:
+        record["probing"] = probing_scores(row, run, seed, record["checkpoint"])
     return record
 
 

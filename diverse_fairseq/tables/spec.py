@@ -16,6 +16,8 @@ A table file::
         description: "..."                 # one line saying what the row runs (optional; printed below the table)
         baseline: none                     # the row this one is tested against (optional; default: the
                                            # table's baseline)
+    probing: [SentLen, WC, ...]            # optional: probe every row's encoder on these SentEval tasks (or
+                                           # "all"); the paper's accuracies as paper keys probe_sentlen, ...
 
 Significance follows the papers: every "+" row is tested against its own-size baseline, so a table with
 Base and Big rows gives each Big row ``baseline: big``. A row whose baseline is itself is a baseline (no
@@ -69,6 +71,7 @@ class Table:
     rows: List[Row]
     paper_dataset: Optional[str] = None
     source: Optional[Path] = None
+    probing: List[str] = field(default_factory=list)  # SentEval probing tasks run on every row (runner.probing_scores)
 
     def row(self, row_id: str) -> Row:
         return next(r for r in self.rows if r.id == row_id)
@@ -108,7 +111,7 @@ def parse_table(data, source="<table>") -> Table:
     """Validate a table description (already loaded from YAML) and return it as a ``Table``."""
     if not isinstance(data, dict):
         raise TableSpecError(f"{source}: a table description is a mapping, got {type(data).__name__}")
-    _check_unknown(data, ("table", "title", "baseline", "rows", "paper_dataset"), source)
+    _check_unknown(data, ("table", "title", "baseline", "rows", "paper_dataset", "probing"), source)
     rows_data = _require(data, "rows", list, source)
     if not rows_data:
         raise TableSpecError(f"{source}: field 'rows' is empty")
@@ -150,7 +153,25 @@ def parse_table(data, source="<table>") -> Table:
         rows=rows,
         paper_dataset=data.get("paper_dataset"),
         source=Path(source) if source != "<table>" else None,
+        probing=_probing_tasks(data.get("probing"), source),
     )
+
+
+def _probing_tasks(value, source) -> List[str]:
+    """The table's ``probing`` field as task names (``all``: the ten), or a TableSpecError naming the bad ones."""
+    from ..data.senteval import BY_NAME, TASKS
+
+    if value is None:
+        return []
+    if value == "all":
+        return [t.name for t in TASKS]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise TableSpecError(f"{source}: field 'probing' must be 'all' or a list of task names, got {value!r}")
+    unknown = [v for v in value if v.lower() not in BY_NAME]
+    if unknown:
+        raise TableSpecError(f"{source}: field 'probing' names unknown task(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(t.name for t in TASKS)}")
+    return [BY_NAME[v.lower()].name for v in value]
 
 
 def _resolve_baselines(rows: List[Row], default: str, source: str):

@@ -1,0 +1,159 @@
+"""The ten probing tasks of Conneau et al. (2018) from SentEval: where they come from and how they are read.
+
+Conneau, Kruszewski, Lample, Barrault, Baroni. *What you can cram into a single $&!#* vector: Probing sentence
+embeddings for linguistic properties*. ACL 2018. The data is SentEval's ``data/probing/`` folder
+(github.com/facebookresearch/SentEval): one text file per task, each line ``split<TAB>label<TAB>sentence``
+(split ``tr``/``va``/``te``; the sentence, Moses-tokenized, is the last field), 100k training and 10k
+validation and test sentences per task, balanced across the classes.
+
+Files are fetched with :func:`diverse_fairseq.data.download.fetch` (resume, atomic rename, the
+``DIVERSE_FAIRSEQ_MIRROR`` folder or URL by file name, a ``CHECKSUMS`` file); SentEval publishes no checksums.
+``python -m diverse_fairseq.data.senteval [--dest DIR] [--tasks SentLen,WC,...]`` downloads them.
+"""
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .download import DownloadError, Source, fetch, read_checksum_file
+
+#: the raw files of SentEval's repository, tried in this order (the default branch, then its former name)
+BASE_URLS = ("https://raw.githubusercontent.com/facebookresearch/SentEval/main/data/probing/",
+             "https://raw.githubusercontent.com/facebookresearch/SentEval/master/data/probing/")
+SPLITS = ("tr", "va", "te")  # train, validation, test
+DEFAULT_DIR_ENV = "PROBING_DATA"
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # Conneau et al.'s name
+    filename: str  # SentEval's file
+    column: str  # the column title of NAACL 2019 Table 1 and the journal's Table 7
+    kind: str  # "surface", "syntactic" or "semantic" (the papers' grouping)
+
+    @property
+    def paper_key(self) -> str:
+        """The key of the paper's accuracy in a table row's ``paper:`` mapping (``probe_sentlen``)."""
+        return f"probe_{self.name.lower()}"
+
+    def source(self) -> Source:
+        return Source(filename=self.filename, urls=tuple(base + self.filename for base in BASE_URLS),
+                      description=f"SentEval probing task {self.name}")
+
+
+# in the papers' column order
+TASKS = (
+    Task("SentLen", "sentence_length.txt", "SeLen", "surface"),
+    Task("WC", "word_content.txt", "WC", "surface"),
+    Task("TreeDepth", "tree_depth.txt", "TrDep", "syntactic"),
+    Task("TopConst", "top_constituents.txt", "ToCo", "syntactic"),
+    Task("BShift", "bigram_shift.txt", "BShif", "syntactic"),
+    Task("Tense", "past_present.txt", "Tense", "semantic"),
+    Task("SubjNum", "subj_number.txt", "SubNm", "semantic"),
+    Task("ObjNum", "obj_number.txt", "ObjNm", "semantic"),
+    Task("SOMO", "odd_man_out.txt", "SOMO", "semantic"),
+    Task("CoordInv", "coordination_inversion.txt", "CoIn", "semantic"),
+)
+BY_NAME = {t.name.lower(): t for t in TASKS}
+
+
+def parse_tasks(text) -> List[Task]:
+    """Task names (comma-separated or a list; case-insensitive; ``all``) as :class:`Task` objects, in the given order."""
+    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if str(n).strip()]
+    if not names or [n.lower() for n in names] == ["all"]:
+        return list(TASKS)
+    unknown = [n for n in names if n.lower() not in BY_NAME]
+    if unknown:
+        raise SystemExit(f"error: unknown probing task(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(t.name for t in TASKS)} (or all)")
+    seen = []
+    for n in names:
+        if BY_NAME[n.lower()] not in seen:
+            seen.append(BY_NAME[n.lower()])
+    return seen
+
+
+@dataclass
+class TaskData:
+    """One task's sentences and labels per split (``tr``, ``va``, ``te``)."""
+
+    task: Task
+    sentences: Dict[str, List[str]]
+    labels: Dict[str, List[str]]
+
+    def classes(self) -> List[str]:
+        """The training set's labels, sorted (the classifier's outputs)."""
+        return sorted(set(self.labels["tr"]))
+
+
+def read_task(task: Task, data_dir) -> TaskData:
+    """Read ``data_dir/<task file>``; SystemExit naming the file (and the line) when it is missing or malformed."""
+    path = Path(data_dir) / task.filename
+    if not path.is_file():
+        raise SystemExit(f"error: probing task {task.name}: {path} not found. Download it with "
+                         f"`python -m diverse_fairseq.data.senteval --dest {data_dir} --tasks {task.name}` "
+                         f"(from {task.source().urls[0]}) or pass --download")
+    sentences = {s: [] for s in SPLITS}
+    labels = {s: [] for s in SPLITS}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) < 3 or fields[0] not in SPLITS or not fields[1] or not fields[-1].strip():
+                raise SystemExit(f"error: {path}:{lineno}: expected 'split<TAB>label<TAB>sentence' with split "
+                                 f"tr, va or te, got {line[:80]!r}")
+            sentences[fields[0]].append(fields[-1].strip())
+            labels[fields[0]].append(fields[1])
+    empty = [s for s in SPLITS if not sentences[s]]
+    if empty:
+        raise SystemExit(f"error: {path} has no {'/'.join(empty)} sentences (each task needs tr, va and te)")
+    data = TaskData(task, sentences, labels)
+    unseen = sorted({label for s in ("va", "te") for label in labels[s]} - set(data.classes()))
+    if unseen:
+        raise SystemExit(f"error: {path}: label(s) {', '.join(unseen)} occur in va/te but not in tr")
+    return data
+
+
+def default_dir() -> Path:
+    """``$PROBING_DATA``, else ``work/senteval_probing`` in the repository."""
+    return Path(os.environ.get(DEFAULT_DIR_ENV) or Path(__file__).resolve().parents[2] / "work" / "senteval_probing")
+
+
+def download(tasks: Sequence[Task], dest, mirror: Optional[str] = None, checksums: Optional[Dict[str, str]] = None,
+             log=print) -> Dict[str, Path]:
+    """Make ``dest/<file>`` exist for every task (:func:`fetch`: present files are kept); ``{task name: path}``."""
+    return {t.name: fetch(t.source(), dest, mirror=mirror, checksums=checksums, log=log) for t in tasks}
+
+
+def sizes(data: TaskData) -> Tuple[int, int, int]:
+    return tuple(len(data.sentences[s]) for s in SPLITS)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m diverse_fairseq.data.senteval", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dest", default=None, help=f"folder for the task files (default ${DEFAULT_DIR_ENV} or "
+                   "work/senteval_probing)")
+    p.add_argument("--tasks", default="all", help="comma-separated task names or all (default)")
+    p.add_argument("--mirror", default=None, help="a folder or URL with the files by name [DIVERSE_FAIRSEQ_MIRROR]")
+    p.add_argument("--checksums", default=os.environ.get("CHECKSUMS"), help="md5sum/sha256sum file [CHECKSUMS]")
+    args = p.parse_args(argv)
+    dest = Path(args.dest) if args.dest else default_dir()
+    sums = read_checksum_file(args.checksums) if args.checksums else None
+    try:
+        paths = download(parse_tasks(args.tasks), dest, mirror=args.mirror, checksums=sums)
+    except DownloadError as e:
+        raise SystemExit(f"error: {e}") from None
+    for name, path in paths.items():
+        train, valid, test = sizes(read_task(BY_NAME[name.lower()], dest))
+        print(f"{name}: {path} ({train:,} / {valid:,} / {test:,} sentences tr / va / te)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
