@@ -12,7 +12,8 @@
   Adam (:mod:`.repulsive.particle_adam`, Algorithm 1), its precision paths (:mod:`.repulsive.precision`) and
   ``--optimizer repulsive_adam`` (:mod:`.repulsive.optimizer`).
 
-Shared by the three: the ``diverse_transformer`` model and architectures (:mod:`.transformer`), its attention
+Shared by the three: the ``diverse_transformer`` model and architectures (:mod:`.transformer`), the language
+models ``diverse_transformer_lm`` and ``diverse_roberta`` (:mod:`.language_models`), their attention
 module whose heads can be observed and recombined (:mod:`.attention`), the one way to find attention modules
 (:mod:`.sites`), the list options' parser (:mod:`.options`), the one fairseq hook (:mod:`.hooks`) and the
 checkpoint allowlist for ``torch.load`` (:mod:`.checkpoint_compat`).
@@ -21,6 +22,7 @@ checkpoint allowlist for ``torch.load`` (:mod:`.checkpoint_compat`).
 from diverse_fairseq.methods import checkpoint_compat  # noqa: F401  (allowlists fairseq's checkpoint globals)
 from diverse_fairseq.methods import transformer  # noqa: F401  (registers --arch diverse_transformer*, routing_transformer_*)
 from diverse_fairseq.methods.disagreement import criterion  # noqa: F401  (registers the disagreement criterion)
+from diverse_fairseq.methods import language_models  # noqa: F401  (registers --arch diverse_transformer_lm*, diverse_roberta*)
 from diverse_fairseq.methods.hooks import install_build_model_hook
 from diverse_fairseq.methods.repulsive import optimizer  # noqa: F401  (registers --optimizer repulsive_adam)
 

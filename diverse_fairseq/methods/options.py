@@ -102,9 +102,9 @@ def describe_layers(spec: LayerSpec) -> str:
 
 
 # ------------------------------------------------------------------------------ dataclass fields
-def attention_types_field(what: str):
+def attention_types_field(what: str, default: str = "enc_self,dec_self,enc_dec"):
     """The ``--*-attention`` option of a plugin's dataclass config: which attention types ``what``."""
-    return field(default="enc_self,dec_self,enc_dec",
+    return field(default=default,
                  metadata={"help": f"comma-separated attention types {what}: enc_self, dec_self, enc_dec"})
 
 

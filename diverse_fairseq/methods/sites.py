@@ -3,11 +3,15 @@
 A site is (attention type, 0-based layer, module). The disagreement criterion asks for the sites it
 regularizes, routing for the sites it aggregates, the repulsive optimizer for the sites whose q/k/v
 weights are particles, the analysis for the sites it scores and ablates. Sites are found from the
-module structure of any fairseq encoder-decoder model, never from parameter names::
+module structure of any fairseq Transformer model, never from parameter names::
 
-    <model>.encoder.layers[i].self_attn     -> ("enc_self", i)
-    <model>.decoder.layers[i].self_attn     -> ("dec_self", i)
-    <model>.decoder.layers[i].encoder_attn  -> ("enc_dec", i)
+    <model>.encoder.layers[i].self_attn                   -> ("enc_self", i)
+    <model>.encoder.sentence_encoder.layers[i].self_attn  -> ("enc_self", i)   RoBERTa
+    <model>.decoder.layers[i].self_attn                   -> ("dec_self", i)   also transformer_lm
+    <model>.decoder.layers[i].encoder_attn                -> ("enc_dec", i)
+
+so a language model (``transformer_lm``: a decoder without cross-attention) has only dec_self sites, whose
+queries and keys are the target tokens, and RoBERTa only enc_self sites, over the source tokens.
 
 also through distributed wrappers (``.module``), activation-checkpoint / FSDP layer wrappers and nested
 encoder-decoder models. Stock ``MultiheadAttention`` modules are sites too (the repulsive optimizer only
@@ -83,11 +87,17 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def _stack(owner: nn.Module, side: str) -> Optional[nn.Module]:
+    """``owner.<side>`` ("encoder" / "decoder") if it has ``layers``; else RoBERTa's ``owner.encoder.sentence_encoder``."""
+    stack = owner._modules.get(side)
+    if stack is not None and not isinstance(getattr(stack, "layers", None), (nn.ModuleList, list, tuple)):
+        stack = stack._modules.get("sentence_encoder")
+    return stack if isinstance(getattr(stack, "layers", None), (nn.ModuleList, list, tuple)) else None
+
+
 def _owners(model: nn.Module) -> List[nn.Module]:
-    """Modules with an ``encoder`` or ``decoder`` child that has ``layers`` (the model, or nested models)."""
-    return [m for m in model.modules()
-            if any(isinstance(getattr(m._modules.get(side), "layers", None), (nn.ModuleList, list, tuple))
-                   for side in ("encoder", "decoder"))]
+    """Modules with an encoder or decoder stack (:func:`_stack`): the model, or nested models."""
+    return [m for m in model.modules() if any(_stack(m, side) is not None for side in ("encoder", "decoder"))]
 
 
 def _in_layer(layer: nn.Module, attr: str) -> Optional[MultiheadAttention]:
@@ -102,18 +112,19 @@ def _in_layer(layer: nn.Module, attr: str) -> Optional[MultiheadAttention]:
 def attention_sites(model: nn.Module) -> List[AttentionSite]:
     """Every attention site of ``model``: all enc_self layers, then dec_self, then enc_dec.
 
-    Raises ``ValueError`` when the model has none (not a fairseq encoder-decoder model)."""
+    Raises ``ValueError`` when the model has none (not a fairseq Transformer model)."""
     model = unwrap(model)
     sites: List[AttentionSite] = []
     for attention_type, (side, attr) in _PLACES.items():
         for owner in _owners(model):
-            for idx, layer in enumerate(getattr(owner._modules.get(side), "layers", None) or []):
+            for idx, layer in enumerate(getattr(_stack(owner, side), "layers", None) or []):
                 mha = _in_layer(layer, attr)
                 if mha is not None:
                     sites.append(AttentionSite(attention_type, idx, mha))
     if not sites:
-        raise ValueError(f"no attention modules found in {type(model).__name__}: expected a fairseq encoder-decoder "
-                         "model (encoder.layers[i].self_attn, decoder.layers[i].self_attn / .encoder_attn)")
+        raise ValueError(f"no attention modules found in {type(model).__name__}: expected a fairseq Transformer "
+                         "model (encoder[.sentence_encoder].layers[i].self_attn, decoder.layers[i].self_attn / "
+                         ".encoder_attn)")
     return sites
 
 
@@ -128,7 +139,9 @@ def select_sites(model: nn.Module, attention_types: Sequence[str], layers: Layer
     for attention_type in attention_types:
         of_type = [s for s in sites if s.attention_type == attention_type]
         if not of_type:
-            raise ValueError(f"{types_flag} {attention_type}: the model has no such attention modules")
+            have = sorted({s.attention_type for s in sites}, key=ATTENTION_TYPES.index)
+            raise ValueError(f"{types_flag} {attention_type}: the model has no such attention modules "
+                             f"(it has {', '.join(have)})")
         depth = max(s.layer for s in of_type) + 1
         wanted = resolve_layers(layers, depth, layers_flag, f" of {attention_type} attention")
         chosen += [s for s in of_type if s.layer in wanted]
@@ -142,7 +155,8 @@ def require_diverse(sites: Iterable[AttentionSite], what: str) -> None:
     for site in sites:
         if not isinstance(site.module, DiverseMultiheadAttention):
             raise ValueError(f"{what} needs a model whose attention modules expose their heads (--arch "
-                             f"diverse_transformer*); its {site.attention_type} attention is a {type(site.module).__name__}")
+                             f"diverse_transformer*, diverse_transformer_lm*, diverse_roberta*); its "
+                             f"{site.attention_type} attention is a {type(site.module).__name__}")
 
 
 def uses_activation_checkpointing(model: nn.Module) -> bool:

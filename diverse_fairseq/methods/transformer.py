@@ -100,6 +100,28 @@ class DiverseTransformerDecoderLayer(TransformerDecoderLayerBase):
         )
 
 
+def as_namespace(args):
+    """``args`` as an ``argparse.Namespace``: under fairseq-hydra-train the model config is a DictConfig, whose
+    extra options TransformerConfig.from_namespace would silently drop (docs/fairseq-notes.md#fairseq-hydra-train)."""
+    return Namespace(**OmegaConf.to_container(args, resolve=True)) if isinstance(args, DictConfig) else args
+
+
+def install_routing(model, plan: Dict[Tuple[str, int], dict]) -> None:
+    """Give each attention module of ``model`` named in ``plan`` (``{(attention_type, layer): kwargs}``, see
+    :func:`routing_plan`) a routing aggregator in place of its ``out_proj`` (NAACL 2019 §4)."""
+    if plan and any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules()):
+        raise ValueError("routing (--routing-*) cannot be combined with --ddp-backend fully_sharded")
+    found = set()
+    for site in attention_sites(model):
+        if site.key in plan:
+            mha = site.module
+            mha.set_aggregator(RoutingAggregation(embed_dim=mha.embed_dim, num_heads=mha.num_heads, **plan[site.key]))
+            found.add(site.key)
+    missing = set(plan) - found
+    if missing:  # e.g. --no-cross-attention with --routing-encoder-decoder-layers
+        raise ValueError(f"routing: no attention module for {sorted(missing)} in the built model")
+
+
 def _wrap_layer(layer, cfg):
     """Activation checkpointing and FSDP wrapping exactly as fairseq's ``build_*_layer``."""
     checkpoint = cfg.checkpoint_activations
@@ -133,10 +155,7 @@ class DiverseTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        # under fairseq-hydra-train the model config is a DictConfig, whose extra options
-        # TransformerConfig.from_namespace would silently drop (docs/fairseq-notes.md#fairseq-hydra-train)
-        if isinstance(args, DictConfig):
-            args = Namespace(**OmegaConf.to_container(args, resolve=True))
+        args = as_namespace(args)
         base_architecture(args)  # layer counts and widths, as TransformerModel.build_model does first
         plan = routing_plan(args)  # validated before the model is built
         model = super().build_model(args, task)
@@ -144,20 +163,8 @@ class DiverseTransformerModel(TransformerModel):
         return model
 
     def install_routing(self, plan: Dict[Tuple[str, int], dict]) -> None:
-        """Give each attention module named in ``plan`` (``{(attention_type, layer): kwargs}``, see
-        :func:`routing_plan`) a routing aggregator in place of its ``out_proj``."""
-        if plan and any(type(layer).__name__ == "FullyShardedDataParallel"
-                        for layer in (*self.encoder.layers, *self.decoder.layers)):
-            raise ValueError("routing (--routing-*) cannot be combined with --ddp-backend fully_sharded")
-        found = set()
-        for site in attention_sites(self):
-            if site.key in plan:
-                mha = site.module
-                mha.set_aggregator(RoutingAggregation(embed_dim=mha.embed_dim, num_heads=mha.num_heads, **plan[site.key]))
-                found.add(site.key)
-        missing = set(plan) - found
-        if missing:  # e.g. --no-cross-attention with --routing-encoder-decoder-layers
-            raise ValueError(f"routing: no attention module for {sorted(missing)} in the built model")
+        """:func:`install_routing` on this model."""
+        install_routing(self, plan)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

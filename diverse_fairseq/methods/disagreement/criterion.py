@@ -1,17 +1,24 @@
-"""Label-smoothed cross-entropy plus disagreement regularization (Li et al., EMNLP 2018, §3.1:
-J = likelihood + λ·D, λ = 1).
+"""Disagreement regularization (Li et al., EMNLP 2018, §3.1: J = likelihood + λ·D, λ = 1) on top of three
+fairseq criteria:
 
-``--criterion label_smoothed_cross_entropy_with_disagreement``. The training loss (a token sum, as
-fairseq's) is ``CE_sum + λ · sample_size · sim_total`` (docs/methods.md#disagreement-regularization), where
-``sim_total`` sums, over the
-selected terms (sub, pos, out) and attention types (enc_self, dec_self, enc_dec), the layer mean of
-each module's masked token-mean head similarity (:mod:`diverse_fairseq.methods.disagreement.similarity`). Each active
-(term, type) value is logged as ``sim_<term>_<type>`` for training and validation.
+* ``--criterion label_smoothed_cross_entropy_with_disagreement`` (translation, ``--arch diverse_transformer*``);
+* ``--criterion cross_entropy_with_disagreement`` (``--task language_modeling``, ``--arch diverse_transformer_lm*``:
+  decoder self-attention ``dec_self`` over the target tokens);
+* ``--criterion sentence_prediction_with_disagreement`` (``--task sentence_prediction``, ``--arch diverse_roberta*``:
+  encoder self-attention ``enc_self`` over the source tokens; EMNLP 2020 applies its repulsive attention to
+  such classification models too).
 
-The model must expose its attention heads (``--arch diverse_transformer*``): on its first forward the
-criterion selects its attention sites (:func:`diverse_fairseq.methods.sites.select_sites`); each forward
-records exactly what the terms need (sub → V, pos → A, out → O) of those sites only
-(:func:`~diverse_fairseq.methods.sites.observe`), so unregularized modules keep fairseq's path.
+The training loss (a sum, as fairseq's) is ``base_loss + λ · sample_size · sim_total``
+(docs/methods.md#disagreement-regularization), where ``sim_total`` sums, over the selected terms (sub, pos,
+out) and attention types (enc_self, dec_self, enc_dec), the layer mean of each module's masked token-mean head
+similarity (:mod:`diverse_fairseq.methods.disagreement.similarity`). Each active (term, type) value is logged
+as ``sim_<term>_<type>`` for training and validation.
+
+The model must expose its attention heads: on its first forward the criterion selects its attention sites
+(:func:`diverse_fairseq.methods.sites.select_sites`); each forward records exactly what the terms need
+(sub → V, pos → A, out → O) of those sites only (:func:`~diverse_fairseq.methods.sites.observe`), so
+unregularized modules keep fairseq's path. :class:`DisagreementTerm` holds all of this; each criterion only
+names its base criterion and its default attention types.
 """
 
 from dataclasses import dataclass, field
@@ -19,10 +26,13 @@ from typing import Dict, List, Optional
 
 import torch
 from fairseq.criterions import register_criterion
+from fairseq.criterions.cross_entropy import CrossEntropyCriterion, CrossEntropyCriterionConfig
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
 )
+from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
+from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from torch import Tensor
 
@@ -38,10 +48,12 @@ CRITERION_NAME = "label_smoothed_cross_entropy_with_disagreement"
 
 
 @dataclass
-class LabelSmoothedCrossEntropyWithDisagreementConfig(LabelSmoothedCrossEntropyCriterionConfig):
+class DisagreementConfig(FairseqDataclass):
+    """The options of the disagreement term; each criterion's config adds ``disagreement_attention``."""
+
     disagreement_lambda: float = field(
         default=1.0,
-        metadata={"help": "weight λ of the disagreement term (loss = CE_sum + λ·sample_size·sim_total); "
+        metadata={"help": "weight λ of the disagreement term (loss = base loss + λ·sample_size·sim_total); "
                           "0 logs the similarities without regularizing"},
     )
     disagreement_terms: str = field(
@@ -49,25 +61,21 @@ class LabelSmoothedCrossEntropyWithDisagreementConfig(LabelSmoothedCrossEntropyC
         metadata={"help": "comma-separated similarity terms to minimise: sub (value subspaces), "
                           "pos (attended positions), out (head outputs)"},
     )
-    disagreement_attention: str = attention_types_field("to regularize")
     disagreement_layers: Optional[str] = layers_field("to regularize", none=False)
 
 
-@register_criterion(CRITERION_NAME, dataclass=LabelSmoothedCrossEntropyWithDisagreementConfig)
-class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntropyCriterion):
-    def __init__(
-        self,
-        task,
-        sentence_avg,
-        label_smoothing,
-        ignore_prefix_size=0,
-        report_accuracy=False,
-        disagreement_lambda=1.0,
-        disagreement_terms="out",
-        disagreement_attention="enc_self,dec_self,enc_dec",
-        disagreement_layers=None,
-    ):
-        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+class DisagreementTerm:
+    """Adds λ·sample_size·sim_total to the loss of the fairseq criterion it is mixed in before.
+
+    Subclasses set ``name`` (their ``--criterion``) and ``plain_criterion`` (the one without the term), call the
+    base criterion's ``__init__`` and then :meth:`init_disagreement`. The base criterion's ``forward`` runs inside
+    :func:`observe`, so its one model forward is the one whose heads are regularized."""
+
+    name = CRITERION_NAME
+    plain_criterion = "label_smoothed_cross_entropy"
+
+    def init_disagreement(self, task, disagreement_lambda, disagreement_terms, disagreement_attention,
+                          disagreement_layers) -> None:
         lam = float(disagreement_lambda)
         if not lam >= 0.0 or lam == float("inf"):
             raise ValueError(f"--disagreement-lambda must be a finite number >= 0, got {disagreement_lambda}")
@@ -77,7 +85,9 @@ class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntro
         self.layers = parse_layer_spec(disagreement_layers, "--disagreement-layers", ALL_LAYERS)
         if not self.layers:
             raise ValueError("--disagreement-layers none would regularize nothing: choose layers ('all' or "
-                             "indices), or train with --criterion label_smoothed_cross_entropy")
+                             f"indices), or train with --criterion {self.plain_criterion}")
+        source = getattr(task, "source_dictionary", None)  # sentence_prediction's target dictionary holds labels
+        self.source_padding_idx = source.pad() if source is not None else self.padding_idx
         self._prepared_for: Optional[int] = None
         self._sites: List[AttentionSite] = []
 
@@ -94,15 +104,15 @@ class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntro
         if self._prepared_for != id(core):
             if uses_activation_checkpointing(core):
                 raise ValueError(
-                    f"--criterion {CRITERION_NAME} cannot be used with --checkpoint-activations / "
+                    f"--criterion {self.name} cannot be used with --checkpoint-activations / "
                     "--offload-activations: their first forward runs without autograd, so the recorded heads "
                     "carry no graph; drop the flag")
             sites = select_sites(core, self.attention_types, self.layers, "--disagreement-attention",
                                  "--disagreement-layers")
-            require_diverse(sites, f"--criterion {CRITERION_NAME}")
+            require_diverse(sites, f"--criterion {self.name}")
             for site in sites:
                 if site.num_heads < 2:
-                    raise ValueError(f"--criterion {CRITERION_NAME}: {site.attention_type} attention of layer "
+                    raise ValueError(f"--criterion {self.name}: {site.attention_type} attention of layer "
                                      f"{site.layer} has {site.num_heads} head; disagreement needs at least 2")
             self._sites, self._prepared_for = sites, id(core)
         return self._sites
@@ -111,45 +121,35 @@ class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntro
 
     def similarities(self, sites: List[AttentionSite], heads, sample) -> Dict[str, Tensor]:
         """``{"<term>_<type>": 0-dim tensor}``: per term and attention type, the layer mean of the similarity
-        of the recorded heads (``heads(site)`` → ``{tap: tensor}``) over the non-padding tokens."""
-        pads = {"source": sample["net_input"]["src_tokens"].eq(self.padding_idx),  # [B, S]
-                "target": sample["target"].eq(self.padding_idx)}  # [B, T]
+        of the recorded heads (``heads(site)`` → ``{tap: tensor}``) over the non-padding tokens: the source tokens
+        (``net_input.src_tokens``: translation's encoder, RoBERTa) or the target tokens (translation's decoder, and
+        the language model, whose decoder input is padded where its target is)."""
+        pads = {"source": lambda: sample["net_input"]["src_tokens"].eq(self.source_padding_idx),  # [B, S]
+                "target": lambda: sample["target"].eq(self.padding_idx)}  # [B, T]
         sims: Dict[str, Tensor] = {}
         for attention_type in self.attention_types:
             of_type = [s for s in sites if s.attention_type == attention_type]
             for term in self.terms:
                 per_layer = [_SIMILARITY[term](heads(s)[_TAP_OF_TERM[term]],
-                                               pads[s.key_side if term == "sub" else s.query_side]) for s in of_type]
+                                               pads[s.key_side if term == "sub" else s.query_side]()) for s in of_type]
                 sims[f"{term}_{attention_type}"] = torch.stack(per_layer).mean()
         return sims
 
     def forward(self, model, sample, reduce=True):
         if not reduce:
-            raise ValueError(f"{CRITERION_NAME} only supports reduce=True (a summed loss)")
+            raise ValueError(f"{self.name} only supports reduce=True (a summed loss)")
         sites = self.regularized_sites(model)
         with observe(sites, self.taps) as seen:
-            net_output = model(**sample["net_input"])
-        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
-        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+            loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.disagreement_lambda > 0):  # λ = 0: only logged
             sims = self.similarities(sites, seen.heads, sample)
         sim_total = torch.stack(list(sims.values())).sum()
         if self.disagreement_lambda > 0:
             loss = loss + (self.disagreement_lambda * sample_size) * sim_total
-        logging_output = {
-            "loss": loss.data,
-            "nll_loss": nll_loss.data,
-            "ntokens": sample["ntokens"],
-            "nsentences": sample["target"].size(0),
-            "sample_size": sample_size,
-            "sim_total": sim_total.detach() * sample_size,
-        }
+        logging_output["loss"] = loss.data
+        logging_output["sim_total"] = sim_total.detach() * sample_size
         for name, value in sims.items():  # sample_size-weighted sums, averaged in reduce_metrics
             logging_output[f"sim_{name}"] = value.detach() * sample_size
-        if self.report_accuracy:
-            n_correct, total = self.compute_accuracy(model, net_output, sample)
-            logging_output["n_correct"] = n_correct.item()
-            logging_output["total"] = total.item()
         return loss, sample_size, logging_output
 
     @classmethod
@@ -160,3 +160,62 @@ class LabelSmoothedCrossEntropyWithDisagreementCriterion(LabelSmoothedCrossEntro
         for key in keys:
             total = sum(log.get(key, 0) for log in logging_outputs)
             metrics.log_scalar(key, total / max(sample_size, 1), sample_size, round=4)
+
+
+# ---------------------------------------------------------------------------------- the three criteria
+
+
+@dataclass
+class LabelSmoothedCrossEntropyWithDisagreementConfig(LabelSmoothedCrossEntropyCriterionConfig, DisagreementConfig):
+    disagreement_attention: str = attention_types_field("to regularize")
+
+
+@register_criterion(CRITERION_NAME, dataclass=LabelSmoothedCrossEntropyWithDisagreementConfig)
+class LabelSmoothedCrossEntropyWithDisagreementCriterion(DisagreementTerm, LabelSmoothedCrossEntropyCriterion):
+    """Translation: label-smoothed cross-entropy + λ·D (EMNLP 2018 §3.1)."""
+
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
+                 disagreement_lambda=1.0, disagreement_terms="out", disagreement_attention="enc_self,dec_self,enc_dec",
+                 disagreement_layers=None):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        self.init_disagreement(task, disagreement_lambda, disagreement_terms, disagreement_attention,
+                               disagreement_layers)
+
+
+@dataclass
+class CrossEntropyWithDisagreementConfig(CrossEntropyCriterionConfig, DisagreementConfig):
+    disagreement_attention: str = attention_types_field("to regularize (a language model has only dec_self)",
+                                                        default="dec_self")
+
+
+@register_criterion("cross_entropy_with_disagreement", dataclass=CrossEntropyWithDisagreementConfig)
+class CrossEntropyWithDisagreementCriterion(DisagreementTerm, CrossEntropyCriterion):
+    """Language modelling (``--arch diverse_transformer_lm*``): cross-entropy + λ·D over the decoder
+    self-attention (EMNLP 2018 §3.1 applied to a decoder-only Transformer)."""
+
+    name, plain_criterion = "cross_entropy_with_disagreement", "cross_entropy"
+
+    def __init__(self, task, sentence_avg, disagreement_lambda=1.0, disagreement_terms="out",
+                 disagreement_attention="dec_self", disagreement_layers=None):
+        super().__init__(task, sentence_avg)
+        self.init_disagreement(task, disagreement_lambda, disagreement_terms, disagreement_attention,
+                               disagreement_layers)
+
+
+@dataclass
+class SentencePredictionWithDisagreementConfig(SentencePredictionConfig, DisagreementConfig):
+    disagreement_attention: str = attention_types_field("to regularize (RoBERTa has only enc_self)",
+                                                        default="enc_self")
+
+
+@register_criterion("sentence_prediction_with_disagreement", dataclass=SentencePredictionWithDisagreementConfig)
+class SentencePredictionWithDisagreementCriterion(DisagreementTerm, SentencePredictionCriterion):
+    """Sentence classification / regression (``--arch diverse_roberta*``): fairseq's sentence_prediction loss
+    + λ·D over the encoder self-attention (EMNLP 2018 §3.1; EMNLP 2020 regularizes such classifiers' heads)."""
+
+    name, plain_criterion = "sentence_prediction_with_disagreement", "sentence_prediction"
+
+    def __init__(self, cfg: SentencePredictionWithDisagreementConfig, task):
+        super().__init__(cfg, task)
+        self.init_disagreement(task, cfg.disagreement_lambda, cfg.disagreement_terms, cfg.disagreement_attention,
+                               cfg.disagreement_layers)

@@ -65,7 +65,8 @@ class RepulsiveAdamConfig(FairseqAdamConfig):
         metadata={"help": "SPOS only: unit (the paper's formula) or grad_median (noise times the median |g| of "
                           "the particle set, as in the authors' code)"},
     )
-    repulsive_attention: str = attention_types_field("whose heads are particles")
+    repulsive_attention: str = attention_types_field("whose heads are particles (all three, the default: every type "
+                                                     "the model has)")
     repulsive_layers: Optional[str] = layers_field("whose heads are particles")
     repulsive_projections: str = field(
         default="q,k,v",
@@ -127,6 +128,11 @@ class RepulsiveAdam(AmpAwareStep, FairseqAdam):
         depth = Counter()
         for tag in tags.values():
             depth[tag.attention_type] = max(depth[tag.attention_type], tag.layer_idx + 1)
+        missing = [t for t in self.attention_types if t not in depth]
+        if depth and missing and self.attention_types != ATTENTION_TYPES:  # all three (the default): those it has
+            raise ValueError(f"--repulsive-attention {','.join(self.attention_types)}: the model has no "
+                             f"{','.join(missing)} attention (it has {','.join(depth)}; a language model has "
+                             "dec_self, RoBERTa enc_self)")
         chosen = {t: resolve_layers(self.layers, depth[t], "--repulsive-layers", f" of {t} attention")
                   for t in self.attention_types if t in depth}
         selected = [

@@ -2,7 +2,9 @@
 
 Routing-by-agreement (Li et al., NAACL 2019, §3-4) replaces concatenation + W_O of chosen attention modules by a
 :class:`~diverse_fairseq.methods.routing.aggregation.RoutingAggregation`; :func:`routing_plan` turns the options into
-``{(attention_type, layer): aggregator kwargs}``, which ``DiverseTransformerModel.install_routing`` applies.
+``{(attention_type, layer): aggregator kwargs}``, which :func:`diverse_fairseq.methods.transformer.install_routing`
+applies. Models with one stack pass their placements: ``diverse_transformer_lm`` routes decoder self-attention
+(:data:`DECODER_ROUTING`), ``diverse_roberta`` encoder self-attention (:data:`ENCODER_ROUTING`).
 """
 
 from typing import Dict, Tuple
@@ -17,6 +19,8 @@ ROUTING_PLACEMENTS = (
     ("routing_decoder_layers", "dec_self", "decoder"),
     ("routing_encoder_decoder_layers", "enc_dec", "decoder"),
 )
+ENCODER_ROUTING = ROUTING_PLACEMENTS[:1]  # RoBERTa: --routing-encoder-layers only
+DECODER_ROUTING = ROUTING_PLACEMENTS[1:2]  # transformer_lm: --routing-decoder-layers only
 ROUTING_DEFAULTS = {
     "routing_type": "em",
     "routing_encoder_layers": "none",
@@ -52,14 +56,20 @@ def routing_architecture(args) -> None:
     set_routing_defaults(args, {"routing_type": "em", "routing_encoder_layers": "0,1", "routing_iterations": 3})
 
 
-def routing_plan(args) -> Dict[Tuple[str, int], dict]:
+def _depth(args, stack: str) -> int:
+    keep = getattr(args, f"{stack}_layers_to_keep", None)
+    return len(str(keep).split(",")) if keep else getattr(args, f"{stack}_layers")
+
+
+def routing_plan(args, placements=ROUTING_PLACEMENTS) -> Dict[Tuple[str, int], dict]:
     """Validate the routing options of ``args`` and return ``{(attention_type, layer): aggregator kwargs}``.
 
     Errors (``ValueError``) name the flag: an unknown ``--routing-type``, a layer index out of range, a
     ``--routing-iterations`` below 1, a ``--routing-capsules`` that does not divide the width of a
     routed attention module, and a ``--routing-type`` / ``--routing-iterations`` / ``--routing-capsules`` /
     ``--routing-compile`` other than the default when no layer routes (it would do nothing; the default
-    values themselves are accepted, as checkpoints of unrouted models store them).
+    values themselves are accepted, as checkpoints of unrouted models store them). ``placements``: the
+    ``(flag destination, attention type, stack)`` the model has (default: all three of an encoder-decoder).
     """
     set_routing_defaults(args)
     routing = str(args.routing_type).strip().lower()
@@ -73,19 +83,13 @@ def routing_plan(args) -> Dict[Tuple[str, int], dict]:
     capsules = args.routing_capsules
     if capsules is not None and (not _is_int(capsules) or capsules < 1):
         raise ValueError(f"--routing-capsules must be a positive integer, got {capsules!r}")
-    depth = {
-        "encoder": len(str(args.encoder_layers_to_keep).split(",")) if getattr(args, "encoder_layers_to_keep", None)
-        else args.encoder_layers,
-        "decoder": len(str(args.decoder_layers_to_keep).split(",")) if getattr(args, "decoder_layers_to_keep", None)
-        else args.decoder_layers,
-    }
-    width = {"enc_self": args.encoder_embed_dim, "dec_self": args.decoder_embed_dim, "enc_dec": args.decoder_embed_dim}
     plan = {}
-    for dest, attention_type, stack in ROUTING_PLACEMENTS:
-        layers = parse_layers(getattr(args, dest), depth[stack], _flag(dest))
-        if layers and capsules is not None and width[attention_type] % int(capsules) != 0:
+    for dest, attention_type, stack in placements:
+        layers = parse_layers(getattr(args, dest), _depth(args, stack), _flag(dest))
+        width = getattr(args, f"{stack}_embed_dim")  # enc_dec: the decoder's width, as its queries
+        if layers and capsules is not None and width % int(capsules) != 0:
             raise ValueError(
-                f"--routing-capsules {capsules} must divide the attention width {width[attention_type]} "
+                f"--routing-capsules {capsules} must divide the attention width {width} "
                 f"({_flag(dest)}: capsule width E/N)"
             )
         for layer in layers:
@@ -99,17 +103,19 @@ def routing_plan(args) -> Dict[Tuple[str, int], dict]:
         idle = [_flag(dest) + ("" if isinstance(getattr(args, dest), bool) else f" {getattr(args, dest)}")
                 for dest in ROUTING_OPTIONS if getattr(args, dest) != ROUTING_DEFAULTS[dest]]
         if idle:
+            flags = [_flag(dest) for dest, _, _ in placements]
             raise ValueError(
-                f"{', '.join(idle)} would do nothing: no attention module routes (--routing-encoder-layers, "
-                f"--routing-decoder-layers and --routing-encoder-decoder-layers select none). Choose layers to "
-                f"route, e.g. --routing-encoder-layers 0,1 (or --arch routing_transformer_*), or drop the option")
+                f"{', '.join(idle)} would do nothing: no attention module routes ({', '.join(flags)} select "
+                f"none). Choose layers to route, e.g. {flags[0]} 0,1"
+                + (" (or --arch routing_transformer_*)" if len(flags) > 1 else "") + ", or drop the option")
     else:
         compile_requested()  # a bad DIVERSE_FAIRSEQ_COMPILE_ROUTING is refused before training
     return plan
 
 
-def add_routing_args(parser) -> None:
-    """The ``--routing-*`` options, added by ``DiverseTransformerModel.add_args``.
+def add_routing_args(parser, placements=ROUTING_PLACEMENTS) -> None:
+    """The ``--routing-*`` options, added by ``DiverseTransformerModel.add_args`` (the layer flags of
+    ``placements`` only: the LM and RoBERTa variants have one stack each).
 
     No argparse defaults (fairseq's convention for architecture options): the ``routing_transformer_*``
     architectures set their own (:func:`routing_architecture`), everything else falls back to
@@ -120,13 +126,12 @@ def add_routing_args(parser) -> None:
     parser.add_argument("--routing-type", choices=ROUTING_TYPES, metavar="{simple,em}",
                         help="routing-by-agreement algorithm aggregating the heads of the routed attention "
                              "modules: simple (NAACL 2019 Alg. 1) or em (Alg. 2) (default: em)")
-    parser.add_argument("--routing-encoder-layers", type=str, metavar="LAYERS",
-                        help="encoder self-attention layers whose heads are aggregated by routing "
-                             "instead of concatenation + W_O: " + layers)
-    parser.add_argument("--routing-decoder-layers", type=str, metavar="LAYERS",
-                        help="decoder self-attention layers aggregated by routing: " + layers)
-    parser.add_argument("--routing-encoder-decoder-layers", type=str, metavar="LAYERS",
-                        help="encoder-decoder attention layers aggregated by routing: " + layers)
+    helps = {"enc_self": "encoder self-attention layers whose heads are aggregated by routing instead of "
+                         "concatenation + W_O: ",
+             "dec_self": "decoder self-attention layers aggregated by routing: ",
+             "enc_dec": "encoder-decoder attention layers aggregated by routing: "}
+    for dest, attention_type, _ in placements:
+        parser.add_argument(_flag(dest), type=str, metavar="LAYERS", help=helps[attention_type] + layers)
     parser.add_argument("--routing-iterations", type=int, metavar="T",
                         help="routing iterations T (default: 3, as in the paper)")
     parser.add_argument("--routing-capsules", type=int, metavar="N",
