@@ -7,12 +7,13 @@ PYTEST_ARGS ?=
 
 DATASET ?= demo
 
-.PHONY: install test demo bench clean-demo help tables check-tables data train evaluate average significance fixtures
+.PHONY: install test demo bench clean-demo help tables figures check-tables data train evaluate average significance fixtures
 
 help:
 	@echo "make install   create .venv with torch, fairseq-fixed and this package (idempotent)"
 	@echo "make demo      train and evaluate on the shipped demo corpus, print the results table"
 	@echo "make tables    list the paper-table targets: make table-<id> [SCALE=demo|paper] [DATASET=..] [SEEDS=..] [GPUS=..]"
+	@echo "make figures   list the paper-figure targets: make figure-<id> [SCALE=..] [SEEDS=..] (runs, then a PNG + JSON)"
 	@echo "make check-tables [SCALE=demo|paper]  build every table row's model (demo: and train one step), no data"
 	@echo "make test      run the test suite"
 	@echo "make bench     speed/memory ratios against stock fairseq (JSON on the last line)"
@@ -35,13 +36,22 @@ demo: install
 
 # One target per paper table (configs/tables/<table>.yaml), e.g. `make table-emnlp18_t1 SCALE=demo`.
 # Variables: DATASET, SCALE=demo|paper, SEEDS (a count or a list), GPUS (0 = CPU), TRAIN_ARGS, GENERATE_ARGS.
-TABLES := $(filter-out demo,$(basename $(notdir $(wildcard configs/tables/*.yaml))))
+# A figure (configs/tables/<paper>_f<N>.yaml, rows with a `figure:` point) is run by the same runner, then
+# plotted: `make figure-emnlp20_f3 SCALE=demo SEEDS=3` writes results/<figure>/<dataset>-figure.png and .json.
+FIGURES := $(basename $(notdir $(wildcard configs/tables/*_f[0-9]*.yaml)))
+TABLES := $(filter-out demo $(FIGURES),$(basename $(notdir $(wildcard configs/tables/*.yaml))))
 
 tables:
 	@echo $(addprefix table-,$(TABLES))
 
+figures:
+	@echo $(addprefix figure-,$(FIGURES))
+
 table-%: install
 	$(PY) -m diverse_fairseq.tables $*
+
+figure-%: install
+	$(PY) -m diverse_fairseq.tables.figure $*
 
 # Every row of every table, at SCALE=demo and SCALE=paper (or the one SCALE given): the exact fairseq-train
 # arguments the runner would use, the model, criterion and optimizer built from them on a synthetic dictionary,

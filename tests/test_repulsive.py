@@ -321,6 +321,22 @@ def test_identity_kernel_trains_every_parameter_as_adam(stepsize):
     # Adam's ε (denominator floor) far below |ĝ| ≈ 1e-7 here, so that it cannot tell the scales apart
     cfg_rep = _cfg("--repulsive-bandwidth", "1e-6", "--repulsive-stepsize", stepsize, "--adam-eps", "1e-30")
     cfg_adam = _cfg("--optimizer", "adam", "--adam-eps", "1e-30")
+    _assert_trains_as_adam(cfg_rep, cfg_adam)
+
+
+@pytest.mark.parametrize("bandwidth", ["median", "authors", "0.5"])
+def test_one_head_is_one_particle_without_repulsion_and_trains_as_adam(bandwidth):
+    """M = 1 (the first point of EMNLP 2020 Figure 3): every particle set holds one head, so there is no pair
+    to repel, whatever the bandwidth (the median one has no pair to take a median of: h = 0), and the SVGD
+    direction is ε·g. Adam ignores that constant, so repulsive_adam trains a 1-head model as plain Adam."""
+    one = ("--encoder-attention-heads", "1", "--decoder-attention-heads", "1", "--adam-eps", "1e-30")
+    cfg_rep = _cfg(*one, "--repulsive-bandwidth", bandwidth, "--repulsive-alpha", "1.0")
+    opt_rep = _assert_trains_as_adam(cfg_rep, _cfg(*one, "--optimizer", "adam"))
+    assert len(opt_rep.particle_tags) == 18 and {g.num_heads for g in opt_rep.optimizer.particle_groups} == {1}
+
+
+def _assert_trains_as_adam(cfg_rep, cfg_adam):
+    """Three updates of repulsive_adam (``cfg_rep``) equal plain Adam's for every parameter; the optimizer."""
     model_rep, model_adam = _model(cfg_rep), _model(cfg_adam)
     opt_rep = _build(cfg_rep, list(model_rep.parameters()))
     opt_adam = _build(cfg_adam, list(model_adam.parameters()))
@@ -335,6 +351,7 @@ def test_identity_kernel_trains_every_parameter_as_adam(stepsize):
         torch.testing.assert_close(p_rep, p_adam, rtol=1e-5, atol=1e-7)
         moved += not torch.equal(p_adam, p_init)
     assert moved > 10
+    return opt_rep
 
 
 def test_one_step_with_zero_loss_gradient_moves_every_pair_of_heads_apart():

@@ -109,6 +109,7 @@ def test_runner_trains_with_the_checked_command(table, row_id, scale_name, tmp_p
 
 
 # ------------------------------------------------------------------------------------ make check-tables
+@pytest.mark.timeout(1800)  # ~100 rows of a few seconds each; past the 600 s default on a busy 2-core machine
 def test_every_table_row_builds_and_trains_one_step_at_demo_scale(capsys):
     start = time.perf_counter()
     lines, failures = check.check(TABLES, ("demo",))

@@ -28,7 +28,7 @@ REPULSIVE = "repulsive_adam"
 TABLE_FILES = sorted(TABLE_DIR.glob("*.yaml"))
 EXPECTED_TABLES = {
     "demo", "emnlp18_t1", "emnlp18_t2", "emnlp18_t3", "emnlp18_t4_5", "naacl19_t2", "naacl19_t3", "naacl19_t4",
-    "journal_t5", "journal_t6", "emnlp20_t2", "emnlp20_t2_wmt14", "emnlp20_t10",
+    "journal_t5", "journal_t6", "emnlp20_t2", "emnlp20_t2_wmt14", "emnlp20_t10", "emnlp20_f3",
 }
 
 
@@ -59,8 +59,10 @@ def test_table_file_loads(path: Path):
         assert all(r.description for r in table.rows), "every demo row says what it runs"
         return
     assert table.paper_dataset in PAPER_DATASETS, f"{path.name}: paper_dataset {table.paper_dataset!r}"
+    if table.figure_x:  # a figure: every row is a point; the papers plot them without printing numbers
+        assert all(r.figure for r in table.rows) and path.stem.rsplit("_", 1)[1].startswith("f"), path.name
     for row in table.rows:
-        assert "bleu" in row.paper, f"{path.name}: row {row.id} has no paper BLEU"
+        assert table.figure_x or "bleu" in row.paper, f"{path.name}: row {row.id} has no paper BLEU"
     # tables that mix model sizes name the setting on every row
     settings = {r.setting for r in table.rows}
     assert settings == {None} or None not in settings, f"{path.name}: setting given on some rows only"
@@ -267,6 +269,52 @@ def test_bad_row_baseline_or_description_is_rejected(edit, message):
     with pytest.raises(TableSpecError, match=message) as err:
         parse_table(_bad(edit), "bad.yaml")
     assert "bad.yaml" in str(err.value)
+
+
+def test_emnlp20_f3_has_ma_and_rma_at_every_head_count_each_against_ma_of_its_heads():
+    table = load_table("emnlp20_f3")
+    heads = [1, 2, 4, 8, 16]
+    assert table.figure_x == "number of heads M" and table.baseline == "ma_h4"
+    assert [(r.figure["series"], r.figure["x"]) for r in table.rows] == [(s, h) for s in ("MA", "RMA") for h in heads]
+    rma = load_table("emnlp20_t2").row("rma").args
+    for row in table.rows:
+        h = str(int(row.figure["x"]))
+        assert row.args[-4:] == ["--encoder-attention-heads", h, "--decoder-attention-heads", h]
+        assert row.args[:-4] == ([] if row.figure["series"] == "MA" else rma)  # Table 2's RMA settings
+        assert row.baseline == f"ma_h{h}"
+        assert 128 % int(h) == 0 and 512 % int(h) == 0  # the demo's and Transformer-small's width
+
+
+FIGURE = {"table": "f", "title": "a figure", "figure_x": "heads", "baseline": "a",
+          "rows": [{"id": "a", "label": "A", "family": "transformer", "figure": {"series": "A", "x": 1}},
+                   {"id": "b", "label": "B", "family": "transformer", "figure": {"series": "A", "x": 2}}]}
+
+
+def test_figure_points_parse():
+    table = parse_table(copy.deepcopy(FIGURE), "fig.yaml")
+    assert table.figure_x == "heads" and [r.figure for r in table.rows] == [{"series": "A", "x": 1.0},
+                                                                            {"series": "A", "x": 2.0}]
+    assert parse_table(copy.deepcopy(GOOD), "good.yaml").figure_x is None
+
+
+def _bad_figure(edit):
+    data = copy.deepcopy(FIGURE)
+    edit(data)
+    return data
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["rows"][1].pop("figure"), r"rows\[1\]: missing field 'figure'"),
+    (lambda d: d.pop("figure_x"), r"rows\[0\]: field 'figure' needs the table's 'figure_x'"),
+    (lambda d: d["rows"][1]["figure"].update(x="2"), r"field 'figure' needs a number 'x', got '2'"),
+    (lambda d: d["rows"][1]["figure"].update(colour="red"), r"unknown field\(s\) colour"),
+    (lambda d: d["rows"][1]["figure"].update(x=1), r"field 'figure' repeats the point\(s\) A at x = 1"),
+    (lambda d: d.update(figure_x=3), r"field 'figure_x' must be a str"),
+], ids=["row-without-point", "points-without-axis", "string-x", "unknown-point-field", "repeated-point",
+        "non-string-axis"])
+def test_bad_figure_is_rejected(edit, message):
+    with pytest.raises(TableSpecError, match=message):
+        parse_table(_bad_figure(edit), "fig.yaml")
 
 
 def test_duplicate_ids_are_named():

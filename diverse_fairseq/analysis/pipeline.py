@@ -26,7 +26,7 @@ from .ablation import head_importance
 from .collect import attention_maps, collect, token_labels
 from .loading import load_batches, load_checkpoint, load_sentence, pick_sentence
 from .report import comparison_markdown, importance_payload, scores_markdown, scores_payload
-from .scores import SCALE
+from .scores import SCALE, check_heads
 
 logger = logging.getLogger("diverse_fairseq.analysis")
 
@@ -87,6 +87,7 @@ def score_checkpoint(checkpoint: str, opts: Options, label: Optional[str] = None
     start = time.time()
     _seed_everything(opts.seed)
     loaded, batches, sites, meta = _prepare(checkpoint, opts, label)
+    check_heads(min(int(s.module.num_heads) for s in sites), str(checkpoint))  # before the forward passes
     collected = collect(loaded.model, sites, batches, loaded.task.target_dictionary.pad(), progress=opts.progress,
                         nll=False)
     scores = scores_payload(collected, sites, {**meta, "max_tokens": opts.max_tokens})

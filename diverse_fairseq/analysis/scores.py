@@ -56,11 +56,19 @@ TOKEN_SIDE = {
 }
 
 
+class TooFewHeads(ValueError):
+    """Disagreement between heads needs at least two of them."""
+
+
+def check_heads(num_heads: int, name: str) -> None:
+    if num_heads < 2:
+        raise TooFewHeads(f"{name}: disagreement needs at least 2 heads, got H = {num_heads}")
+
+
 def _check(x: Tensor, name: str) -> None:
     if not isinstance(x, Tensor) or x.dim() != 4:
         raise ValueError(f"{name}: expected a [B, H, N, ·] tensor, got {getattr(x, 'shape', type(x))}")
-    if x.size(1) < 2:
-        raise ValueError(f"{name}: disagreement needs at least 2 heads, got H = {x.size(1)}")
+    check_heads(x.size(1), name)
 
 
 def _cosine_sums(x: Tensor, eps: float = NORM_EPS) -> Tuple[Tensor, Tensor]:

@@ -105,6 +105,16 @@ def ensure_probing_data(tasks: List[str], folder: Optional[str]) -> Path:
     return path
 
 
+def _results_dir(args, table_id: str) -> Path:
+    return Path(args.out or REPO / "results" / table_id).resolve()
+
+
+def results_dir(argv: Optional[List[str]] = None) -> Path:
+    """Where ``main(argv)`` writes its report: ``--out`` / RESULTS, else ``results/<table>``."""
+    args = build_parser().parse_args(argv)
+    return _results_dir(args, load_table(args.table).table)
+
+
 def main(argv: Optional[List[str]] = None):
     args = build_parser().parse_args(argv)
     settings = check_settings(args)  # before any work
@@ -120,7 +130,7 @@ def main(argv: Optional[List[str]] = None):
                                  f"name of a dataset prepared in {args.data_bin}")
     except TableSpecError as e:
         raise SystemExit(f"error: {e}")
-    out = Path(args.out or REPO / "results" / table.table).resolve()
+    out = _results_dir(args, table.table)
     n_jobs = len(table.rows) * len(settings["seeds"])
     run = RunConfig(dataset=dataset, scale=scale, seeds=settings["seeds"], gpus=settings["gpus"],
                     out_dir=out / f"{dataset}-{scale}", data_bin=Path(args.data_bin).resolve(),

@@ -156,6 +156,10 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
             "decode_sentences_per_second": _mean_std(
                 [(r["eval"].get("speed") or {}).get("sentences_per_second") for r in runs])[0],
             "updates": runs[0]["updates"],
+            # the last validation of each seed: label-smoothed loss and NLL per target token (base 2, fairseq's)
+            "valid_loss_per_seed": [r.get("valid_loss") for r in runs],
+            "valid_nll_loss": _mean_std([r.get("valid_nll_loss") for r in runs])[0],
+            "valid_nll_loss_per_seed": [r.get("valid_nll_loss") for r in runs],
             "averaged_checkpoints": [averaged_checkpoints(r) for r in runs],
             "reused_seeds": [r["seed"] for r in runs if r.get("reused") and not r.get("same_as")],
             "trained_at": [r.get("trained_at") for r in runs],
@@ -171,9 +175,14 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
         entry.update(probing_entry(table, row, runs))  # NAACL 2019 Table 1 / journal Table 7 probing accuracies
         if row.id in marks:
             entry["significance"] = marks[row.id]
+        if row.figure:
+            entry["figure"] = row.figure  # the row's point in a figure (tables/figure.py)
         rows.append(entry)
-    return {"table": table.table, "title": table.title, "dataset": dataset, "scale": scale,
-            "paper_dataset": table.paper_dataset, "baseline": table.baseline, "rows": rows}
+    summary = {"table": table.table, "title": table.title, "dataset": dataset, "scale": scale,
+               "paper_dataset": table.paper_dataset, "baseline": table.baseline, "rows": rows}
+    if table.figure_x:
+        summary["figure_x"] = table.figure_x
+    return summary
 
 
 def _params_differ(r: Dict) -> bool:

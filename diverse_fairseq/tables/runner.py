@@ -163,6 +163,11 @@ def _move_aside(run_dir: Path, why: str, tag: str):
           f"and training afresh", flush=True)
 
 
+def _valid_nll(log: str) -> Optional[float]:
+    """The last validation's NLL per target token (fairseq's ``nll_loss``: base 2, without label smoothing)."""
+    return logs.last_summary(log, "valid").get("nll_loss")
+
+
 def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     """Train one row/seed (or reuse its finished run) and return its training record.
 
@@ -187,6 +192,8 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
         if same_key(record.get("key"), key):
             print(f"  [{tag}] training finished earlier ({record.get('trained_at', 'unknown time')}); "
                   f"reusing {run_dir}", flush=True)
+            if "valid_nll_loss" not in record and log_file.exists():  # a record written before it was kept
+                record["valid_nll_loss"] = _valid_nll(log_file.read_text(encoding="utf-8", errors="replace"))
             # the checkpoint beside train.json, also when the results directory has moved since
             return dict(record, checkpoint=str(run_dir / Path(record["checkpoint"]).name), reused=True)
         _move_aside(run_dir, key_difference(record.get("key"), key), tag)
@@ -212,6 +219,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
         "train_steps_per_second": train.get("ups"),
         "train_loss": train.get("loss"),
         "valid_loss": logs.last_summary(log, "valid").get("loss"),
+        "valid_nll_loss": _valid_nll(log),
     }
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     return dict(record, reused=False)
@@ -250,9 +258,10 @@ def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) ->
     being Table 4's and the per-layer ones Table 5's. Only the scores are computed (teacher-forced passes in
     batches of 4096 tokens without the output projection; no NLL, pictures or head ablation: a few seconds
     for the demo model's 1,000 validation sentences on one CPU thread), cached in
-    ``analysis/disagreement.json``; a cache on another scale or of part of the set is recomputed.
+    ``analysis/disagreement.json``; a cache on another scale or of part of the set is recomputed. A model with a
+    single head per attention module has no head pairs to score: None (the cache records why).
     """
-    from ..analysis.scores import SCALE
+    from ..analysis.scores import SCALE, TooFewHeads
 
     path = run.run_dir(row, seed) / "analysis" / "disagreement.json"
     payload = json.loads(path.read_text()) if path.exists() else {}
@@ -263,11 +272,17 @@ def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) ->
         device = "cuda" if run.gpus else "cpu"
         opts = Options(data=str(run.data_bin / run.dataset), max_sentences=None, max_tokens=4096,
                        ablation=False, progress=False, device=device)
-        payload = score_checkpoint(checkpoint, opts, label=row.id)
+        try:
+            payload = score_checkpoint(checkpoint, opts, label=row.id)
+            print(f"  [{row.id} seed {seed}] head-diversity scores of {payload['sentences']} sentences in "
+                  f"{payload['seconds']:.1f}s", flush=True)
+        except TooFewHeads as e:
+            payload = {"scale": SCALE, "max_sentences": None, "by_type": None, "skipped": str(e)}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload, indent=1) + "\n")
-        print(f"  [{row.id} seed {seed}] head-diversity scores of {payload['sentences']} sentences in "
-              f"{payload['seconds']:.1f}s", flush=True)
+    if payload["by_type"] is None:
+        print(f"  [{row.id} seed {seed}] no head-diversity scores: {payload['skipped']}", flush=True)
+        return None
     return {t: {**scores, "layers": payload["by_layer"][t]} for t, scores in payload["by_type"].items()}
 
 
@@ -301,7 +316,8 @@ def run_job(row: Row, run: RunConfig, seed: int) -> Dict:
     record = train_row(row, run, seed)
     record["eval"] = evaluate_row(row, run, seed, record["checkpoint"])
     record["disagreement"] = disagreement_scores(row, run, seed, record["checkpoint"])
-    record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
+    if record["disagreement"]:  # None for a single-head model
+        record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
     if run.probing_tasks:
         record["probing"] = probing_scores(row, run, seed, record["checkpoint"])
     return record

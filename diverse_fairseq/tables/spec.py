@@ -18,6 +18,12 @@ A table file::
                                            # table's baseline)
     probing: [SentLen, WC, ...]            # optional: probe every row's encoder on these SentEval tasks (or
                                            # "all"); the paper's accuracies as paper keys probe_sentlen, ...
+        figure: {series: "MA", x: 4}       # the row's point in a figure (only in a figure's description)
+
+A *figure* is a table whose rows are the points of a plot: it names its x axis (``figure_x: "number of heads
+M"``) and every row its curve and x value (``figure``). The runner runs it like any table; ``python -m
+diverse_fairseq.tables.figure`` (``make figure-<id>``) then plots the report's JSON. A figure's rows need no
+paper numbers (the papers plot them without printing them).
 
 Significance follows the papers: every "+" row is tested against its own-size baseline, so a table with
 Base and Big rows gives each Big row ``baseline: big``. A row whose baseline is itself is a baseline (no
@@ -40,7 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 TABLE_DIR = REPO / "configs" / "tables"
 FAMILIES = ("transformer", "diverse_transformer")
 SETTING_NAMES = ("small", "base", "big")
-ROW_FIELDS = ("id", "label", "family", "setting", "args", "paper", "description", "baseline")
+ROW_FIELDS = ("id", "label", "family", "setting", "args", "paper", "description", "baseline", "figure")
 
 
 class TableSpecError(ValueError):
@@ -57,6 +63,7 @@ class Row:
     setting: Optional[str] = None
     baseline: Optional[str] = None  # id of the row this one is tested against; None before parse_table fills it
     description: str = ""
+    figure: Optional[Dict] = None  # {"series": name, "x": number}: the row's point in a figure
 
     def arch(self, setting_arch: str) -> str:
         """The setting's architecture name with this row's model family, e.g. diverse_transformer_wmt_en_de."""
@@ -72,6 +79,7 @@ class Table:
     paper_dataset: Optional[str] = None
     source: Optional[Path] = None
     probing: List[str] = field(default_factory=list)  # SentEval probing tasks run on every row (runner.probing_scores)
+    figure_x: Optional[str] = None  # a figure's x-axis label; None for a table
 
     def row(self, row_id: str) -> Row:
         return next(r for r in self.rows if r.id == row_id)
@@ -111,7 +119,8 @@ def parse_table(data, source="<table>") -> Table:
     """Validate a table description (already loaded from YAML) and return it as a ``Table``."""
     if not isinstance(data, dict):
         raise TableSpecError(f"{source}: a table description is a mapping, got {type(data).__name__}")
-    _check_unknown(data, ("table", "title", "baseline", "rows", "paper_dataset", "probing"), source)
+    _check_unknown(data, ("table", "title", "baseline", "rows", "paper_dataset", "probing", "figure_x"), source)
+    figure_x = _require(data, "figure_x", str, source) if "figure_x" in data else None
     rows_data = _require(data, "rows", list, source)
     if not rows_data:
         raise TableSpecError(f"{source}: field 'rows' is empty")
@@ -137,7 +146,12 @@ def parse_table(data, source="<table>") -> Table:
             setting=r.get("setting"),
             baseline=_require(r, "baseline", str, where) if "baseline" in r else None,
             description=_one_line(r, where),
+            figure=_figure_point(r, figure_x, where),
         ))
+    points = [(r.figure["series"], r.figure["x"]) for r in rows if r.figure]
+    repeated = sorted({f"{s} at x = {x:g}" for s, x in points if points.count((s, x)) > 1})
+    if repeated:
+        raise TableSpecError(f"{source}: field 'figure' repeats the point(s) {', '.join(repeated)}")
     ids = [r.id for r in rows]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
@@ -152,6 +166,7 @@ def parse_table(data, source="<table>") -> Table:
         baseline=baseline,
         rows=rows,
         paper_dataset=data.get("paper_dataset"),
+        figure_x=figure_x,
         source=Path(source) if source != "<table>" else None,
         probing=_probing_tasks(data.get("probing"), source),
     )
@@ -172,6 +187,21 @@ def _probing_tasks(value, source) -> List[str]:
         raise TableSpecError(f"{source}: field 'probing' names unknown task(s) {', '.join(unknown)}; known: "
                              f"{', '.join(t.name for t in TASKS)}")
     return [BY_NAME[v.lower()].name for v in value]
+
+
+def _figure_point(row, figure_x, where) -> Optional[Dict]:
+    """A figure row's ``{"series": str, "x": float}``; None in a table. Every row of a figure has one."""
+    if figure_x is None:
+        if isinstance(row, dict) and "figure" in row:
+            raise TableSpecError(f"{where}: field 'figure' needs the table's 'figure_x' (the x-axis label)")
+        return None
+    point = _require(row, "figure", dict, where)
+    _check_unknown(point, ("series", "x"), f"{where}: field 'figure'")
+    series = _require(point, "series", str, f"{where}: field 'figure'")
+    x = point.get("x")
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TableSpecError(f"{where}: field 'figure' needs a number 'x', got {x!r}")
+    return {"series": series, "x": float(x)}
 
 
 def _resolve_baselines(rows: List[Row], default: str, source: str):
