@@ -1,5 +1,6 @@
-"""Repulsive attention (An et al., EMNLP 2020): SVGD/SPOS core and ``--optimizer repulsive_adam``."""
+"""Repulsive attention (An et al., EMNLP 2020): SVGD/SPOS/SGLD core and ``--optimizer repulsive_adam``."""
 
+import copy
 import functools
 import math
 import re
@@ -14,7 +15,7 @@ from diverse_fairseq.methods.hooks import track_model, tracked_models
 from diverse_fairseq.methods.sites import attention_sites
 from diverse_fairseq.methods.repulsive import particle_adam as particle_adam_module
 from diverse_fairseq.methods.repulsive.particles import ParticleTag, find_particle_tags, particle_weights
-from diverse_fairseq.methods.repulsive.svgd import spos_direction, svgd_direction
+from diverse_fairseq.methods.repulsive.svgd import sgld_direction, spos_direction, svgd_direction
 
 
 # ------------------------------------------------------------------------------- core vs formula
@@ -110,6 +111,51 @@ def test_spos_adds_beta_gradient_and_seeded_noise():
     torch.testing.assert_close(got, want)
     again = spos_direction(theta, grad, 0.2, eps, beta, generator=torch.Generator().manual_seed(7))
     assert torch.equal(got, again)  # same seed, same noise
+
+
+def naive_sgld(grad, stepsize, beta, xi, noise_scale="unit"):
+    """SGLD written as a loop over sets and particles: ĝ_i = ε (β g_i − √(2β/ε) s ξ_i), s = 1 or the set's
+    median |g| (lower middle value, as torch.median)."""
+    out = torch.zeros_like(grad)
+    for k in range(grad.shape[0]):
+        values = sorted(grad[k].abs().flatten().tolist())
+        scale = 1.0 if noise_scale == "unit" else values[(len(values) - 1) // 2]
+        for i in range(grad.shape[1]):
+            out[k, i] = stepsize * (beta * grad[k, i] - math.sqrt(2 * beta / stepsize) * scale * xi[k, i])
+    return out
+
+
+@pytest.mark.parametrize("noise_scale", ["unit", "grad_median"])
+def test_sgld_matches_per_particle_loop(noise_scale):
+    gen = torch.Generator().manual_seed(11)
+    grad = torch.randn(3, 4, 6, generator=gen, dtype=torch.float64)
+    eps, beta = 0.1, 0.05
+    got = sgld_direction(grad, eps, beta, generator=torch.Generator().manual_seed(7), noise_scale=noise_scale)
+    xi = torch.randn((3, 4, 6), generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    torch.testing.assert_close(got, naive_sgld(grad, eps, beta, xi, noise_scale), rtol=1e-12, atol=1e-15)
+    single = sgld_direction(grad[0], eps, beta, generator=torch.Generator().manual_seed(7), noise_scale=noise_scale)
+    assert single.shape == (4, 6)
+    xi1 = torch.randn((1, 4, 6), generator=torch.Generator().manual_seed(7), dtype=torch.float64)  # [M, D] as [1, M, D]
+    torch.testing.assert_close(single, naive_sgld(grad[:1], eps, beta, xi1, noise_scale)[0])
+
+
+@pytest.mark.parametrize("noise_scale", ["unit", "grad_median"])
+def test_sgld_is_spos_without_the_kernel_terms(noise_scale):
+    """Same generator state: SPOS − SVGD = SGLD (same gradient term, the very same noise draws)."""
+    gen = torch.Generator().manual_seed(4)
+    theta = torch.randn(2, 4, 5, generator=gen, dtype=torch.float64)
+    grad = torch.randn(2, 4, 5, generator=gen, dtype=torch.float64)
+    spos = spos_direction(theta, grad, 0.3, 0.1, 0.02, generator=torch.Generator().manual_seed(9),
+                          noise_scale=noise_scale)
+    svgd = svgd_direction(theta, grad, 0.3, 0.1)
+    sgld = sgld_direction(grad, 0.1, 0.02, generator=torch.Generator().manual_seed(9), noise_scale=noise_scale)
+    torch.testing.assert_close(sgld, spos - svgd, rtol=1e-10, atol=1e-14)
+
+
+def test_sgld_refuses_a_zero_or_negative_beta():
+    for beta in (0.0, -1.0):
+        with pytest.raises(ValueError, match="SGLD needs beta"):
+            sgld_direction(torch.randn(4, 3), 0.1, beta)
 
 
 def test_single_particle_is_exactly_stepsize_times_gradient():
@@ -493,6 +539,100 @@ def test_state_dict_keeps_the_step_count():
     assert fresh.optimizer.num_steps == 2
 
 
+def _particle_state(model):
+    return [w.detach().clone() for w, _ in particle_weights(model)]
+
+
+def test_sgld_step_is_the_formula_with_the_seeded_noise(monkeypatch):
+    """The optimizer hands Adam ε (β g − √(2β/ε) ξ), ξ from the generator seeded by (--seed, step count)."""
+    cfg = _cfg("--repulsive-method", "sgld", "--repulsive-beta", "0.01", "--seed", "3")
+    model = _model(cfg)
+    opt = _build(cfg, list(model.parameters()))
+    for _ in range(2):
+        _update(opt, model)
+    opt.zero_grad()
+    opt.backward(_loss(model))
+    (group,) = opt.optimizer.particle_groups
+    grads = torch.stack([p.grad.detach().reshape(group.num_heads, group.dim) for p in group.params]).double()
+    got = opt.particle_gradients()
+    gen = torch.Generator().manual_seed(3 * 1_000_003 + 2)  # seed 3, two steps taken
+    xi = torch.randn(grads.shape, generator=gen, dtype=torch.float32).double()
+    want = naive_sgld(grads, 0.1, 0.01, xi)
+    for k, p in enumerate(group.params):
+        torch.testing.assert_close(got[id(p)].double(), want[k].view(p.shape), rtol=1e-5, atol=1e-7)
+
+
+def test_sgld_noise_is_the_same_on_two_workers_with_the_same_seed_and_step():
+    """Two replicas (same model, same gradients, same --seed) stay bitwise equal; another seed does not."""
+    cfg = _cfg("--repulsive-method", "sgld")
+    models = [_model(cfg, seed=0) for _ in range(3)]
+    opts = [_build(cfg, list(m.parameters())) for m in models[:2]]
+    other_cfg = _cfg("--repulsive-method", "sgld", "--seed", "2")
+    opts.append(_build(other_cfg, list(models[2].parameters())))
+    start = _particle_state(models[0])
+    for _ in range(3):
+        for opt, model in zip(opts, models):
+            _update(opt, model)
+    first, second, other = (_particle_state(m) for m in models)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert all(not torch.equal(a, b) for a, b in zip(first, start))  # the heads moved
+    assert all(not torch.equal(a, b) for a, b in zip(first, other))  # another seed, other noise
+    for a, b in zip(models[0].state_dict().values(), models[1].state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_sgld_resume_continues_the_noise_sequence():
+    """Save after two steps, load into a fresh optimizer: the third step is bitwise the uninterrupted one."""
+    cfg = _cfg("--repulsive-method", "sgld")
+    model = _model(cfg)
+    opt = _build(cfg, list(model.parameters()))
+    for _ in range(2):
+        _update(opt, model)
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = copy.deepcopy(opt.state_dict())  # a checkpoint's copy: state_dict() holds the live tensors
+    _update(opt, model)
+    straight = _particle_state(model)
+
+    model.load_state_dict(saved_model)
+    fresh = _build(cfg, list(model.parameters()))
+    fresh.load_state_dict(saved_opt)
+    assert fresh.optimizer.num_steps == 2
+    _update(fresh, model)
+    assert all(torch.equal(a, b) for a, b in zip(_particle_state(model), straight))
+
+    model.load_state_dict(saved_model)  # without the step count the noise starts over: a different step
+    restarted = _build(cfg, list(model.parameters()))
+    restarted_state = dict(saved_opt)
+    restarted_state.pop("repulsive_adam")
+    restarted.load_state_dict(restarted_state)
+    _update(restarted, model)
+    assert not any(torch.equal(a, b) for a, b in zip(_particle_state(model), straight))
+
+
+@pytest.mark.parametrize("method,flags,message", [
+    ("sgld", ("--repulsive-alpha", "0.5"), "--repulsive-alpha 0.5 would do nothing with --repulsive-method sgld"),
+    ("sgld", ("--repulsive-bandwidth", "authors"),
+     "--repulsive-bandwidth authors would do nothing with --repulsive-method sgld"),
+    ("sgld", ("--repulsive-alpha", "0", "--repulsive-bandwidth", "2.5"),
+     "--repulsive-alpha 0.0, --repulsive-bandwidth 2.5 would do nothing with --repulsive-method sgld"),
+    ("svgd", ("--repulsive-beta", "0.01"), "--repulsive-beta 0.01 would do nothing with --repulsive-method svgd"),
+    ("svgd", ("--repulsive-noise-scale", "grad_median"),
+     "--repulsive-noise-scale grad_median would do nothing with --repulsive-method svgd"),
+    ("sgld", ("--repulsive-beta", "0"), "--repulsive-method sgld needs --repulsive-beta > 0"),
+])
+def test_options_a_method_does_not_read_are_refused(method, flags, message):
+    cfg = _cfg("--repulsive-method", method, *flags)
+    model = _model(cfg)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _build(cfg, list(model.parameters()))
+
+
+def test_options_a_method_does_not_read_are_accepted_at_their_defaults():
+    cfg = _cfg("--repulsive-method", "sgld", "--repulsive-alpha", "0.01", "--repulsive-bandwidth", "median")
+    model = _model(cfg)
+    assert _build(cfg, list(model.parameters())).optimizer.rule.method == "sgld"
+
+
 # ---------------------------------------------------------------------------- end to end (CLI)
 
 
@@ -545,8 +685,9 @@ def test_two_gloo_ranks_stay_identical_with_spos(tiny_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_continues_the_same_spos_run(tiny_data, tmp_path):
-    extra = ["--optimizer", "repulsive_adam", "--repulsive-method", "spos"]
+@pytest.mark.parametrize("method", ["spos", "sgld"])
+def test_resume_continues_the_same_noisy_run(tiny_data, tmp_path, method):
+    extra = ["--optimizer", "repulsive_adam", "--repulsive-method", method]
     run_cli("train", tiny_train_args(tiny_data, tmp_path / "straight", max_update=4, extra=extra))
     run_cli("train", tiny_train_args(tiny_data, tmp_path / "resumed", max_update=2, extra=extra))
     second = run_cli("train", tiny_train_args(tiny_data, tmp_path / "resumed", max_update=4, extra=extra))
@@ -557,3 +698,16 @@ def test_resume_continues_the_same_spos_run(tiny_data, tmp_path):
     assert resumed["last_optimizer_state"]["repulsive_adam"]["num_steps"] == 4
     for name, value in straight["model"].items():
         torch.testing.assert_close(resumed["model"][name], value, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_sgld_trains_a_tiny_model(tiny_data, tmp_path):
+    from test_disagreement_e2e import parse_log
+
+    proc = run_cli("train", tiny_train_args(tiny_data, tmp_path, max_update=20, extra=[
+        "--optimizer", "repulsive_adam", "--repulsive-method", "sgld", "--no-save"]))
+    log = proc.stdout + proc.stderr
+    assert "repulsive_adam: sgld on 18 particle sets" in log
+    losses = [r["loss"] for r in parse_log(log)]
+    assert len(losses) == 20
+    assert sum(losses[-3:]) / 3 < losses[0] - 1.0, losses

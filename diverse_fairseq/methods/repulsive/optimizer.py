@@ -1,9 +1,9 @@
 """``--optimizer repulsive_adam`` (repulsive attention, An et al., EMNLP 2020), the fairseq plugin.
 
-Adam whose per-head Q/K/V gradients are replaced by SVGD or SPOS. The math is in :mod:`.svgd`,
-which parameters are particles in :mod:`.particles` (models are found through :mod:`diverse_fairseq.methods.hooks`),
-the torch optimizer (transform, then Adam) in :mod:`.particle_adam`, the fp16/bf16/AMP paths in
-:mod:`.precision`. Here: the options, their checks, the particle selection, and a ``step()`` that hands
+Adam whose per-head Q/K/V gradients are replaced by SVGD, SPOS or (for the paper's comparison) SGLD. The
+math is in :mod:`.svgd`, which parameters are particles in :mod:`.particles` (models are found through
+:mod:`diverse_fairseq.methods.hooks`), the torch optimizer (transform, then Adam) in :mod:`.particle_adam`,
+the fp16/bf16/AMP paths in :mod:`.precision`. Here: the options, their checks, the particle selection, and a ``step()`` that hands
 the true gradient scale to the torch optimizer.
 """
 
@@ -28,41 +28,52 @@ from diverse_fairseq.methods.repulsive.svgd import NOISE_SCALES, parse_bandwidth
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("svgd", "spos")
+METHODS = ("svgd", "spos", "sgld")
+# the --repulsive-* options of the update rule that each method reads; setting another one (to a value other
+# than its default) would do nothing, so it is refused
+RULE_OPTIONS = ("alpha", "stepsize", "bandwidth", "beta", "noise_scale")
+METHOD_OPTIONS = {
+    "svgd": ("alpha", "stepsize", "bandwidth"),
+    "spos": ("alpha", "stepsize", "bandwidth", "beta", "noise_scale"),
+    "sgld": ("stepsize", "beta", "noise_scale"),
+}
 
 
 @dataclass
 class RepulsiveAdamConfig(FairseqAdamConfig):
     repulsive_method: ChoiceEnum(METHODS) = field(
         default="svgd",
-        metadata={"help": "particle-optimization rule for the attention heads: svgd (paper Eq. 4) or "
-                          "spos (Eq. 5, SVGD plus beta·g and Gaussian noise)"},
+        metadata={"help": "particle-optimization rule for the attention heads: svgd (paper Eq. 4), "
+                          "spos (Eq. 5, SVGD plus beta·g and Gaussian noise) or sgld (the paper's comparison, "
+                          "Appendix C.1: SPOS without the kernel terms, i.e. each head's own beta·g plus the same "
+                          "noise; no repulsion)"},
     )
     repulsive_alpha: float = field(
-        default=0.01, metadata={"help": "repulsive weight alpha in front of the kernel-gradient term"}
+        default=0.01, metadata={"help": "svgd, spos: repulsive weight alpha in front of the kernel-gradient term"}
     )
     repulsive_stepsize: float = field(
         default=0.1,
         metadata={"help": "stepsize epsilon multiplying the particle update (the paper's value for both "
                           "translation tasks, Appendix B.2.3: 0.1; the authors' IWSLT script uses 0.01). "
                           "Adam is invariant to a constant factor on a gradient, so for svgd epsilon changes "
-                          "nothing; it matters only for spos (noise scale sqrt(2·beta/epsilon))"},
+                          "nothing; it matters for spos (noise scale sqrt(2·beta/epsilon)) and, through the "
+                          "product epsilon·beta, for sgld"},
     )
     repulsive_beta: float = field(
         default=1e-3,
-        metadata={"help": "SPOS only: beta, which the paper's SPOS (Eq. 5) writes as beta^-1: adds "
-                          "beta·g_i and noise -sqrt(2·beta/epsilon)·xi_i inside the update"},
+        metadata={"help": "spos, sgld: beta, which the paper's SPOS (Eq. 5) writes as beta^-1: adds "
+                          "beta·g_i and noise -sqrt(2·beta/epsilon)·xi_i inside the update (sgld needs beta > 0)"},
     )
     repulsive_bandwidth: str = field(
         default="median",
-        metadata={"help": "RBF bandwidth: median (paper: h = med^2/ln M over distances between distinct "
+        metadata={"help": "svgd, spos: RBF bandwidth: median (paper: h = med^2/ln M over distances between distinct "
                           "heads, kernel exp(-D^2/h)), authors (the authors' code: h = 0.5 · median of all "
                           "M^2 squared distances / ln(M+1), kernel exp(-D^2/2h), repulsive factor 1/h) or a "
                           "fixed positive number h (paper kernel)"},
     )
     repulsive_noise_scale: ChoiceEnum(NOISE_SCALES) = field(
         default="unit",
-        metadata={"help": "SPOS only: unit (the paper's formula) or grad_median (noise times the median |g| of "
+        metadata={"help": "spos, sgld: unit (the paper's formula) or grad_median (noise times the median |g| of "
                           "the particle set, as in the authors' code)"},
     )
     repulsive_attention: str = attention_types_field("whose heads are particles (all three, the default: every type "
@@ -82,9 +93,33 @@ class RepulsiveAdamConfig(FairseqAdamConfig):
     zero_sharding: str = II("distributed_training.zero_sharding")
 
 
+def _refuse_idle_options(cfg: RepulsiveAdamConfig, method: str) -> None:
+    """Refuse the update-rule options that ``method`` does not read, where they differ from their defaults."""
+    idle = []
+    for name in RULE_OPTIONS:
+        if name in METHOD_OPTIONS[method]:
+            continue
+        value = getattr(cfg, f"repulsive_{name}")
+        default = RepulsiveAdamConfig.__dataclass_fields__[f"repulsive_{name}"].default
+        if name == "bandwidth":
+            value, default = parse_bandwidth(value), parse_bandwidth(default)
+        elif name != "noise_scale":
+            value, default = float(value), float(default)
+        if str(value) != str(default):
+            idle.append(f"--repulsive-{name.replace('_', '-')} {value}")
+    if idle:
+        users = {n: [m for m in METHODS if n in METHOD_OPTIONS[m]] for n in RULE_OPTIONS}
+        raise ValueError(
+            f"{', '.join(idle)} would do nothing with --repulsive-method {method} (it reads only "
+            f"{', '.join('--repulsive-' + n.replace('_', '-') for n in METHOD_OPTIONS[method])}): drop the option"
+            f"{'s' if len(idle) > 1 else ''}, or choose a method that uses it ("
+            + "; ".join(f"--repulsive-{n.replace('_', '-')}: {', '.join(users[n])}" for n in RULE_OPTIONS
+                        if n not in METHOD_OPTIONS[method]) + ")")
+
+
 @register_optimizer(OPTIMIZER_NAME, dataclass=RepulsiveAdamConfig)
 class RepulsiveAdam(AmpAwareStep, FairseqAdam):
-    """Adam with repulsive (SVGD/SPOS) updates of attention heads (An et al., EMNLP 2020)."""
+    """Adam with repulsive (SVGD/SPOS) updates of attention heads (An et al., EMNLP 2020), or SGLD ones."""
 
     def __init__(self, cfg: RepulsiveAdamConfig, params):
         FairseqOptimizer.__init__(self, cfg)  # not FairseqAdam's: it would build its own torch optimizer
@@ -106,6 +141,10 @@ class RepulsiveAdam(AmpAwareStep, FairseqAdam):
             raise ValueError(f"--repulsive-stepsize must be positive, got {rule.stepsize}")
         if method == "spos" and rule.beta < 0:
             raise ValueError(f"--repulsive-beta must be >= 0, got {rule.beta}")
+        if method == "sgld" and not rule.beta > 0:
+            raise ValueError(f"--repulsive-method sgld needs --repulsive-beta > 0 (with 0 the heads get neither "
+                             f"gradient nor noise), got {cfg.repulsive_beta}")
+        _refuse_idle_options(cfg, method)
         self.attention_types = parse_names(cfg.repulsive_attention, ATTENTION_TYPES, "--repulsive-attention")
         self.projections = parse_names(cfg.repulsive_projections, PROJECTIONS, "--repulsive-projections")
         self.layers = parse_layer_spec(cfg.repulsive_layers, "--repulsive-layers", ALL_LAYERS)
@@ -118,8 +157,7 @@ class RepulsiveAdam(AmpAwareStep, FairseqAdam):
             f"{OPTIMIZER_NAME}: {method} on {len(self.particle_tags)} particle sets "
             f"({', '.join(f'{k}: {v}' for k, v in per_type.items())}; "
             f"M×D = {', '.join(f'{g.num_heads}×{g.dim}' for g in self.optimizer.particle_groups)}), "
-            f"alpha={rule.alpha}, stepsize={rule.stepsize}, bandwidth={rule.bandwidth}"
-            + (f", beta={rule.beta}, noise={rule.noise_scale}" if method == "spos" else "")
+            + ", ".join(f"{name}={getattr(rule, name)}" for name in METHOD_OPTIONS[method])
         )
 
     def _select_particles(self, params) -> List[tuple]:

@@ -1,19 +1,19 @@
-"""The torch optimizer of ``repulsive_adam``: SVGD/SPOS transform of the particle gradients, then Adam.
+"""The torch optimizer of ``repulsive_adam``: SVGD/SPOS/SGLD transform of the particle gradients, then Adam.
 
 Repulsive attention (An et al., EMNLP 2020, Algorithm 1): every chosen q/k/v projection weight is a set
 of M = H particles (its per-head row blocks, :mod:`.particles`) and, inside ``step()``, its gradient is
-replaced by the particle-optimization direction of :mod:`.svgd` (SVGD, Eq. 4, or SPOS, Eq. 5)
-before the Adam update. All other parameters get plain fairseq Adam (``fairseq.optim.adam.Adam``; same
-math, decoupled weight decay).
+replaced by the particle-optimization direction of :mod:`.svgd` (SVGD, Eq. 4, or SPOS, Eq. 5; or SGLD,
+the paper's kernel-free comparison of Appendix C.1) before the Adam update. All other parameters get plain
+fairseq Adam (``fairseq.optim.adam.Adam``; same math, decoupled weight decay).
 
 Why the Adam update is a copy and not ``super().step()``: fairseq's ``Adam.step`` reads ``p.grad``, but
 under ``--memory-efficient-fp16`` ``p.grad`` is fp16 and the transformed gradient (like every gradient
 times the 1/loss-scale factor) is fp32; writing it into ``.grad`` would round it to fp16 and scaling all
 gradients in fp32 up front would hold a second fp32 copy of them, so neither is the same update.
 
-SPOS noise comes from a generator seeded by (``--seed``, number of steps taken by this optimizer), so all
-data-parallel workers draw the same noise; the step count is part of the optimizer state dict, so it is
-saved in checkpoints and resuming continues the noise sequence.
+SPOS and SGLD noise comes from a generator seeded by (``--seed``, number of steps taken by this optimizer),
+so all data-parallel workers draw the same noise; the step count is part of the optimizer state dict, so it
+is saved in checkpoints and resuming continues the noise sequence.
 """
 
 import math
@@ -25,22 +25,23 @@ import torch
 from fairseq.optim.adam import Adam
 
 from diverse_fairseq.methods.repulsive.particles import ParticleTag
-from diverse_fairseq.methods.repulsive.svgd import spos_update_, svgd_update_
+from diverse_fairseq.methods.repulsive.svgd import sgld_update_, spos_update_, svgd_update_
 
 OPTIMIZER_NAME = "repulsive_adam"  # fairseq's --optimizer name; also the state dict's key of num_steps
 
 
 @dataclass(frozen=True)
 class ParticleRule:
-    """The particle update (paper Eq. 4 for ``svgd``; Eq. 5, which adds β·g and noise, for ``spos``)."""
+    """The particle update (paper Eq. 4 for ``svgd``; Eq. 5, which adds β·g and noise, for ``spos``; β·g and
+    noise without the kernel terms for ``sgld``)."""
 
-    method: str  # "svgd" | "spos"
-    alpha: float
+    method: str  # "svgd" | "spos" | "sgld"
+    alpha: float  # svgd, spos
     stepsize: float
-    bandwidth: Union[str, float]
-    beta: float  # spos only
-    noise_scale: str  # spos only
-    seed: int  # spos only: seeds the noise with the step count
+    bandwidth: Union[str, float]  # svgd, spos
+    beta: float  # spos, sgld
+    noise_scale: str  # spos, sgld
+    seed: int  # spos, sgld: seeds the noise with the step count
 
 
 def _stack_into(views: List[torch.Tensor], out: torch.Tensor) -> None:
@@ -77,7 +78,7 @@ class ParticleAdam(Adam):
     """fairseq's Adam (same update, same state) whose particle gradients are first transformed.
 
     :meth:`set_particles` names the particle weights (with tags) and the :class:`ParticleRule`; ``step(inv_scale=c)``
-    uses the SVGD/SPOS direction of ``p.grad`` × c for those, ``p.grad`` × c for the rest (c = None means 1).
+    uses the SVGD/SPOS/SGLD direction of ``p.grad`` × c for those, ``p.grad`` × c for the rest (c = None means 1).
     Counts its steps (``num_steps``, kept in its state dict).
     """
 
@@ -123,20 +124,21 @@ class ParticleAdam(Adam):
         """The transformed gradient (fp32) of every particle weight with a gradient, by ``id(param)``.
 
         Algorithm 1 of An et al. (2020): the gradients g_i of the M particles of each set become the
-        SVGD direction (Eq. 4) or the SPOS one (Eq. 5), which Adam then applies. ``inv_scale``
-        multiplies the raw gradients first (1 / loss scale and clip factor). The returned tensors are
-        views of work buffers that the next call overwrites.
+        SVGD direction (Eq. 4), the SPOS one (Eq. 5) or the SGLD one, which Adam then applies.
+        ``inv_scale`` multiplies the raw gradients first (1 / loss scale and clip factor). The returned
+        tensors are views of work buffers that the next call overwrites.
         """
         rule = self.rule
         overrides: Dict[int, torch.Tensor] = {}
-        generators: Dict[str, torch.Generator] = {}  # SPOS: seeded once per step and device
+        generators: Dict[str, torch.Generator] = {}  # SPOS/SGLD: seeded once per step and device
         for group in self.particle_groups:
             live = [p for p in group.params if p.grad is not None]
             if not live:
                 continue
             m, d = group.num_heads, group.dim
             theta, grad, out = group.buffers(len(live), live[0])  # [G, M, D] each
-            _stack_into([p.detach().reshape(m, d) for p in live], theta)
+            if rule.method != "sgld":  # SGLD does not read θ: the buffer only holds its noise
+                _stack_into([p.detach().reshape(m, d) for p in live], theta)
             _stack_into([p.grad.detach().reshape(m, d) for p in live], grad)
             if rule.method == "svgd":
                 svgd_update_(theta, grad, out, rule.alpha, rule.stepsize, rule.bandwidth, grad_scale=inv_scale)
@@ -145,17 +147,18 @@ class ParticleAdam(Adam):
                 if key not in generators:  # the same (seed, step) on every worker and after resuming
                     generators[key] = torch.Generator(device=theta.device)
                     generators[key].manual_seed((rule.seed * 1_000_003 + self.num_steps) % (2**63 - 1))
-                spos_update_(
-                    theta, grad, out, rule.alpha, rule.stepsize, rule.beta, rule.bandwidth,
-                    generator=generators[key], noise_scale=rule.noise_scale, grad_scale=inv_scale,
-                )
+                noise = dict(generator=generators[key], noise_scale=rule.noise_scale, grad_scale=inv_scale)
+                if rule.method == "spos":
+                    spos_update_(theta, grad, out, rule.alpha, rule.stepsize, rule.beta, rule.bandwidth, **noise)
+                else:
+                    sgld_update_(theta, grad, out, rule.stepsize, rule.beta, **noise)
             for p, new in zip(live, out.unbind(0)):
                 overrides[id(p)] = new.view(p.shape)
         return overrides
 
     @torch.no_grad()
     def step(self, closure=None, inv_scale=None):
-        """One iteration of Algorithm 1: the particle gradients' SVGD/SPOS transform, then the Adam update."""
+        """One iteration of Algorithm 1: the particle gradients' SVGD/SPOS/SGLD transform, then the Adam update."""
         overrides = self.particle_gradients(inv_scale)
         loss = closure() if closure is not None else None
         for group in self.param_groups:

@@ -1,4 +1,4 @@
-"""Particle-optimization updates for attention heads: SVGD and SPOS (An et al., EMNLP 2020).
+"""Particle updates for attention heads: SVGD and SPOS (An et al., EMNLP 2020), and SGLD for comparison.
 
 Repulsive attention treats the M = H heads of one projection (W_Q, W_K or W_V of one attention module)
 as M particles θ_1..θ_M ∈ R^D that sample the posterior of the attention parameter (paper §3–4,
@@ -12,6 +12,15 @@ handed the particle-optimization direction of paper Eq. (4) (SVGD) or Eq. (5) (S
 with ξ_i ~ N(0, I). The optimizer *subtracts* ĝ, so the term −α f (θ_i − θ_j) κ_ij moves θ_i away
 from θ_j: the heads repel each other. α is the repulsive weight of Appendix B.2; our β is what the
 paper's SPOS (Eq. 5) writes as β⁻¹ (the authors' code multiplies the gradient by ``beta``).
+
+SGLD (Welling and Teh 2011; the baseline sampler of the paper's Appendix C.1 / Table 8) is SPOS without its
+kernel terms: each head follows its own gradient plus Langevin noise, with no kernel and no repulsion,
+
+    SGLD:  ĝ_i = ε · ( β g_i − √(2β/ε) ξ_i ) = η g_i − √(2η) ξ_i,   η = ε·β,
+
+i.e. θ_i ← θ_i − η g_i + √(2η) ξ_i, Welling and Teh's update at temperature 1 with their stepsize ε_WT = 2η
+(before Adam). The paper gives no formula or setting for its SGLD; this choice keeps ε, β, the noise (same
+generator, same draws) and the noise scale of SPOS, so that SGLD and SPOS differ by the kernel terms only.
 
 The stepsize ε (paper Appendix B.2.3: 0.1 for both translation tasks) multiplies the whole SVGD
 direction, and Adam's update is invariant to a constant factor on a parameter's gradient (up to Adam's
@@ -38,9 +47,9 @@ Everything is batched: ``theta`` and ``grad`` may be [M, D] or [G, M, D] (G part
 shape, e.g. the Q, K and V weights of every attention module, updated in one call). Squared distances
 come from one Gram matrix per set (``bmm``), computed relative to particle 0 so that they are exact for
 identical particles and suffer less cancellation; no Python loop runs over particles or pairs.
-:func:`svgd_direction` / :func:`spos_direction` are the functional API; :func:`svgd_update_` /
-:func:`spos_update_` write into caller-owned buffers (the optimizer reuses them every step: on CPU a
-fresh allocation of that size costs more than the whole update).
+:func:`svgd_direction` / :func:`spos_direction` / :func:`sgld_direction` are the functional API;
+:func:`svgd_update_` / :func:`spos_update_` / :func:`sgld_update_` write into caller-owned buffers (the
+optimizer reuses them every step: on CPU a fresh allocation of that size costs more than the whole update).
 """
 
 import math
@@ -177,6 +186,44 @@ def svgd_update_(
     return out
 
 
+def _check_noise_options(beta: float, noise_scale: str, method: str) -> None:
+    if beta < 0:
+        raise ValueError(f"{method} needs beta >= 0, got {beta}")
+    if noise_scale not in NOISE_SCALES:
+        raise ValueError(f"noise_scale must be one of {', '.join(NOISE_SCALES)}, got {noise_scale!r}")
+
+
+def _add_langevin_(
+    grad: Tensor,
+    out: Tensor,
+    scratch: Tensor,
+    stepsize: float,
+    beta: float,
+    generator: Optional[torch.Generator],
+    noise_scale: str,
+    grad_scale: Union[None, float, Tensor],
+) -> Tensor:
+    """``out += ε (β g − √(2β/ε) ξ)``, the gradient-and-noise terms shared by SPOS and SGLD.
+
+    ξ is drawn into ``scratch`` [G, M, D] in one ``randn`` call from ``generator``; with
+    ``noise_scale="grad_median"`` it is multiplied by the median |g| of each set. Nothing is added for β = 0.
+    """
+    if beta > 0:
+        if grad_scale is None:
+            out.add_(grad, alpha=stepsize * beta)
+        else:
+            out.add_(grad * (grad_scale * (stepsize * beta)))
+        noise = torch.randn(scratch.shape, generator=generator, out=scratch)  # ξ, reusing the scratch buffer
+        coef = stepsize * math.sqrt(2.0 * beta / stepsize)
+        if noise_scale == "grad_median":
+            med = grad.abs().flatten(1).median(dim=1).values  # [G]
+            if grad_scale is not None:
+                med = med * grad_scale
+            noise.mul_(med.view(-1, 1, 1))
+        out.add_(noise, alpha=-coef)
+    return out
+
+
 def spos_update_(
     theta: Tensor,
     grad: Tensor,
@@ -194,25 +241,33 @@ def spos_update_(
     Same buffers as :func:`svgd_update_`; ``theta`` is reused for the noise ξ, drawn from
     ``generator`` in one ``randn`` call over all [G, M, D] entries.
     """
-    if beta < 0:
-        raise ValueError(f"SPOS needs beta >= 0, got {beta}")
-    if noise_scale not in NOISE_SCALES:
-        raise ValueError(f"noise_scale must be one of {', '.join(NOISE_SCALES)}, got {noise_scale!r}")
+    _check_noise_options(beta, noise_scale, "SPOS")
     svgd_update_(theta, grad, out, alpha, stepsize, bandwidth, grad_scale)
-    if beta > 0:
-        if grad_scale is None:
-            out.add_(grad, alpha=stepsize * beta)
-        else:
-            out.add_(grad * (grad_scale * (stepsize * beta)))
-        noise = torch.randn(theta.shape, generator=generator, out=theta)  # ξ, reusing the scratch buffer
-        coef = stepsize * math.sqrt(2.0 * beta / stepsize)
-        if noise_scale == "grad_median":
-            med = grad.abs().flatten(1).median(dim=1).values  # [G]
-            if grad_scale is not None:
-                med = med * grad_scale
-            noise.mul_(med.view(-1, 1, 1))
-        out.add_(noise, alpha=-coef)
-    return out
+    return _add_langevin_(grad, out, theta, stepsize, beta, generator, noise_scale, grad_scale)
+
+
+def sgld_update_(
+    scratch: Tensor,
+    grad: Tensor,
+    out: Tensor,
+    stepsize: float,
+    beta: float,
+    generator: Optional[torch.Generator] = None,
+    noise_scale: str = "unit",
+    grad_scale: Union[None, float, Tensor] = None,
+) -> Tensor:
+    """Batched SGLD gradient written into ``out``: ĝ_i = ε (β g_i − √(2β/ε) ξ_i) (module docstring).
+
+    SPOS without the kernel terms, elementwise over all [G, M, D] entries (no loop over heads). The
+    positions θ are not needed: ``scratch`` [G, M, D] only receives the noise ξ, drawn from ``generator``
+    exactly as :func:`spos_update_` draws it (same call, same shape, same dtype), so for the same
+    generator state SGLD and SPOS inject the same noise. β must be > 0 (β = 0 would freeze the particles).
+    """
+    _check_noise_options(beta, noise_scale, "SGLD")
+    if beta == 0:
+        raise ValueError("SGLD needs beta > 0 (with beta = 0 the particles get no gradient and no noise)")
+    out.zero_()
+    return _add_langevin_(grad, out, scratch, stepsize, beta, generator, noise_scale, grad_scale)
 
 
 def svgd_direction(
@@ -262,4 +317,24 @@ def spos_direction(
         theta, grad, out, float(alpha), float(stepsize), float(beta), parse_bandwidth(bandwidth),
         generator=generator, noise_scale=noise_scale,
     )
+    return out.squeeze(0) if single else out
+
+
+def sgld_direction(
+    grad: Tensor,
+    stepsize: float = 0.1,
+    beta: float = 1e-3,
+    generator: Optional[torch.Generator] = None,
+    noise_scale: str = "unit",
+) -> Tensor:
+    """The SGLD replacement gradient: ĝ_i = ε (β g_i − √(2β/ε) ξ_i) (module docstring).
+
+    ``grad`` is [M, D] or [G, M, D]; ξ is drawn as in :func:`spos_direction` (one ``torch.randn`` of the
+    [G, M, D] shape from ``generator``, compute dtype), so with the same generator state both inject the
+    same noise. ``noise_scale`` as for SPOS.
+    """
+    _, grad, single = _as_sets(grad, grad)
+    out = torch.empty_like(grad)
+    sgld_update_(torch.empty_like(grad), grad, out, float(stepsize), float(beta), generator=generator,
+                 noise_scale=noise_scale)
     return out.squeeze(0) if single else out
