@@ -39,19 +39,19 @@ from diverse_fairseq.methods.sites import attention_sites
 from diverse_fairseq.methods.routing.options import add_routing_args, routing_architecture, routing_plan
 
 
+def diverse_attention(layer, embed_dim, cfg, side, **kwargs) -> DiverseMultiheadAttention:
+    """The attention module fairseq's layer builders make (heads of ``side``, ``cfg.encoder`` or ``cfg.decoder``;
+    attention dropout; the layer's quant-noise), as a :class:`DiverseMultiheadAttention`."""
+    kwargs.setdefault("xformers_att_config", side.xformers_att_config)
+    return DiverseMultiheadAttention(embed_dim, side.attention_heads, dropout=cfg.attention_dropout,
+                                     q_noise=layer.quant_noise, qn_block_size=layer.quant_noise_block_size, **kwargs)
+
+
 class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer with a :class:`DiverseMultiheadAttention` self-attention."""
 
     def build_self_attention(self, embed_dim, cfg):
-        return DiverseMultiheadAttention(
-            embed_dim,
-            cfg.encoder.attention_heads,
-            dropout=cfg.attention_dropout,
-            self_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            xformers_att_config=cfg.encoder.xformers_att_config,
-        )
+        return diverse_attention(self, embed_dim, cfg, cfg.encoder, self_attention=True)
 
 
 class DiverseTransformerDecoderLayer(TransformerDecoderLayerBase):
@@ -74,30 +74,13 @@ class DiverseTransformerDecoderLayer(TransformerDecoderLayerBase):
             cross.query_padding_mask = None
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        return DiverseMultiheadAttention(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            dropout=cfg.attention_dropout,
-            add_bias_kv=add_bias_kv,
-            add_zero_attn=add_zero_attn,
-            self_attention=not cfg.cross_self_attention,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            xformers_att_config=cfg.decoder.xformers_att_config,
-        )
+        return diverse_attention(self, embed_dim, cfg, cfg.decoder, add_bias_kv=add_bias_kv,
+                                 add_zero_attn=add_zero_attn, self_attention=not cfg.cross_self_attention)
 
     def build_encoder_attention(self, embed_dim, cfg):
-        return DiverseMultiheadAttention(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            kdim=cfg.encoder.embed_dim,
-            vdim=cfg.encoder.embed_dim,
-            dropout=cfg.attention_dropout,
-            encoder_decoder_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            xformers_att_config=cfg.encoder.xformers_att_config,
-        )
+        return diverse_attention(self, embed_dim, cfg, cfg.decoder, kdim=cfg.encoder.embed_dim,
+                                 vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True,
+                                 xformers_att_config=cfg.encoder.xformers_att_config)
 
 
 def as_namespace(args):
