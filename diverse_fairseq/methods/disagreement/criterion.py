@@ -124,14 +124,17 @@ class DisagreementTerm:
         of the recorded heads (``heads(site)`` → ``{tap: tensor}``) over the non-padding tokens: the source tokens
         (``net_input.src_tokens``: translation's encoder, RoBERTa) or the target tokens (translation's decoder, and
         the language model, whose decoder input is padded where its target is)."""
-        pads = {"source": lambda: sample["net_input"]["src_tokens"].eq(self.source_padding_idx),  # [B, S]
-                "target": lambda: sample["target"].eq(self.padding_idx)}  # [B, T]
+        def side(site: AttentionSite, term: str) -> str:
+            return site.key_side if term == "sub" else site.query_side
+
+        masks = {"source": lambda: sample["net_input"]["src_tokens"].eq(self.source_padding_idx),  # [B, S]
+                 "target": lambda: sample["target"].eq(self.padding_idx)}  # [B, T]
+        pads = {name: masks[name]() for name in {side(s, t) for s in sites for t in self.terms}}  # each once
         sims: Dict[str, Tensor] = {}
         for attention_type in self.attention_types:
             of_type = [s for s in sites if s.attention_type == attention_type]
             for term in self.terms:
-                per_layer = [_SIMILARITY[term](heads(s)[_TAP_OF_TERM[term]],
-                                               pads[s.key_side if term == "sub" else s.query_side]()) for s in of_type]
+                per_layer = [_SIMILARITY[term](heads(s)[_TAP_OF_TERM[term]], pads[side(s, term)]) for s in of_type]
                 sims[f"{term}_{attention_type}"] = torch.stack(per_layer).mean()
         return sims
 
