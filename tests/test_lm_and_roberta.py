@@ -220,6 +220,32 @@ def test_routing_is_installed_trains_and_keeps_causality_and_padding(dicts, fami
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_a_stock_checkpoint_loads_into_a_routed_model(dicts, family, caplog):
+    """Fine-tuning a pre-trained stock model with routing: fairseq's strict load succeeds, every parameter the
+    two models share is the checkpoint's, the routed layer's out_proj is dropped with a warning naming it and
+    its aggregator keeps its initialisation; the routed model's own checkpoint loads back unchanged."""
+    flag = "--routing-decoder-layers" if family == "lm" else "--routing-encoder-layers"
+    _, _, stock = build(dicts, family, ARCH[family][0], seed=1)
+    _, _, routed = build(dicts, family, ARCH[family][1], flag, "0", "--routing-type", "em")
+    name = next(n for n, m in routed.named_modules() if m is attention_sites(routed)[0].module)
+    before = {k: v.clone() for k, v in routed.state_dict().items()}
+    checkpoint = stock.state_dict()
+    with caplog.at_level("WARNING"):
+        routed.load_state_dict(dict(checkpoint), strict=True)
+    after = routed.state_dict()
+    dropped = [k for k in checkpoint if k not in after]
+    assert dropped and all(k.startswith(f"{name}.out_proj.") for k in dropped)
+    assert all(torch.equal(after[k], checkpoint[k]) for k in checkpoint if k in after)
+    new = [k for k in after if k not in checkpoint]
+    assert new and all(k.startswith(f"{name}.aggregator.") for k in new)
+    assert all(torch.equal(after[k], before[k]) for k in new)
+    assert f"{name}: the checkpoint has no routing aggregator" in caplog.text
+    own = {k: v.clone() for k, v in after.items()}
+    routed.load_state_dict(dict(own), strict=True)
+    assert all(torch.equal(routed.state_dict()[k], own[k]) for k in own)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_bad_routing_flags_are_refused(dicts, family):
     own, foreign = (("--routing-decoder-layers", "--routing-encoder-layers") if family == "lm"
                     else ("--routing-encoder-layers", "--routing-decoder-layers"))

@@ -17,6 +17,7 @@ Heads are observed only through :func:`diverse_fairseq.methods.sites.observe`, w
 the duration of a ``with`` block.
 """
 
+import logging
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -24,6 +25,8 @@ import torch.nn.functional as F
 from fairseq import utils
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
+
+logger = logging.getLogger(__name__)
 
 
 class DiverseMultiheadAttention(MultiheadAttention):
@@ -69,6 +72,27 @@ class DiverseMultiheadAttention(MultiheadAttention):
             nn.init.xavier_uniform_(proj.weight, gain=gain)
         if hasattr(self.aggregator, "reset_parameters"):
             self.aggregator.reset_parameters()
+
+    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> None:
+        """Load a checkpoint of the same model without routing (stock fairseq or ours) into a routed module.
+
+        Such a checkpoint has this module's ``out_proj`` and no ``aggregator``: its ``out_proj`` is dropped
+        and the aggregator keeps the initialisation it was built with (what fine-tuning a pre-trained model
+        with routing-by-agreement means, e.g. ``--restore-file roberta.pt --reset-optimizer``). Each such
+        module is logged, so that nothing is dropped silently. fairseq calls this before loading strictly."""
+        super().upgrade_state_dict_named(state_dict, name)
+        if self.aggregator is None:
+            return
+        prefix = f"{name}." if name else ""
+        out_proj = [k for k in state_dict if k.startswith(f"{prefix}out_proj.")]
+        if not out_proj or any(k.startswith(f"{prefix}aggregator.") for k in state_dict):
+            return
+        for key in out_proj:
+            del state_dict[key]
+        for key, value in self.aggregator.state_dict().items():
+            state_dict[f"{prefix}aggregator.{key}"] = value.detach().clone()
+        logger.warning("%s: the checkpoint has no routing aggregator here; its out_proj (%s) is dropped and "
+                       "the aggregator starts from its initialisation", name or "attention", ", ".join(out_proj))
 
     def combine_heads(self, o: Tensor, query_padding_mask: Optional[Tensor] = None) -> Tensor:
         """Record, mask, concatenate and project the head outputs ``o`` [B, H, T, d]: ``[T, B, E]``.

@@ -173,6 +173,9 @@ CASES: Dict[str, Callable[[Context], Case]] = {
     "disagreement_pos_all": disagreement_case("pos"),
     "disagreement_sub_all": disagreement_case("sub"),
     "repulsive_svgd_all": repulsive_case(repulsive_method="svgd"),
+    # the two noisy samplers of EMNLP 2020 Table 8 on the same particles: SPOS (Eq. 5) and SGLD (no kernel)
+    "repulsive_spos_all": repulsive_case(repulsive_method="spos"),
+    "repulsive_sgld_all": repulsive_case(repulsive_method="sgld"),
     # routing-by-agreement (NAACL 2019): EM routing in the lowest two encoder layers (the paper's
     # "Effective Aggregation"), in all encoder layers, in every attention module; beam search with the first
     # (encoder routing runs once per test sentence, not once per decoding step)
