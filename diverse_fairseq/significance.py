@@ -41,6 +41,12 @@ def _metric(tokenize: str, lowercase: bool, effective_order: bool = False):
     return BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none", effective_order=effective_order)
 
 
+def length_ratio(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a", lowercase: bool = False) -> float:
+    """Hypothesis length over reference length in BLEU's tokens: the ratio behind its brevity penalty."""
+    score = _metric(tokenize, lowercase).corpus_score(list(hyps), [list(refs)])
+    return score.sys_len / score.ref_len
+
+
 def sign_test_p(plus: int, minus: int) -> float:
     """Exact two-sided binomial p-value of ``plus`` successes out of ``plus + minus`` with p = ½."""
     n = plus + minus

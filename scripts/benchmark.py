@@ -1,12 +1,15 @@
 #!/usr/bin/env python
 """Training-step time and peak memory of diverse-fairseq's methods relative to stock fairseq.
 
-Every case is measured in the same process against the same baseline: fairseq's ``transformer`` with
-``label_smoothed_cross_entropy`` at ``transformer_iwslt_de_en`` size (512 dim, 4 heads, 6+6 layers,
-FFN 1024, dropout 0.3, shared decoder input/output embeddings, 10k joined vocabulary), Adam, on the
-same synthetic batches. All models start from the baseline's weights. After warm-up, the cases run
+Every case is measured in the same process against its stock-fairseq baseline, on the same synthetic
+batches: for translation, fairseq's ``transformer`` with ``label_smoothed_cross_entropy`` at
+``transformer_iwslt_de_en`` size (512 dim, 4 heads, 6+6 layers, FFN 1024, dropout 0.3, shared decoder
+input/output embeddings, 10k joined vocabulary), Adam, and all translation models start from its weights;
+for the ``lm_*`` cases, fairseq's ``transformer_lm`` (512 dim, 8 heads, 6 layers, FFN 2048, dropout 0.1,
+same vocabulary) with ``cross_entropy`` and Adam on sequences of ``--lm-length`` tokens, every LM built from
+the same seed (the diverse LM initialises exactly as the stock one). After warm-up, the cases run
 interleaved, one training step each per round (so machine load drifts cancel); a case's time ratio is
-the median over rounds of (case step time / baseline step time in that round).
+the median over rounds of (case step time / its baseline's step time in that round).
 
 Step time. On CUDA: wall-clock time with synchronisation. On CPU the default clock is the CPU time of
 this process (``time.process_time``) with one torch thread: on a machine shared with other jobs the
@@ -31,13 +34,15 @@ A case is one entry of ``CASES`` in ``scripts/benchlib/cases.py`` (measuring: ``
 last line of output is one JSON object ``{case: time ratio, ..., case_peak_mem: memory ratio}``.
 
 Usage: python scripts/benchmark.py [--device cpu|cuda] [--steps N] [--only KEY[,KEY]] [--tokens N]
-       [--beam 5] [--decode-len 30] [--decode-tokens 300]
+       [--beam 5] [--decode-len 30] [--decode-tokens 300] [--model-args '...'] [--lm-length 256]
+       [--lm-arch diverse_transformer_lm] [--lm-model-args '...']
 """
 
 import argparse
 import copy
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -51,10 +56,11 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from fairseq.data import Dictionary  # noqa: E402
+from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask  # noqa: E402
 from fairseq.tasks.translation import TranslationConfig, TranslationTask  # noqa: E402
 
-from benchlib.cases import CASES, Case, Context, build_baseline  # noqa: E402
-from benchlib.measure import peak_memory, synthetic_batches, time_rounds, to_device  # noqa: E402
+from benchlib.cases import CASES, REFERENCES, Case, Context, build_baseline  # noqa: E402
+from benchlib.measure import peak_memory, synthetic_batches, synthetic_lm_batches, time_rounds, to_device  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -78,6 +84,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--decode-len", type=int, default=30, help="decoding steps per sentence (decode cases)")
     parser.add_argument("--decode-tokens", type=int, default=300,
                         help="source tokens per test batch of the decode cases (~12 sentences)")
+    parser.add_argument("--model-args", default="",
+                        help="more model options of every translation model, e.g. '--encoder-layers 3'")
+    parser.add_argument("--lm-arch", default="diverse_transformer_lm", help="the lm_* cases' architecture")
+    parser.add_argument("--lm-model-args", default="", help="more model options of every language model")
+    parser.add_argument("--lm-length", type=int, default=256, help="tokens per sequence of the lm_* cases")
     args = parser.parse_args(argv)
     # stock fairseq hands torch a bool key padding mask with a float causal mask (decoder self-attention)
     warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask")
@@ -101,8 +112,11 @@ def main(argv=None) -> dict:
         dictionary.add_symbol(f"w{i}")
     dictionary.pad_to_multiple_(8)
     task = TranslationTask(TranslationConfig(), dictionary, dictionary)
-    ctx = Context(task, device, args.arch, ["--share-decoder-input-output-embed", "--dropout", "0.3"],
-                  beam=args.beam, decode_len=args.decode_len)
+    ctx = Context(task, device, args.arch,
+                  ["--share-decoder-input-output-embed", "--dropout", "0.3", *shlex.split(args.model_args)],
+                  beam=args.beam, decode_len=args.decode_len,
+                  lm_task=LanguageModelingTask(LanguageModelingConfig(tokens_per_sample=args.lm_length), dictionary),
+                  lm_arch=args.lm_arch, lm_model_args=shlex.split(args.lm_model_args))
 
     torch.manual_seed(args.seed)
     baseline = build_baseline(ctx)
@@ -111,42 +125,54 @@ def main(argv=None) -> dict:
     for key in keys:
         torch.manual_seed(args.seed)
         cases[key] = CASES[key](ctx)
+    for name in sorted({cases[k].reference for k in keys} & set(REFERENCES)):  # e.g. the stock LM
+        torch.manual_seed(args.seed)
+        cases[name] = REFERENCES[name](ctx)
     if any(cases[k].mode == "decode" for k in keys):  # the baseline model's beam search, on its own copy
         stock = copy.deepcopy(baseline.model).eval()
-        cases["baseline_decode"] = Case(stock, None, None, mode="decode", generator=ctx.generator(stock))
-    reference = {"train": "baseline", "decode": "baseline_decode"}
-    batches = [to_device(b, device) for b in synthetic_batches(dictionary, args.batches, tokens, args.seed)]
-    test_batches = [to_device(b, device)
-                    for b in synthetic_batches(dictionary, args.batches, args.decode_tokens, args.seed + 1)]
-    n_params = sum(p.numel() for p in baseline.model.parameters())
-    ntok = statistics.mean(int(b["ntokens"]) for b in batches)
-    print(f"device {device} ({torch.get_num_threads()} threads, {clock_name} clock)  arch {args.arch}  params {n_params / 1e6:.1f}M  "
-          f"~{ntok:.0f} target tokens / batch  {args.steps} rounds after {args.warmup} warm-up steps")
+        cases["baseline_decode"] = Case(stock, None, None, mode="decode", generator=ctx.generator(stock),
+                                        batches="test")
+    needed = {cases[k].reference for k in keys}
+    timed = [n for n in ("baseline", *REFERENCES, "baseline_decode") if n in needed] + keys  # references first
+    batch_sets = {
+        "translation": synthetic_batches(dictionary, args.batches, tokens, args.seed),
+        "test": synthetic_batches(dictionary, args.batches, args.decode_tokens, args.seed + 1),
+        "lm": synthetic_lm_batches(dictionary, args.batches, tokens, args.lm_length, args.seed),
+    }
+    batch_sets = {kind: [to_device(b, device) for b in sets] for kind, sets in batch_sets.items()}
+    print(f"device {device} ({torch.get_num_threads()} threads, {clock_name} clock)  {args.steps} rounds after "
+          f"{args.warmup} warm-up steps")
+    for name in (n for n in timed if n in ("baseline", *REFERENCES)):
+        kind = cases[name].batches
+        ntok = statistics.mean(int(b["ntokens"]) for b in batch_sets[kind])
+        n_params = sum(p.numel() for p in cases[name].model.parameters())
+        arch = args.arch if name == "baseline" else args.lm_arch
+        print(f"  {name}: stock {arch.replace('diverse_', '')}, params {n_params / 1e6:.1f}M, "
+              f"~{ntok:.0f} target tokens / batch ({kind})")
 
     def data(case: Case, i: int) -> dict:
-        return (batches if case.mode == "train" else test_batches)[i % len(batches)]
+        sets = batch_sets[case.batches]
+        return sets[i % len(sets)]
 
-    timing_training = any(cases[k].mode == "train" for k in keys)  # else only decoding is timed
-    ratios = time_rounds(cases, keys, data, args.steps, args.warmup, clock, device, timing_training)
+    ratios = time_rounds(cases, keys, timed, data, args.steps, args.warmup, clock, device)
 
     memory: Dict[str, Dict[str, float]] = {}
-    if not args.no_memory and timing_training:
-        for name in cases:
+    if not args.no_memory:
+        for name in timed:
             if cases[name].mode == "train":
-                memory[name] = peak_memory(cases[name], batches[0], device)
+                memory[name] = peak_memory(cases[name], data(cases[name], 0), device)
 
     result: Dict[str, float] = {}
     print(f"{'case':<28}{'median step (s)':>16}{'time ratio':>12}{'peak mem (MiB)':>16}{'mem ratio':>11}"
           f"{'activations (MiB)':>19}{'act. ratio':>12}")
-    for name, case in cases.items():
-        if not case.times:  # the training baseline when only decoding was timed
-            continue
-        ratio = 1.0 if name in reference.values() else statistics.median(ratios[name])
-        if name not in reference.values():
+    for name in timed:
+        case = cases[name]
+        ratio = statistics.median(ratios[name]) if name in keys else 1.0
+        if name in keys:
             result[name] = round(ratio, 3)
         line = f"{name:<28}{statistics.median(case.times):>16.3f}{ratio:>12.3f}"
         if name in memory:
-            mem, base = memory[name], memory["baseline"]
+            mem, base = memory[name], memory[case.reference if name in keys else name]
             mem_ratio = mem["peak"] / base["peak"]
             act_ratio = mem["activations"] / base["activations"] if base["activations"] > 0 else float("nan")
             line += (f"{mem['peak'] / 2**20:>16.1f}{mem_ratio:>11.3f}"

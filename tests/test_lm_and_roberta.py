@@ -15,6 +15,7 @@ from fairseq.data import data_utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from diverse_fairseq.methods.attention import DiverseMultiheadAttention
+from diverse_fairseq.methods.language_models import take_tensors
 from diverse_fairseq.methods.sites import attention_sites, observe
 from conftest import USER_DIR, run_cli
 from test_disagreement_e2e import parse_log
@@ -108,6 +109,49 @@ def test_diverse_variant_is_the_stock_model(dicts, family):
         ref = logits(family, stock, sample)
         assert torch.equal(logits(family, diverse, sample), ref)
         assert torch.allclose(logits(family, other, sample), ref, atol=1e-6)
+
+
+LM_VARIANTS = {
+    "plain": [],
+    "tied_learned_pos": ["--share-decoder-input-output-embed", "--decoder-learned-pos"],
+    "adaptive": ["--adaptive-input", "--adaptive-input-cutoff", "10,20", "--adaptive-softmax-cutoff", "10,20",
+                 "--tie-adaptive-weights", "--decoder-input-dim", "32", "--decoder-output-dim", "32"],
+}
+
+
+@pytest.mark.parametrize("variant", LM_VARIANTS)
+def test_diverse_lm_is_built_once_from_the_stock_tensors(dicts, variant):
+    """The diverse LM makes exactly the stock model's random draws (its decoder is built on the meta device and
+    takes the stock decoder's tensors instead of being a second model), equals it parameter for parameter, keeps
+    its ties, has no tensor left on the meta device and gives the same outputs."""
+    models, rng = [], []
+    for arch in ARCH["lm"]:
+        _, task, model = build(dicts, "lm", arch, *LM_VARIANTS[variant])
+        models.append(model.eval())
+        rng.append(torch.get_rng_state())
+    stock, diverse = models
+    assert torch.equal(*rng)
+    a, b = stock.state_dict(), diverse.state_dict()
+    assert list(a) == list(b)
+    # _float_tensor: fairseq's uninitialised one-element marker of dtype and device, in the adaptive modules
+    assert all(torch.equal(a[k], b[k]) for k in a if not k.endswith("._float_tensor"))
+
+    def tied(m):
+        return {n for n, _ in m.named_parameters(remove_duplicate=False)} - {n for n, _ in m.named_parameters()}
+    assert tied(diverse) == tied(stock)
+    assert not any(t.is_meta for t in [*diverse.parameters(), *diverse.buffers()])
+    sample = batch("lm", task)
+    with torch.no_grad():
+        assert torch.equal(logits("lm", diverse, sample), logits("lm", stock, sample))
+
+
+def test_take_tensors_refuses_a_module_of_another_structure():
+    with torch.device("meta"):
+        target = torch.nn.Sequential(torch.nn.Linear(3, 4))
+    with pytest.raises(ValueError, match="does not match"):
+        take_tensors(target, torch.nn.Sequential(torch.nn.Linear(3, 4, bias=False)))
+    with pytest.raises(ValueError, match="does not match"):
+        take_tensors(target, torch.nn.Sequential(torch.nn.Conv1d(3, 4, 1), torch.nn.ReLU()))
 
 
 # ------------------------------------------------------------------------------ disagreement

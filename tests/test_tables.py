@@ -507,3 +507,28 @@ def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_bin):
     assert json.loads((runs / "dis" / "seed1" / "train.json").read_text())["args"][-2:] == ["--dropout", "0.1"]
     md = (demo_bin / "results" / "demo.md").read_text()
     assert "Reused from earlier invocations (finished runs made by the same command): Transformer (seed 1" in md
+
+
+def test_a_row_the_two_tests_disagree_on_is_explained(tmp_path):
+    """Too short a baseline; a system that adds one word to most of its sentences and ruins a sixth of them:
+    most swaps lower the brevity penalty (sign test ‡), corpus BLEU falls (no bootstrap mark). The report says
+    so, with the counts and both length ratios."""
+    from diverse_fairseq.significance import length_ratio
+
+    refs = _refs(120)
+    base = [" ".join(r.split()[: len(r.split()) // 2]) for r in refs]
+    system = [" ".join("yy" for _ in b.split()) if i < 20 else b + " zz" for i, b in enumerate(base)]
+    results = {"base": [_fake_run(tmp_path, "base", 1, base, refs)], "d": [_fake_run(tmp_path, "d", 1, system, refs)]}
+    table = _table("  - {id: base, label: B, family: transformer}\n  - {id: d, label: D, family: transformer}\n")
+    summary = report.summarise(table, results, "demo", "demo")
+    sig = summary["rows"][1]["significance"]
+    assert sig["sign_test"]["mark"] == report.DOUBLE_DAGGER and sig["bootstrap"]["mark"] == "" and sig["delta"] < 0
+    assert sig["length_ratio"] == {"row": pytest.approx(length_ratio(system, refs)),
+                                   "baseline": pytest.approx(length_ratio(base, refs))}
+    assert sig["length_ratio"]["baseline"] < sig["length_ratio"]["row"] < 1
+    note = next(line for line in report.to_markdown(summary).splitlines() if line.startswith("The two tests disagree"))
+    assert "on D." in note and "D: sign test 100 better / 20 worse / 0 ties" in note
+    assert f"length ratio (hyp/ref) {length_ratio(system, refs):.3f} against B's {length_ratio(base, refs):.3f}" in note
+    # where the tests agree there is no such note
+    agree = {"base": results["base"], "d": [_fake_run(tmp_path / "agree", "d", 1, refs, refs)]}
+    assert "The two tests disagree" not in report.to_markdown(report.summarise(table, agree, "demo", "demo"))

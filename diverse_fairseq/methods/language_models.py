@@ -17,6 +17,9 @@ attention (An et al., EMNLP 2020, who apply it to ELECTRA-style pre-training and
 
 import dataclasses
 
+import torch
+from torch import nn
+
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, register_model, register_model_architecture
 from fairseq.models.roberta.model import RobertaEncoder, RobertaModel
@@ -47,14 +50,49 @@ class DiverseTransformerLanguageModel(TransformerLanguageModel):
         args = as_namespace(args)  # its architecture function has set the sizes
         plan = routing_plan(args, DECODER_ROUTING)  # validated before the model is built
         # fairseq's build_model hard-codes its decoder class (and builds the character / adaptive input
-        # embeddings): build it, then the same decoder with diverse layers, holding the stock initialisation
+        # embeddings): let it build the stock model, then the same decoder with diverse layers on the meta device
+        # (no memory, no random draws), which takes the stock decoder's tensors: the stock initialisation, and
+        # the start-up time and memory of one model
         stock = super().build_model(args, task)
-        decoder = DiverseTransformerDecoder(TransformerConfig.from_namespace(args), task.target_dictionary,
-                                            stock.decoder.embed_tokens, no_encoder_attn=True)
-        decoder.load_state_dict(stock.decoder.state_dict())
+        with torch.device("meta"):
+            decoder = DiverseTransformerDecoder(TransformerConfig.from_namespace(args), task.target_dictionary,
+                                                stock.decoder.embed_tokens, no_encoder_attn=True)
+        take_tensors(decoder, stock.decoder)
         model = cls(decoder)
         install_routing(model, plan)
         return model
+
+
+def _own_tensors(module: nn.Module):
+    """A module's own tensors: its parameters, its buffers (non-persistent ones included) and its tensor
+    attributes (e.g. the decoder's ``_future_mask``)."""
+    return module._parameters, module._buffers, {k: v for k, v in vars(module).items() if isinstance(v, torch.Tensor)}
+
+
+def _layout(module: nn.Module):
+    """A module's own tensors by name: shape and dtype, or ``None`` (``Linear(bias=False)``'s bias)."""
+    return [{key: t if t is None else (t.shape, t.dtype) for key, t in tensors.items()}
+            for tensors in _own_tensors(module)]
+
+
+def take_tensors(target: nn.Module, source: nn.Module) -> None:
+    """Give ``target``, built on the meta device, the tensors of ``source``, a module of the same structure: the
+    tensors themselves, not copies, so that ties (a shared output projection) are kept."""
+    sources = dict(source.named_modules(remove_duplicate=False))
+    targets = dict(target.named_modules(remove_duplicate=False))
+    for name in sources.keys() | targets.keys():
+        module, other = targets.get(name), sources.get(name)
+        if module is None or other is None or _layout(module) != _layout(other):
+            raise ValueError(f"{type(target).__name__}: module {name or '(top)'} does not match "
+                             f"{type(source).__name__}'s; cannot take its tensors")
+        parameters, buffers, attributes = _own_tensors(other)
+        module._parameters.update(parameters)
+        module._buffers.update(buffers)
+        module.__dict__.update(attributes)
+    left = [f"{name}.{key}" for name, module in target.named_modules()
+            for tensors in _own_tensors(module) for key, t in tensors.items() if t is not None and t.is_meta]
+    if left:
+        raise ValueError(f"{type(target).__name__}: tensors still on the meta device: {', '.join(left)}")
 
 
 class DiverseRobertaEncoder(RobertaEncoder):

@@ -72,9 +72,10 @@ def significance(table: Table, results: Dict[str, List[Dict]], samples: int = SA
 
     Returns ``{row id: {"baseline", "seeds", "sentences", "delta", "bootstrap": {"p_value", "mark"},
     "sign_test": {"better", "worse", "ties", "p_value", "mark"}, "seeds_better", "seeds_total"}}``, where
-    ``delta`` is the BLEU difference on the concatenated outputs and marks are given to improvements only.
+    ``delta`` is the BLEU difference on the concatenated outputs and marks are given to improvements only;
+    ``length_ratio`` holds the row's and the baseline's hypothesis/reference length ratio (BLEU's tokens).
     """
-    from ..significance import paired_bootstrap, sign_test
+    from ..significance import length_ratio, paired_bootstrap, sign_test
 
     by_baseline: Dict[str, List[str]] = {}
     for row in table.rows:
@@ -95,6 +96,7 @@ def significance(table: Table, results: Dict[str, List[Dict]], samples: int = SA
                 raise ValueError(f"rows {row_id} and {base_id} were scored against different references")
             systems[f"row:{row_id}"] = hyps  # prefixed: a row may be called "baseline"
         _, boot = paired_bootstrap(base_hyps, systems, refs, samples=samples)
+        base_ratio = length_ratio(base_hyps, refs)
         for row_id in row_ids:
             hyps = systems[f"row:{row_id}"]
             delta = boot[f"row:{row_id}"]["bleu"] - boot["baseline"]["bleu"]
@@ -108,6 +110,7 @@ def significance(table: Table, results: Dict[str, List[Dict]], samples: int = SA
                                                    DOUBLE_DAGGER)),
                 "seeds_better": sum(r["eval"]["bleu"] > b["eval"]["bleu"] for r, b in per_seed),
                 "seeds_total": len(seeds),
+                "length_ratio": {"row": length_ratio(hyps, refs), "baseline": base_ratio},
             }
     return marks
 
@@ -239,6 +242,30 @@ def reused_note(rows: List[Dict]) -> str:
                ". The other runs were trained by this invocation."))
 
 
+def split_tests_note(rows: List[Dict], by_id: Dict[str, Dict]) -> str:
+    """Why the two tests disagree, for the rows one test marks and the other does not: their counts and
+    p-values, and the output lengths that the sign test weighs per sentence ("" if they agree everywhere)."""
+    split = [r for r in rows if r.get("significance")
+             and bool(r["significance"]["bootstrap"]["mark"]) != bool(r["significance"]["sign_test"]["mark"])]
+    if not split:
+        return ""
+    parts = []
+    for r in split:
+        sig = r["significance"]
+        sign, lengths = sig["sign_test"], sig.get("length_ratio")
+        part = (f"{r['label']}: sign test {sign['better']} better / {sign['worse']} worse / {sign['ties']} ties "
+                f"(p = {sign['p_value']:.2g}), bootstrap p = {sig['bootstrap']['p_value']:.2g}")
+        if lengths:
+            part += (f", length ratio (hyp/ref) {lengths['row']:.3f} against {by_id[r['baseline']]['label']}'s "
+                     f"{lengths['baseline']:.3f}")
+        parts.append(part)
+    return ("The two tests disagree on " + ", ".join(r["label"] for r in split) + ". The sign test counts the "
+            "test sentences whose translation, put in place of the baseline's, raises the baseline's corpus BLEU; "
+            "the bootstrap compares the corpus BLEU of resampled test sets. Below a length ratio of 1 each longer "
+            "sentence softens BLEU's brevity penalty, so a system with longer outputs wins most swaps even where "
+            "its corpus BLEU is no higher: " + "; ".join(parts) + ".")
+
+
 def to_markdown(summary: Dict) -> str:
     """The summary as a markdown table (BLEU, significance, parameters, speeds, paper numbers) and its notes."""
     rows = summary["rows"]
@@ -289,6 +316,9 @@ def to_markdown(summary: Dict) -> str:
         f"paired bootstrap resampling (Koehn 2004; sacrebleu, {SAMPLES} samples); {DAGGER} p < 0.05, "
         f"{DOUBLE_DAGGER} p < 0.01 sign test (Collins et al. 2005, the test of EMNLP 2018); both on the BLEU "
         f"column (sacrebleu, detokenized). Δ: BLEU minus the baseline's."]
+    split = split_tests_note(rows, by_id)
+    if split:
+        notes.append(split)
     if len(baselines) > 1:
         notes.append("As in the papers, each row is tested against the baseline of its own size: "
                      + "; ".join(f"**{by_id[b]['label']}** for " + ", ".join(

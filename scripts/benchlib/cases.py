@@ -1,5 +1,6 @@
-"""The benchmark's cases: the stock-fairseq baseline and the builders of the disagreement, repulsive, routing
-and decode cases, each a ``builder(Context) -> Case`` entry of :data:`CASES`."""
+"""The benchmark's cases: the stock-fairseq baselines (a translation Transformer, a language model) and the
+builders of the disagreement, repulsive, routing and decode cases, each a ``builder(Context) -> Case`` entry of
+:data:`CASES` that names the baseline it is timed against (:data:`REFERENCES`)."""
 
 import argparse
 from dataclasses import dataclass, field
@@ -7,12 +8,16 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 from fairseq import options
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.models.transformer import TransformerModel
+from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.translation import TranslationTask
 
 import diverse_fairseq  # noqa: F401  (registers the plugin)
-from diverse_fairseq.methods.disagreement.criterion import LabelSmoothedCrossEntropyWithDisagreementCriterion
+from diverse_fairseq.methods.disagreement.criterion import (CrossEntropyWithDisagreementCriterion,
+                                                             LabelSmoothedCrossEntropyWithDisagreementCriterion)
 from diverse_fairseq.methods.transformer import DiverseTransformerModel
 from diverse_fairseq.methods.hooks import track_model
 from diverse_fairseq.methods.repulsive.optimizer import RepulsiveAdam, RepulsiveAdamConfig
@@ -22,12 +27,15 @@ LABEL_SMOOTHING = 0.1
 
 @dataclass
 class Context:
-    """What every case builder gets: the task, model arguments and the baseline's weights."""
+    """What every case builder gets: the tasks, model arguments and the translation baseline's weights."""
 
     task: TranslationTask
     device: torch.device
     arch: str
     extra_model_args: List[str]
+    lm_task: Optional[LanguageModelingTask] = None
+    lm_arch: str = "diverse_transformer_lm"
+    lm_model_args: List[str] = field(default_factory=list)
     baseline_state: Optional[Dict[str, torch.Tensor]] = None
     beam: int = 5
     decode_len: int = 30
@@ -44,6 +52,13 @@ class Context:
         parser = options.get_training_parser()
         argv = ["unused-data-dir", "--arch", arch, "--task", "translation", *self.extra_model_args, *extra]
         return options.parse_args_and_arch(parser, input_args=argv)
+
+    def build_lm(self, arch: str, extra=()) -> torch.nn.Module:
+        """A language model as fairseq-train builds it (the stock ``transformer_lm`` takes its sizes from its
+        dataclass config), in training mode on the device."""
+        argv = ["unused-data-dir", "--arch", arch, "--task", "language_modeling", *self.lm_model_args, *extra]
+        cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+        return self.lm_task.build_model(cfg.model).to(self.device).train()
 
     def finish(self, model: torch.nn.Module) -> torch.nn.Module:
         """Load the baseline's weights (same names) and move to the device, in training mode.
@@ -71,10 +86,12 @@ class Case:
     optimizer: object  # zero_grad(set_to_none=...) and step(), e.g. a torch optimizer
     report_memory: bool = False  # put "<key>_peak_mem" in the JSON (the table shows every case)
     times: List[float] = field(default_factory=list)
-    #: "train": one training step per round, against the baseline's training step; "decode": beam search
-    #: over one test batch per round with ``generator``, against the baseline model's beam search
+    #: "train": one training step per round, against the training step of ``reference``; "decode": beam search
+    #: over one test batch per round with ``generator``, against the same beam search with ``reference``'s model
     mode: str = "train"
     generator: Optional[object] = None
+    reference: str = "baseline"  # the case of :data:`REFERENCES` (or "baseline_decode") it is timed against
+    batches: str = "translation"  # its synthetic batches: "translation", "test" (decode cases) or "lm"
 
 
 def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -162,7 +179,35 @@ def decode_case(train_builder: Callable[[Context], Case]):
     def build(ctx: Context) -> Case:
         case = train_builder(ctx)
         case.model.eval()
-        return Case(case.model, None, None, mode="decode", generator=ctx.generator(case.model))
+        return Case(case.model, None, None, mode="decode", generator=ctx.generator(case.model),
+                    reference="baseline_decode", batches="test")
+
+    return build
+
+
+def build_lm_baseline(ctx: Context) -> Case:
+    """fairseq's ``transformer_lm`` (the stock architecture of ``ctx.lm_arch``) with cross-entropy and Adam."""
+    model = ctx.build_lm(ctx.lm_arch.replace("diverse_", ""))
+    criterion = CrossEntropyCriterion(ctx.lm_task, sentence_avg=False)
+    return Case(model, criterion.to(ctx.device), adam(model), batches="lm")
+
+
+def lm_case(method: str, report_memory=False, **options):
+    """A language-model training step against :func:`build_lm_baseline`'s, from the same seed (so from the same
+    weights: the diverse LM initialises exactly as the stock one): ``method`` "disagreement" (the ``out`` term on
+    every layer's self-attention), "repulsive" (SVGD, as ``repulsive_case``) or "routing" (EM routing in the
+    lowest two layers' self-attention)."""
+
+    def build(ctx: Context) -> Case:
+        extra = routing_args(decoder="0,1") if method == "routing" else []
+        model = ctx.build_lm(ctx.lm_arch.replace("diverse_", "") if method == "repulsive" else ctx.lm_arch, extra)
+        if method == "disagreement":
+            criterion = CrossEntropyWithDisagreementCriterion(ctx.lm_task, sentence_avg=False, **options)
+        else:
+            criterion = CrossEntropyCriterion(ctx.lm_task, sentence_avg=False)
+        optimizer = SvgdThenAdam(track_model(model), **options) if method == "repulsive" else adam(model)
+        return Case(model, criterion.to(ctx.device), optimizer, report_memory=report_memory,
+                    reference="baseline_lm", batches="lm")
 
     return build
 
@@ -183,5 +228,12 @@ CASES: Dict[str, Callable[[Context], Case]] = {
     "routing_em_enc_all_train": routing_case(encoder="all"),
     "routing_em_all_train": routing_case(encoder="all", decoder="all", enc_dec="all"),
     "routing_em_enc2_decode": decode_case(routing_case(encoder="0,1")),
+    # the methods on fairseq's transformer_lm (its self-attention is dec_self), against the stock LM
+    "lm_disagreement_out_all": lm_case("disagreement", report_memory=True, disagreement_terms="out"),
+    "lm_repulsive_svgd_all": lm_case("repulsive", repulsive_method="svgd"),
+    "lm_routing_em_dec2_train": lm_case("routing", report_memory=True),
 }
+
+#: the baselines other than the translation one, built when a selected case names them
+REFERENCES: Dict[str, Callable[[Context], Case]] = {"baseline_lm": build_lm_baseline}
 

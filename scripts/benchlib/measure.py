@@ -28,6 +28,20 @@ def synthetic_batches(dictionary: Dictionary, n_batches: int, tokens: int, seed:
     return batches
 
 
+def synthetic_lm_batches(dictionary: Dictionary, n_batches: int, tokens: int, length: int, seed: int) -> List[dict]:
+    """Language-model batches of ``tokens // length`` (at least one) full sequences of ``length`` tokens, the
+    target being the input shifted by one token (``language_modeling`` with ``--sample-break-mode none``)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = max(1, tokens // length)
+    batches = []
+    for _ in range(n_batches):
+        seqs = torch.randint(dictionary.nspecial, len(dictionary), (rows, length + 1), generator=gen)
+        batches.append({"id": torch.arange(rows), "nsentences": rows, "ntokens": rows * length,
+                        "net_input": {"src_tokens": seqs[:, :-1].contiguous(), "src_lengths": torch.full((rows,), length)},
+                        "target": seqs[:, 1:].contiguous()})  # (rows, length) each
+    return batches
+
+
 def to_device(sample, device):
     if torch.is_tensor(sample):
         return sample.to(device)
@@ -101,19 +115,18 @@ def peak_memory(case: Case, sample: dict, device) -> Dict[str, float]:
     return {"peak": persistent + activations, "activations": activations}
 
 
-def time_rounds(cases: Dict[str, Case], keys: List[str], data, steps: int, warmup: int, clock, device,
-                timing_training: bool) -> Dict[str, List[float]]:
-    """``warmup`` unmeasured steps per case, then ``steps`` interleaved rounds (see scripts/benchmark.py): appends
-    each measured time to its case's ``times`` and returns the per-round time ratios of the cases in ``keys``.
-    ``data(case, i)`` is the batch of step ``i``; without ``timing_training`` the training baseline is not run."""
-    for name, case in cases.items():  # warm-up (also creates the optimizer state)
-        if name == "baseline" and not timing_training:
-            continue
+def time_rounds(cases: Dict[str, Case], keys: List[str], timed: List[str], data, steps: int, warmup: int, clock,
+                device) -> Dict[str, List[float]]:
+    """``warmup`` unmeasured steps per case of ``timed`` (the cases of ``keys`` and their references), then
+    ``steps`` interleaved rounds (see scripts/benchmark.py): appends each measured time to its case's ``times``
+    and returns the per-round time ratios of the cases in ``keys``, each against its ``reference``.
+    ``data(case, i)`` is the batch of step ``i``."""
+    for name in timed:  # warm-up (also creates the optimizer state)
         for i in range(warmup):
-            run_step(case, data(case, i))
+            run_step(cases[name], data(cases[name], i))
     sync(device)
 
-    def timed(name: str, r: int) -> float:
+    def timed_step(name: str, r: int) -> float:
         sync(device)
         t0 = clock()
         run_step(cases[name], data(cases[name], r))
@@ -121,19 +134,19 @@ def time_rounds(cases: Dict[str, Case], keys: List[str], data, steps: int, warmu
         return clock() - t0
 
     ratios: Dict[str, List[float]] = {k: [] for k in keys}
+    train = [n for n in timed if cases[n].mode == "train"]
     for r in range(steps):
-        train = [n for n in cases if cases[n].mode == "train" and (n != "baseline" or timing_training)]
         for name in train if r % 2 == 0 else list(reversed(train)):
-            cases[name].times.append(timed(name, r))
+            cases[name].times.append(timed_step(name, r))
         for k in keys:
+            ref = cases[k].reference
             if cases[k].mode == "train":
-                ratios[k].append(cases[k].times[-1] / cases["baseline"].times[-1])
+                ratios[k].append(cases[k].times[-1] / cases[ref].times[-1])
             else:  # a decode case and the baseline's decoding, twice each in ABBA order (drift cancels)
-                ref = "baseline_decode"
                 pair = [k, ref, ref, k] if r % 2 == 0 else [ref, k, k, ref]
                 spent = {k: 0.0, ref: 0.0}
                 for name in pair:
-                    spent[name] += timed(name, r)
+                    spent[name] += timed_step(name, r)
                 cases[k].times.append(spent[k] / 2)
                 cases[ref].times.append(spent[ref] / 2)
                 ratios[k].append(spent[k] / spent[ref])
