@@ -7,7 +7,10 @@ batches: for translation, fairseq's ``transformer`` with ``label_smoothed_cross_
 input/output embeddings, 10k joined vocabulary), Adam, and all translation models start from its weights;
 for the ``lm_*`` cases, fairseq's ``transformer_lm`` (512 dim, 8 heads, 6 layers, FFN 2048, dropout 0.1,
 same vocabulary) with ``cross_entropy`` and Adam on sequences of ``--lm-length`` tokens, every LM built from
-the same seed (the diverse LM initialises exactly as the stock one). After warm-up, the cases run
+the same seed (the diverse LM initialises exactly as the stock one); for the ``roberta_*`` cases, fairseq's
+``roberta`` (base: 768 dim, 12 heads, 12 layers, FFN 3072, same vocabulary) with a two-class classification
+head, ``sentence_prediction`` and Adam on sentences of ``--roberta-length`` / 2 to ``--roberta-length`` tokens,
+built the same way. After warm-up, the cases run
 interleaved, one training step each per round (so machine load drifts cancel); a case's time ratio is
 the median over rounds of (case step time / its baseline's step time in that round).
 
@@ -35,7 +38,8 @@ last line of output is one JSON object ``{case: time ratio, ..., case_peak_mem: 
 
 Usage: python scripts/benchmark.py [--device cpu|cuda] [--steps N] [--only KEY[,KEY]] [--tokens N]
        [--beam 5] [--decode-len 30] [--decode-tokens 300] [--model-args '...'] [--lm-length 256]
-       [--lm-arch diverse_transformer_lm] [--lm-model-args '...']
+       [--lm-arch diverse_transformer_lm] [--lm-model-args '...'] [--roberta-length 128]
+       [--roberta-arch diverse_roberta] [--roberta-model-args '...']
 """
 
 import argparse
@@ -57,10 +61,25 @@ if REPO not in sys.path:
 
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask  # noqa: E402
+from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask  # noqa: E402
 from fairseq.tasks.translation import TranslationConfig, TranslationTask  # noqa: E402
 
-from benchlib.cases import CASES, REFERENCES, Case, Context, build_baseline  # noqa: E402
-from benchlib.measure import peak_memory, synthetic_batches, synthetic_lm_batches, time_rounds, to_device  # noqa: E402
+from benchlib.cases import CASES, CLASSIFICATION_HEAD, REFERENCES, Case, Context, build_baseline  # noqa: E402
+from benchlib.measure import (peak_memory, synthetic_batches, synthetic_lm_batches,  # noqa: E402
+                              synthetic_roberta_batches, time_rounds, to_device)
+
+ROBERTA_CLASSES = 2
+
+
+def roberta_task(dictionary: Dictionary, length: int, seed: int) -> SentencePredictionTask:
+    """``sentence_prediction`` over ``dictionary`` with ``ROBERTA_CLASSES`` labels and room for ``length`` tokens."""
+    labels = Dictionary()
+    for i in range(ROBERTA_CLASSES):
+        labels.add_symbol(f"label{i}")
+    config = SentencePredictionConfig(data="unused-data-dir", num_classes=ROBERTA_CLASSES, max_positions=length,
+                                      regression_target=False, classification_head_name=CLASSIFICATION_HEAD,
+                                      seed=seed)
+    return SentencePredictionTask(config, dictionary, labels)
 
 
 def main(argv=None) -> dict:
@@ -89,6 +108,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--lm-arch", default="diverse_transformer_lm", help="the lm_* cases' architecture")
     parser.add_argument("--lm-model-args", default="", help="more model options of every language model")
     parser.add_argument("--lm-length", type=int, default=256, help="tokens per sequence of the lm_* cases")
+    parser.add_argument("--roberta-arch", default="diverse_roberta", help="the roberta_* cases' architecture")
+    parser.add_argument("--roberta-model-args", default="", help="more model options of every RoBERTa model")
+    parser.add_argument("--roberta-length", type=int, default=128,
+                        help="longest sentence (tokens) of the roberta_* cases; sentences are half to all of it")
     args = parser.parse_args(argv)
     # stock fairseq hands torch a bool key padding mask with a float causal mask (decoder self-attention)
     warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask")
@@ -116,7 +139,9 @@ def main(argv=None) -> dict:
                   ["--share-decoder-input-output-embed", "--dropout", "0.3", *shlex.split(args.model_args)],
                   beam=args.beam, decode_len=args.decode_len,
                   lm_task=LanguageModelingTask(LanguageModelingConfig(tokens_per_sample=args.lm_length), dictionary),
-                  lm_arch=args.lm_arch, lm_model_args=shlex.split(args.lm_model_args))
+                  lm_arch=args.lm_arch, lm_model_args=shlex.split(args.lm_model_args),
+                  roberta_task=roberta_task(dictionary, args.roberta_length, args.seed),
+                  roberta_arch=args.roberta_arch, roberta_model_args=shlex.split(args.roberta_model_args))
 
     torch.manual_seed(args.seed)
     baseline = build_baseline(ctx)
@@ -138,6 +163,8 @@ def main(argv=None) -> dict:
         "translation": synthetic_batches(dictionary, args.batches, tokens, args.seed),
         "test": synthetic_batches(dictionary, args.batches, args.decode_tokens, args.seed + 1),
         "lm": synthetic_lm_batches(dictionary, args.batches, tokens, args.lm_length, args.seed),
+        "roberta": synthetic_roberta_batches(dictionary, args.batches, tokens, args.roberta_length, ROBERTA_CLASSES,
+                                             args.seed),
     }
     batch_sets = {kind: [to_device(b, device) for b in sets] for kind, sets in batch_sets.items()}
     print(f"device {device} ({torch.get_num_threads()} threads, {clock_name} clock)  {args.steps} rounds after "
@@ -146,9 +173,9 @@ def main(argv=None) -> dict:
         kind = cases[name].batches
         ntok = statistics.mean(int(b["ntokens"]) for b in batch_sets[kind])
         n_params = sum(p.numel() for p in cases[name].model.parameters())
-        arch = args.arch if name == "baseline" else args.lm_arch
+        arch = {"baseline": args.arch, "baseline_lm": args.lm_arch, "baseline_roberta": args.roberta_arch}[name]
         print(f"  {name}: stock {arch.replace('diverse_', '')}, params {n_params / 1e6:.1f}M, "
-              f"~{ntok:.0f} target tokens / batch ({kind})")
+              f"~{ntok:.0f} {'input' if kind == 'roberta' else 'target'} tokens / batch ({kind})")
 
     def data(case: Case, i: int) -> dict:
         sets = batch_sets[case.batches]

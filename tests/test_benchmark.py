@@ -1,4 +1,4 @@
-"""scripts/benchmark.py runs every kind of case (translation training, decoding, language model) at a tiny size,
+"""scripts/benchmark.py runs every kind of case (translation training, decoding, language model, RoBERTa) at a tiny size,
 each against its own stock-fairseq baseline, and ends with the JSON line `make bench` documents."""
 
 import json
@@ -11,11 +11,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "2", "--warmup", "1", "--tokens", "96", "--batches", "2", "--vocab", "64",
-        "--decode-len", "3", "--decode-tokens", "30", "--lm-length", "16",
+        "--decode-len", "3", "--decode-tokens", "30", "--lm-length", "16", "--roberta-length", "16",
         "--model-args", "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 32 --decoder-embed-dim 32 "
                         "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64",
         "--lm-model-args", "--decoder-layers 2 --decoder-embed-dim 32 --decoder-input-dim 32 "
-                           "--decoder-output-dim 32 --decoder-ffn-embed-dim 64 --decoder-attention-heads 4"]
+                           "--decoder-output-dim 32 --decoder-ffn-embed-dim 64 --decoder-attention-heads 4",
+        "--roberta-model-args", "--encoder-layers 2 --encoder-embed-dim 32 --encoder-ffn-embed-dim 64 "
+                                "--encoder-attention-heads 4"]
 
 
 def bench(*args):
@@ -25,21 +27,25 @@ def bench(*args):
 
 def test_every_kind_of_case_against_its_own_baseline():
     keys = ["disagreement_out_all", "repulsive_sgld_all", "routing_em_enc2_decode",
-            "lm_disagreement_out_all", "lm_repulsive_svgd_all", "lm_routing_em_dec2_train"]
+            "lm_disagreement_out_all", "lm_repulsive_svgd_all", "lm_routing_em_dec2_train",
+            "roberta_disagreement_out_all", "roberta_repulsive_svgd_all", "roberta_routing_em_enc2_train"]
     run = bench("--only", ",".join(keys))
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()
     result = json.loads(lines[-1])
-    memory_keys = ["disagreement_out_all", "lm_disagreement_out_all", "lm_routing_em_dec2_train"]  # report_memory
+    memory_keys = ["disagreement_out_all", "lm_disagreement_out_all", "lm_routing_em_dec2_train",  # report_memory
+                   "roberta_disagreement_out_all", "roberta_routing_em_enc2_train"]
     assert sorted(result) == sorted(keys + [f"{k}_peak_mem" for k in memory_keys])
     assert all(math.isfinite(v) and v > 0 for v in result.values())
     # one row per case and per baseline, the baselines first, each baseline described once
     table = [line.split()[0] for line in lines[lines.index(next(l for l in lines if l.startswith("case"))) + 1:-1]]
-    assert table == ["baseline", "baseline_lm", "baseline_decode", *keys]
+    assert table == ["baseline", "baseline_lm", "baseline_roberta", "baseline_decode", *keys]
     assert any("baseline_lm: stock transformer_lm" in line for line in lines)
-    # the stock LM and the repulsive one hold the same tensors (SVGD keeps no state beyond Adam's)
+    assert any("baseline_roberta: stock roberta" in line and "(roberta)" in line for line in lines)
+    # the stock models and the repulsive ones hold the same tensors (SVGD keeps no state beyond Adam's)
     rows = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in table}
     assert rows["lm_repulsive_svgd_all"][3] == rows["baseline_lm"][3]
+    assert rows["roberta_repulsive_svgd_all"][3] == rows["baseline_roberta"][3]
 
 
 def test_only_the_baselines_that_cases_need_are_timed_and_unknown_cases_are_refused():

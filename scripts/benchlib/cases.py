@@ -1,6 +1,7 @@
-"""The benchmark's cases: the stock-fairseq baselines (a translation Transformer, a language model) and the
-builders of the disagreement, repulsive, routing and decode cases, each a ``builder(Context) -> Case`` entry of
-:data:`CASES` that names the baseline it is timed against (:data:`REFERENCES`)."""
+"""The benchmark's cases: the stock-fairseq baselines (a translation Transformer, a language model, a RoBERTa
+sentence classifier) and the builders of the disagreement, repulsive, routing and decode cases, each a
+``builder(Context) -> Case`` entry of :data:`CASES` that names the baseline it is timed against
+(:data:`REFERENCES`)."""
 
 import argparse
 from dataclasses import dataclass, field
@@ -11,18 +12,23 @@ from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
 from fairseq.models.transformer import TransformerModel
 from fairseq.tasks.language_modeling import LanguageModelingTask
+from fairseq.tasks.sentence_prediction import SentencePredictionTask
 from fairseq.tasks.translation import TranslationTask
 
 import diverse_fairseq  # noqa: F401  (registers the plugin)
 from diverse_fairseq.methods.disagreement.criterion import (CrossEntropyWithDisagreementCriterion,
-                                                             LabelSmoothedCrossEntropyWithDisagreementCriterion)
+                                                             LabelSmoothedCrossEntropyWithDisagreementCriterion,
+                                                             SentencePredictionWithDisagreementConfig,
+                                                             SentencePredictionWithDisagreementCriterion)
 from diverse_fairseq.methods.transformer import DiverseTransformerModel
 from diverse_fairseq.methods.hooks import track_model
 from diverse_fairseq.methods.repulsive.optimizer import RepulsiveAdam, RepulsiveAdamConfig
 
 LABEL_SMOOTHING = 0.1
+CLASSIFICATION_HEAD = "sentence_classification_head"
 
 
 @dataclass
@@ -36,6 +42,9 @@ class Context:
     lm_task: Optional[LanguageModelingTask] = None
     lm_arch: str = "diverse_transformer_lm"
     lm_model_args: List[str] = field(default_factory=list)
+    roberta_task: Optional[SentencePredictionTask] = None
+    roberta_arch: str = "diverse_roberta"
+    roberta_model_args: List[str] = field(default_factory=list)
     baseline_state: Optional[Dict[str, torch.Tensor]] = None
     beam: int = 5
     decode_len: int = 30
@@ -53,12 +62,20 @@ class Context:
         argv = ["unused-data-dir", "--arch", arch, "--task", "translation", *self.extra_model_args, *extra]
         return options.parse_args_and_arch(parser, input_args=argv)
 
-    def build_lm(self, arch: str, extra=()) -> torch.nn.Module:
-        """A language model as fairseq-train builds it (the stock ``transformer_lm`` takes its sizes from its
-        dataclass config), in training mode on the device."""
-        argv = ["unused-data-dir", "--arch", arch, "--task", "language_modeling", *self.lm_model_args, *extra]
+    def build_single(self, family: str, arch: str, extra=()) -> torch.nn.Module:
+        """A language model (``family`` "lm") or a RoBERTa sentence classifier ("roberta", with its
+        classification head) as fairseq-train builds it from ``arch`` and the family's model options, in
+        training mode on the device."""
+        if family == "lm":  # the stock transformer_lm takes its sizes from its dataclass config
+            task, argv = self.lm_task, ["--task", "language_modeling", *self.lm_model_args]
+        else:
+            task = self.roberta_task
+            argv = ["--task", "sentence_prediction", "--criterion", "sentence_prediction",  # the task reads its head
+                    "--num-classes", str(task.cfg.num_classes),
+                    "--max-positions", str(task.cfg.max_positions), *self.roberta_model_args]
+        argv = ["unused-data-dir", "--arch", arch, *argv, *extra]
         cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
-        return self.lm_task.build_model(cfg.model).to(self.device).train()
+        return task.build_model(cfg.model).to(self.device).train()
 
     def finish(self, model: torch.nn.Module) -> torch.nn.Module:
         """Load the baseline's weights (same names) and move to the device, in training mode.
@@ -91,7 +108,7 @@ class Case:
     mode: str = "train"
     generator: Optional[object] = None
     reference: str = "baseline"  # the case of :data:`REFERENCES` (or "baseline_decode") it is timed against
-    batches: str = "translation"  # its synthetic batches: "translation", "test" (decode cases) or "lm"
+    batches: str = "translation"  # its synthetic batches: "translation", "test" (decode cases), "lm" or "roberta"
 
 
 def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -185,29 +202,46 @@ def decode_case(train_builder: Callable[[Context], Case]):
     return build
 
 
-def build_lm_baseline(ctx: Context) -> Case:
-    """fairseq's ``transformer_lm`` (the stock architecture of ``ctx.lm_arch``) with cross-entropy and Adam."""
-    model = ctx.build_lm(ctx.lm_arch.replace("diverse_", ""))
-    criterion = CrossEntropyCriterion(ctx.lm_task, sentence_avg=False)
-    return Case(model, criterion.to(ctx.device), adam(model), batches="lm")
+def single_stack_criterion(ctx: Context, family: str, **disagreement) -> torch.nn.Module:
+    """The stock loss of a language model (cross-entropy) or of a RoBERTa classifier (``sentence_prediction``);
+    with ``disagreement`` options, the same loss + λ·D (the ``*_with_disagreement`` criterion)."""
+    if family == "lm":
+        cls = CrossEntropyWithDisagreementCriterion if disagreement else CrossEntropyCriterion
+        return cls(ctx.lm_task, sentence_avg=False, **disagreement)
+    if disagreement:
+        config = SentencePredictionWithDisagreementConfig(classification_head_name=CLASSIFICATION_HEAD, **disagreement)
+        return SentencePredictionWithDisagreementCriterion(config, ctx.roberta_task)
+    return SentencePredictionCriterion(SentencePredictionConfig(classification_head_name=CLASSIFICATION_HEAD),
+                                       ctx.roberta_task)
 
 
-def lm_case(method: str, report_memory=False, **options):
-    """A language-model training step against :func:`build_lm_baseline`'s, from the same seed (so from the same
-    weights: the diverse LM initialises exactly as the stock one): ``method`` "disagreement" (the ``out`` term on
-    every layer's self-attention), "repulsive" (SVGD, as ``repulsive_case``) or "routing" (EM routing in the
-    lowest two layers' self-attention)."""
+def single_stack_baseline(family: str):
+    """Stock fairseq's ``transformer_lm`` ("lm") or ``roberta`` ("roberta"), the stock architecture of the
+    family's ``--*-arch``, with its stock loss and Adam."""
 
     def build(ctx: Context) -> Case:
-        extra = routing_args(decoder="0,1") if method == "routing" else []
-        model = ctx.build_lm(ctx.lm_arch.replace("diverse_", "") if method == "repulsive" else ctx.lm_arch, extra)
-        if method == "disagreement":
-            criterion = CrossEntropyWithDisagreementCriterion(ctx.lm_task, sentence_avg=False, **options)
-        else:
-            criterion = CrossEntropyCriterion(ctx.lm_task, sentence_avg=False)
+        arch = ctx.lm_arch if family == "lm" else ctx.roberta_arch
+        model = ctx.build_single(family, arch.replace("diverse_", ""))
+        return Case(model, single_stack_criterion(ctx, family).to(ctx.device), adam(model), batches=family)
+
+    return build
+
+
+def single_stack_case(family: str, method: str, report_memory=False, **options):
+    """A training step of a language model ("lm") or a RoBERTa classifier ("roberta") against
+    :func:`single_stack_baseline`'s, from the same seed (so from the same weights: the diverse models initialise
+    exactly as the stock ones): ``method`` "disagreement" (the ``out`` term on every layer's self-attention),
+    "repulsive" (SVGD, as ``repulsive_case``) or "routing" (EM routing in the lowest two layers'
+    self-attention)."""
+
+    def build(ctx: Context) -> Case:
+        arch = ctx.lm_arch if family == "lm" else ctx.roberta_arch
+        routing = routing_args(**{"decoder" if family == "lm" else "encoder": "0,1"}) if method == "routing" else []
+        model = ctx.build_single(family, arch.replace("diverse_", "") if method == "repulsive" else arch, routing)
+        criterion = single_stack_criterion(ctx, family, **(options if method == "disagreement" else {}))
         optimizer = SvgdThenAdam(track_model(model), **options) if method == "repulsive" else adam(model)
         return Case(model, criterion.to(ctx.device), optimizer, report_memory=report_memory,
-                    reference="baseline_lm", batches="lm")
+                    reference=f"baseline_{family}", batches=family)
 
     return build
 
@@ -229,11 +263,17 @@ CASES: Dict[str, Callable[[Context], Case]] = {
     "routing_em_all_train": routing_case(encoder="all", decoder="all", enc_dec="all"),
     "routing_em_enc2_decode": decode_case(routing_case(encoder="0,1")),
     # the methods on fairseq's transformer_lm (its self-attention is dec_self), against the stock LM
-    "lm_disagreement_out_all": lm_case("disagreement", report_memory=True, disagreement_terms="out"),
-    "lm_repulsive_svgd_all": lm_case("repulsive", repulsive_method="svgd"),
-    "lm_routing_em_dec2_train": lm_case("routing", report_memory=True),
+    "lm_disagreement_out_all": single_stack_case("lm", "disagreement", report_memory=True, disagreement_terms="out"),
+    "lm_repulsive_svgd_all": single_stack_case("lm", "repulsive", repulsive_method="svgd"),
+    "lm_routing_em_dec2_train": single_stack_case("lm", "routing", report_memory=True),
+    # the same on a RoBERTa sentence classifier (its self-attention is enc_self), against the stock RoBERTa
+    "roberta_disagreement_out_all": single_stack_case("roberta", "disagreement", report_memory=True,
+                                                      disagreement_terms="out"),
+    "roberta_repulsive_svgd_all": single_stack_case("roberta", "repulsive", repulsive_method="svgd"),
+    "roberta_routing_em_enc2_train": single_stack_case("roberta", "routing", report_memory=True),
 }
 
 #: the baselines other than the translation one, built when a selected case names them
-REFERENCES: Dict[str, Callable[[Context], Case]] = {"baseline_lm": build_lm_baseline}
+REFERENCES: Dict[str, Callable[[Context], Case]] = {"baseline_lm": single_stack_baseline("lm"),
+                                                    "baseline_roberta": single_stack_baseline("roberta")}
 

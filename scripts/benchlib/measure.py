@@ -4,7 +4,7 @@ from typing import Dict, List
 
 import numpy as np
 import torch
-from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.data import Dictionary, LanguagePairDataset, data_utils
 
 from .cases import Case
 
@@ -39,6 +39,26 @@ def synthetic_lm_batches(dictionary: Dictionary, n_batches: int, tokens: int, le
         batches.append({"id": torch.arange(rows), "nsentences": rows, "ntokens": rows * length,
                         "net_input": {"src_tokens": seqs[:, :-1].contiguous(), "src_lengths": torch.full((rows,), length)},
                         "target": seqs[:, 1:].contiguous()})  # (rows, length) each
+    return batches
+
+
+def synthetic_roberta_batches(dictionary: Dictionary, n_batches: int, tokens: int, length: int, n_classes: int,
+                              seed: int) -> List[dict]:
+    """Sentence-classification batches as ``sentence_prediction`` collates them: ``tokens // length`` (at least
+    one) sentences ``<s> w1 .. wn </s>`` of ``length // 2`` to ``length`` tokens, right-padded, each with a label
+    in ``[0, n_classes)``."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = max(1, tokens // length)
+    batches = []
+    for _ in range(n_batches):
+        lengths = torch.randint(max(3, length // 2), length + 1, (rows,), generator=gen)
+        sents = [torch.cat([torch.tensor([dictionary.bos()]),
+                            torch.randint(dictionary.nspecial, len(dictionary), (int(n) - 2,), generator=gen),
+                            torch.tensor([dictionary.eos()])]) for n in lengths]
+        batches.append({"id": torch.arange(rows), "nsentences": rows, "ntokens": int(lengths.sum()),
+                        "net_input": {"src_tokens": data_utils.collate_tokens(sents, dictionary.pad()),  # (rows, max n)
+                                      "src_lengths": lengths},
+                        "target": torch.randint(0, n_classes, (rows,), generator=gen)})  # (rows,)
     return batches
 
 
