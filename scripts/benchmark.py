@@ -173,7 +173,7 @@ def main(argv=None) -> dict:
         kind = cases[name].batches
         ntok = statistics.mean(int(b["ntokens"]) for b in batch_sets[kind])
         n_params = sum(p.numel() for p in cases[name].model.parameters())
-        arch = {"baseline": args.arch, "baseline_lm": args.lm_arch, "baseline_roberta": args.roberta_arch}[name]
+        arch = args.arch if name == "baseline" else ctx.single_stack_arch(kind)
         print(f"  {name}: stock {arch.replace('diverse_', '')}, params {n_params / 1e6:.1f}M, "
               f"~{ntok:.0f} {'input' if kind == 'roberta' else 'target'} tokens / batch ({kind})")
 

@@ -62,6 +62,10 @@ class Context:
         argv = ["unused-data-dir", "--arch", arch, "--task", "translation", *self.extra_model_args, *extra]
         return options.parse_args_and_arch(parser, input_args=argv)
 
+    def single_stack_arch(self, family: str) -> str:
+        """The architecture of a family's cases: ``--lm-arch`` ("lm") or ``--roberta-arch`` ("roberta")."""
+        return self.lm_arch if family == "lm" else self.roberta_arch
+
     def build_single(self, family: str, arch: str, extra=()) -> torch.nn.Module:
         """A language model (``family`` "lm") or a RoBERTa sentence classifier ("roberta", with its
         classification head) as fairseq-train builds it from ``arch`` and the family's model options, in
@@ -220,7 +224,7 @@ def single_stack_baseline(family: str):
     family's ``--*-arch``, with its stock loss and Adam."""
 
     def build(ctx: Context) -> Case:
-        arch = ctx.lm_arch if family == "lm" else ctx.roberta_arch
+        arch = ctx.single_stack_arch(family)
         model = ctx.build_single(family, arch.replace("diverse_", ""))
         return Case(model, single_stack_criterion(ctx, family).to(ctx.device), adam(model), batches=family)
 
@@ -235,7 +239,7 @@ def single_stack_case(family: str, method: str, report_memory=False, **options):
     self-attention)."""
 
     def build(ctx: Context) -> Case:
-        arch = ctx.lm_arch if family == "lm" else ctx.roberta_arch
+        arch = ctx.single_stack_arch(family)
         routing = routing_args(**{"decoder" if family == "lm" else "encoder": "0,1"}) if method == "routing" else []
         model = ctx.build_single(family, arch.replace("diverse_", "") if method == "repulsive" else arch, routing)
         criterion = single_stack_criterion(ctx, family, **(options if method == "disagreement" else {}))
