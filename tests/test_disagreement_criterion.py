@@ -24,8 +24,10 @@ def criterion(task, **kw):
     return LabelSmoothedCrossEntropyWithDisagreementCriterion(task, sentence_avg=False, label_smoothing=0.1, **kw)
 
 
-def reference_similarity(heads, sites, sample, pad, terms, types):
-    """sim_total from the recorded heads with plain loops: masked token mean, layer mean, sum over terms and types."""
+def reference_similarity(heads, sites, sample, pad, terms, types, weighting="sides"):
+    """sim_total from the recorded heads with plain loops: masked token mean, layer mean, then per term the
+    encoder side (enc_self) plus the decoder side: the mean of the selected decoder-side types (``sides``), or
+    the plain sum over the types (``sum``)."""
     src_pad = sample["net_input"]["src_tokens"].eq(pad)
     tgt_pad = sample["target"].eq(pad)
     total, per_key = 0.0, {}
@@ -41,19 +43,26 @@ def reference_similarity(heads, sites, sample, pad, terms, types):
                 else:
                     vals.append(naive_overlap(m["a"].detach(), src_pad if attention_type == "enc_self" else tgt_pad))
             per_key[f"{term}_{attention_type}"] = sum(vals) / len(vals)
-            total += per_key[f"{term}_{attention_type}"]
+    for term in terms:
+        encoder = [per_key[f"{term}_{t}"] for t in types if t == "enc_self"]
+        decoder = [per_key[f"{term}_{t}"] for t in types if t != "enc_self"]
+        total += sum(encoder)
+        if decoder:
+            total += sum(decoder) / (len(decoder) if weighting == "sides" else 1)
     return total, per_key
 
 
 @pytest.mark.parametrize(
-    "terms,types",
-    [("out", "enc_self,dec_self,enc_dec"), ("sub,pos,out", "enc_self,dec_self,enc_dec"), ("pos", "enc_dec"),
-     ("sub", "dec_self,enc_self")],
+    "terms,types,weighting",
+    [("out", "enc_self,dec_self,enc_dec", "sides"), ("sub,pos,out", "enc_self,dec_self,enc_dec", "sides"),
+     ("pos", "enc_dec", "sides"), ("sub", "dec_self,enc_self", "sides"), ("out", "enc_self,dec_self,enc_dec", "sum"),
+     ("sub,out", "enc_dec,dec_self", "sum")],
 )
-def test_loss_is_ce_plus_lambda_sample_size_similarity(task, terms, types):
+def test_loss_is_ce_plus_lambda_sample_size_similarity(task, terms, types, weighting):
     model = build(DiverseTransformerModel, "diverse_transformer", task).train()
     sample = batch(task)
-    crit = criterion(task, disagreement_lambda=0.7, disagreement_terms=terms, disagreement_attention=types)
+    crit = criterion(task, disagreement_lambda=0.7, disagreement_terms=terms, disagreement_attention=types,
+                     disagreement_weighting=weighting)
     loss, sample_size, log = crit(model, sample)
     # nothing stays on the modules; record the heads again for the reference with a plain forward
     sites = attention_sites(model)
@@ -62,12 +71,36 @@ def test_loss_is_ce_plus_lambda_sample_size_similarity(task, terms, types):
         net_output = model(**sample["net_input"])
     ce, _ = LabelSmoothedCrossEntropyCriterion(task, False, 0.1).compute_loss(model, net_output, sample)
     ref_total, ref_keys = reference_similarity(seen.heads, sites, sample, task.target_dictionary.pad(),
-                                               terms.split(","), types.split(","))
+                                               terms.split(","), types.split(","), weighting)
     assert sample_size == sample["ntokens"]
     assert loss.item() == pytest.approx(ce.item() + 0.7 * sample_size * ref_total, rel=1e-5)
     for key, value in ref_keys.items():
         assert log[f"sim_{key}"].item() / sample_size == pytest.approx(value, rel=1e-5, abs=1e-6)
     assert {k for k in log if k.startswith("sim_")} == {f"sim_{k}" for k in ref_keys} | {"sim_total"}
+
+
+def test_default_weighting_is_encoder_plus_decoder_mean(task):
+    """The authors' weighting by default: at the first update, the added loss is
+    λ·sample_size·(enc_self + (dec_self + enc_dec)/2), read back from the logged per-type values; ``sum``
+    adds the three with weight 1."""
+    model = build(DiverseTransformerModel, "diverse_transformer", task).train()
+    sample = batch(task)
+    ce, _, _ = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)(model, sample)
+    added = {}
+    for weighting in ("sides", "sum"):
+        kw = {} if weighting == "sides" else {"disagreement_weighting": "sum"}
+        loss, sample_size, log = criterion(task, **kw)(model, sample)  # the default: out on all three types
+        enc, dec, ed = (log[f"sim_out_{t}"].item() / sample_size for t in ("enc_self", "dec_self", "enc_dec"))
+        added[weighting] = (loss - ce).item() / sample_size
+        expected = enc + (dec + ed) / 2 if weighting == "sides" else enc + dec + ed
+        assert added[weighting] == pytest.approx(expected, rel=1e-4)
+        assert log["sim_total"].item() / sample_size == pytest.approx(expected, rel=1e-5)
+    assert added["sum"] - added["sides"] == pytest.approx((dec + ed) / 2, rel=1e-3)
+
+
+def test_unknown_weighting_is_refused(task):
+    with pytest.raises(ValueError, match="--disagreement-weighting must be one of sides, sum"):
+        criterion(task, disagreement_weighting="mean")
 
 
 def test_taps_only_what_the_terms_need(task):

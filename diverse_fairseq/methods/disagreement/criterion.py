@@ -9,10 +9,14 @@ fairseq criteria:
   such classification models too).
 
 The training loss (a sum, as fairseq's) is ``base_loss + λ · sample_size · sim_total``
-(docs/methods.md#disagreement-regularization), where ``sim_total`` sums, over the selected terms (sub, pos,
-out) and attention types (enc_self, dec_self, enc_dec), the layer mean of each module's masked token-mean head
-similarity (:mod:`diverse_fairseq.methods.disagreement.similarity`). Each active (term, type) value is logged
-as ``sim_<term>_<type>`` for training and validation.
+(docs/methods.md#disagreement-regularization). Each (term, type) value is the layer mean of each module's
+masked token-mean head similarity (:mod:`diverse_fairseq.methods.disagreement.similarity`); ``sim_total`` adds,
+for every selected term (sub, pos, out), the **encoder side** (its enc_self value) and the **decoder side**:
+the *mean* of its selected types (dec_self, enc_dec), as the authors' Diversify-MHA ``models/transformer.py``
+does (``reduce_mean([self, ecdc])``). So "all three attention types" weighs enc_self 1, dec_self ½, enc_dec ½.
+``--disagreement-weighting sum`` instead sums every selected type with weight 1 (each decoder-side type then
+weighs twice the authors' weight). Each active (term, type) value is logged as ``sim_<term>_<type>`` for
+training and validation.
 
 The model must expose its attention heads: on its first forward the criterion selects its attention sites
 (:func:`diverse_fairseq.methods.sites.select_sites`); each forward records exactly what the terms need
@@ -32,7 +36,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.logging import metrics
 from torch import Tensor
 
@@ -44,6 +48,8 @@ from diverse_fairseq.methods.options import ALL_LAYERS, attention_types_field, l
 TERMS = ("sub", "pos", "out")
 _TAP_OF_TERM = {"sub": "v", "pos": "a", "out": "o"}
 _SIMILARITY = {"sub": subspace_similarity, "pos": position_similarity, "out": output_similarity}
+DECODER_SIDE = ("dec_self", "enc_dec")  # the attention types the authors' code averages into one decoder term
+WEIGHTINGS = ("sides", "sum")
 CRITERION_NAME = "label_smoothed_cross_entropy_with_disagreement"
 
 
@@ -62,6 +68,24 @@ class DisagreementConfig(FairseqDataclass):
                           "pos (attended positions), out (head outputs)"},
     )
     disagreement_layers: Optional[str] = layers_field("to regularize", none=False)
+    disagreement_weighting: ChoiceEnum(WEIGHTINGS) = field(
+        default="sides",
+        metadata={"help": "how the attention types add up, per term: sides (default, the authors' code) = "
+                          "enc_self + the mean of the selected decoder-side types (dec_self, enc_dec), so all "
+                          "three types weigh 1, 1/2, 1/2; sum = every selected type with weight 1"},
+    )
+
+
+def type_weights(attention_types, weighting: str = "sides") -> Dict[str, float]:
+    """The weight of each selected attention type in ``sim_total`` (docs/methods.md, the authors' side weighting).
+
+    ``sides``: the encoder side is enc_self (weight 1); the decoder side is the mean of the selected decoder-side
+    types, so each of the ``k`` selected ones weighs ``1/k`` (dec_self and enc_dec together: ½ each).
+    ``sum``: every selected type weighs 1."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"--disagreement-weighting must be one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
+    decoder = [t for t in attention_types if t in DECODER_SIDE]
+    return {t: 1.0 / len(decoder) if weighting == "sides" and t in DECODER_SIDE else 1.0 for t in attention_types}
 
 
 class DisagreementTerm:
@@ -75,7 +99,7 @@ class DisagreementTerm:
     plain_criterion = "label_smoothed_cross_entropy"
 
     def init_disagreement(self, task, disagreement_lambda, disagreement_terms, disagreement_attention,
-                          disagreement_layers) -> None:
+                          disagreement_layers, disagreement_weighting="sides") -> None:
         lam = float(disagreement_lambda)
         if not lam >= 0.0 or lam == float("inf"):
             raise ValueError(f"--disagreement-lambda must be a finite number >= 0, got {disagreement_lambda}")
@@ -86,6 +110,7 @@ class DisagreementTerm:
         if not self.layers:
             raise ValueError("--disagreement-layers none would regularize nothing: choose layers ('all' or "
                              f"indices), or train with --criterion {self.plain_criterion}")
+        self.type_weights = type_weights(self.attention_types, str(disagreement_weighting))
         source = getattr(task, "source_dictionary", None)  # sentence_prediction's target dictionary holds labels
         self.source_padding_idx = source.pad() if source is not None else self.padding_idx
         self._prepared_for: Optional[int] = None
@@ -146,7 +171,7 @@ class DisagreementTerm:
             loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.disagreement_lambda > 0):  # λ = 0: only logged
             sims = self.similarities(sites, seen.heads, sample)
-        sim_total = torch.stack(list(sims.values())).sum()
+        sim_total = sum(self.type_weights[key.split("_", 1)[1]] * value for key, value in sims.items())
         if self.disagreement_lambda > 0:
             loss = loss + (self.disagreement_lambda * sample_size) * sim_total
         logging_output["loss"] = loss.data
@@ -179,10 +204,10 @@ class LabelSmoothedCrossEntropyWithDisagreementCriterion(DisagreementTerm, Label
 
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
                  disagreement_lambda=1.0, disagreement_terms="out", disagreement_attention="enc_self,dec_self,enc_dec",
-                 disagreement_layers=None):
+                 disagreement_layers=None, disagreement_weighting="sides"):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.init_disagreement(task, disagreement_lambda, disagreement_terms, disagreement_attention,
-                               disagreement_layers)
+                               disagreement_layers, disagreement_weighting)
 
 
 @dataclass
@@ -199,10 +224,10 @@ class CrossEntropyWithDisagreementCriterion(DisagreementTerm, CrossEntropyCriter
     name, plain_criterion = "cross_entropy_with_disagreement", "cross_entropy"
 
     def __init__(self, task, sentence_avg, disagreement_lambda=1.0, disagreement_terms="out",
-                 disagreement_attention="dec_self", disagreement_layers=None):
+                 disagreement_attention="dec_self", disagreement_layers=None, disagreement_weighting="sides"):
         super().__init__(task, sentence_avg)
         self.init_disagreement(task, disagreement_lambda, disagreement_terms, disagreement_attention,
-                               disagreement_layers)
+                               disagreement_layers, disagreement_weighting)
 
 
 @dataclass
@@ -221,4 +246,4 @@ class SentencePredictionWithDisagreementCriterion(DisagreementTerm, SentencePred
     def __init__(self, cfg: SentencePredictionWithDisagreementConfig, task):
         super().__init__(cfg, task)
         self.init_disagreement(task, cfg.disagreement_lambda, cfg.disagreement_terms, cfg.disagreement_attention,
-                               cfg.disagreement_layers)
+                               cfg.disagreement_layers, cfg.disagreement_weighting)

@@ -44,9 +44,10 @@ class RepulsiveAdamConfig(FairseqAdamConfig):
     repulsive_method: ChoiceEnum(METHODS) = field(
         default="svgd",
         metadata={"help": "particle-optimization rule for the attention heads: svgd (paper Eq. 4), "
-                          "spos (Eq. 5, SVGD plus beta·g and Gaussian noise) or sgld (the paper's comparison, "
-                          "Appendix C.1: SPOS without the kernel terms, i.e. each head's own beta·g plus the same "
-                          "noise; no repulsion)"},
+                          "spos (Eq. 5, SVGD plus beta·g and Gaussian noise) or sgld (this project's definition "
+                          "for the paper's comparison, Appendix C.1, which gives no formula: SPOS without the kernel "
+                          "terms, i.e. each head's own beta·g plus the same noise, no repulsion; the authors' "
+                          "trainer accepts sgld but trains it as plain Adam)"},
     )
     repulsive_alpha: float = field(
         default=0.01, metadata={"help": "svgd, spos: repulsive weight alpha in front of the kernel-gradient term"}
@@ -60,9 +61,10 @@ class RepulsiveAdamConfig(FairseqAdamConfig):
                           "product epsilon·beta, for sgld"},
     )
     repulsive_beta: float = field(
-        default=1e-3,
+        default=1.0,
         metadata={"help": "spos, sgld: beta, which the paper's SPOS (Eq. 5) writes as beta^-1: adds "
-                          "beta·g_i and noise -sqrt(2·beta/epsilon)·xi_i inside the update (sgld needs beta > 0)"},
+                          "beta·g_i and noise -sqrt(2·beta/epsilon)·xi_i inside the update (sgld needs beta > 0). "
+                          "Default 1, the authors' code (the paper gives no beta for translation)"},
     )
     repulsive_bandwidth: str = field(
         default="median",
@@ -72,9 +74,10 @@ class RepulsiveAdamConfig(FairseqAdamConfig):
                           "fixed positive number h (paper kernel)"},
     )
     repulsive_noise_scale: ChoiceEnum(NOISE_SCALES) = field(
-        default="unit",
-        metadata={"help": "spos, sgld: unit (the paper's formula) or grad_median (noise times the median |g| of "
-                          "the particle set, as in the authors' code)"},
+        default="grad_median",
+        metadata={"help": "spos, sgld: grad_median (default, the authors' code: the noise times the median |g| of "
+                          "the particle set) or unit (the paper's formula as written; under Adam unit noise "
+                          "swamps the gradient and the heads random-walk)"},
     )
     repulsive_attention: str = attention_types_field("whose heads are particles (all three, the default: every type "
                                                      "the model has)")

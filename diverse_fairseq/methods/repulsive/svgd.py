@@ -233,7 +233,7 @@ def spos_update_(
     beta: float,
     bandwidth: Bandwidth,
     generator: Optional[torch.Generator] = None,
-    noise_scale: str = "unit",
+    noise_scale: str = "grad_median",
     grad_scale: Union[None, float, Tensor] = None,
 ) -> Tensor:
     """Batched SPOS gradient written into ``out``: SVGD + ε (β g_i − √(2β/ε) ξ_i).
@@ -253,7 +253,7 @@ def sgld_update_(
     stepsize: float,
     beta: float,
     generator: Optional[torch.Generator] = None,
-    noise_scale: str = "unit",
+    noise_scale: str = "grad_median",
     grad_scale: Union[None, float, Tensor] = None,
 ) -> Tensor:
     """Batched SGLD gradient written into ``out``: ĝ_i = ε (β g_i − √(2β/ε) ξ_i) (module docstring).
@@ -299,17 +299,17 @@ def spos_direction(
     grad: Tensor,
     alpha: float = 0.01,
     stepsize: float = 0.1,
-    beta: float = 1e-3,
+    beta: float = 1.0,
     bandwidth: Union[str, float] = "median",
     generator: Optional[torch.Generator] = None,
-    noise_scale: str = "unit",
+    noise_scale: str = "grad_median",
 ) -> Tensor:
     """The SPOS replacement gradient (paper Eq. 5; our β is the paper's β⁻¹).
 
     ĝ_i = SVGD_i + ε (β g_i − √(2β/ε) ξ_i), ξ ~ N(0, I) of the shape of ``theta`` (as [G, M, D]) drawn
     in one ``torch.randn`` call from ``generator`` (on the device of ``theta``) in the compute dtype.
-    ``noise_scale="grad_median"`` multiplies ξ by the median |g| of each set, as the authors' code does;
-    ``"unit"`` (default) is the formula above.
+    ``noise_scale="grad_median"`` (default, with β = 1: the authors' code) multiplies ξ by the median |g| of
+    each set; ``"unit"`` is the formula above as the paper writes it.
     """
     theta, grad, single = _as_sets(theta, grad)
     out = torch.empty_like(theta)
@@ -323,9 +323,9 @@ def spos_direction(
 def sgld_direction(
     grad: Tensor,
     stepsize: float = 0.1,
-    beta: float = 1e-3,
+    beta: float = 1.0,
     generator: Optional[torch.Generator] = None,
-    noise_scale: str = "unit",
+    noise_scale: str = "grad_median",
 ) -> Tensor:
     """The SGLD replacement gradient: ĝ_i = ε (β g_i − √(2β/ε) ξ_i) (module docstring).
 
