@@ -105,12 +105,31 @@ def test_spos_adds_beta_gradient_and_seeded_noise():
     theta = torch.randn(4, 5, generator=gen, dtype=torch.float64)
     grad = torch.randn(4, 5, generator=gen, dtype=torch.float64)
     eps, beta = 0.1, 0.05
-    got = spos_direction(theta, grad, 0.2, eps, beta, generator=torch.Generator().manual_seed(7))
+    got = spos_direction(theta, grad, 0.2, eps, beta, generator=torch.Generator().manual_seed(7), noise_scale="unit")
     xi = torch.randn((1, 4, 5), generator=torch.Generator().manual_seed(7), dtype=torch.float64)[0]
     want = naive_svgd(theta, grad, 0.2, eps, "median") + eps * (beta * grad - math.sqrt(2 * beta / eps) * xi)
     torch.testing.assert_close(got, want)
-    again = spos_direction(theta, grad, 0.2, eps, beta, generator=torch.Generator().manual_seed(7))
+    again = spos_direction(theta, grad, 0.2, eps, beta, generator=torch.Generator().manual_seed(7), noise_scale="unit")
     assert torch.equal(got, again)  # same seed, same noise
+
+
+def test_spos_and_sgld_default_to_the_authors_noise():
+    """The authors' ``spos`` (their trainer.py): β = 1 and the noise times the median |g| of the particle set, in
+    the pure functions and in --optimizer repulsive_adam's options."""
+    from diverse_fairseq.methods.repulsive.optimizer import RepulsiveAdamConfig
+
+    assert RepulsiveAdamConfig.repulsive_beta == 1.0
+    assert RepulsiveAdamConfig.repulsive_noise_scale == "grad_median"
+    gen = torch.Generator().manual_seed(5)
+    theta = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    grad = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    xi = torch.randn((1, 4, 5), generator=torch.Generator().manual_seed(7), dtype=torch.float64)[0]
+    median = sorted(grad.abs().flatten().tolist())[(grad.numel() - 1) // 2]
+    langevin = 0.1 * (1.0 * grad - math.sqrt(2 * 1.0 / 0.1) * median * xi)
+    spos = spos_direction(theta, grad, 0.01, 0.1, generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(spos, naive_svgd(theta, grad, 0.01, 0.1, "median") + langevin)
+    sgld = sgld_direction(grad, 0.1, generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(sgld, langevin)
 
 
 def naive_sgld(grad, stepsize, beta, xi, noise_scale="unit"):
@@ -557,7 +576,7 @@ def test_sgld_step_is_the_formula_with_the_seeded_noise(monkeypatch):
     got = opt.particle_gradients()
     gen = torch.Generator().manual_seed(3 * 1_000_003 + 2)  # seed 3, two steps taken
     xi = torch.randn(grads.shape, generator=gen, dtype=torch.float32).double()
-    want = naive_sgld(grads, 0.1, 0.01, xi)
+    want = naive_sgld(grads, 0.1, 0.01, xi, "grad_median")  # the default noise scale
     for k, p in enumerate(group.params):
         torch.testing.assert_close(got[id(p)].double(), want[k].view(p.shape), rtol=1e-5, atol=1e-7)
 
