@@ -1,4 +1,7 @@
-"""Train with the papers' hyper-parameters: ``fairseq-train --user-dir diverse_fairseq`` on every visible GPU.
+"""Train with the recipes' hyper-parameters: ``fairseq-train --user-dir diverse_fairseq`` on every visible GPU.
+
+The recipes take the papers' values where the papers give them and fill the rest from Vaswani et al. 2017 or
+fairseq's examples (the comments on :data:`SETTINGS` and docs/paper-settings.md say which is which).
 
     python -m diverse_fairseq.training DATASET SETTING_OR_ARCH [extra fairseq-train options]
     scripts/train.sh DATASET SETTING_OR_ARCH [...]
@@ -18,7 +21,7 @@ conference papers do not say), so no setting averages checkpoints; with ``AVERAG
 averaged after training into ``SAVE_DIR/checkpoint_avg_lastN.pt`` (fairseq's averaging, see
 :mod:`diverse_fairseq.average_checkpoints`), and that average is evaluated.
 
-These settings are the single source of the papers' hyper-parameters: the hydra configs in ``configs/``
+These settings are the single source of the recipes' hyper-parameters: the hydra configs in ``configs/``
 must give the same fairseq options (``tests/test_hydra_configs.py`` compares them).
 
 Save directory: ``SAVE_DIR``, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash>``, one per variant: the hash

@@ -15,7 +15,7 @@
 # options are stored in train_args.json there, and resuming a directory trained with other options is refused.
 # Multi-node: NNODES NODE_RANK MASTER_ADDR MASTER_PORT on each node (torchrun), or under SLURM:
 #   sbatch --nodes 2 --ntasks-per-node 1 --gres gpu:8 --wrap "srun scripts/train.sh wmt14_en_de big"
-#   (README.md, "GPUs and several machines")
+#   (docs/usage.md, "GPUs and several machines")
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 export DATA_BIN=${DATA_BIN:-$REPO/data-bin} CHECKPOINTS=${CHECKPOINTS:-$REPO/checkpoints}

@@ -262,3 +262,11 @@ def test_architecture_page_names_every_method_module_and_only_existing_files():
         source = path.read_text(encoding="utf-8")
         imports = re.findall(r"^\s*(?:from|import) (diverse_fairseq\.\w+)", source, re.M)
         assert all(i == "diverse_fairseq.methods" for i in imports), (path, imports)
+
+
+def test_readme_stays_a_short_path():
+    """The README is the newcomer's short path; reference material lives in docs/ (issue 27)."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 300, f"README.md has {len(lines)} lines: move reference material into docs/"
+    for command in ("make demo", "make test"):
+        assert any(line.startswith(command) for line in lines), f"README.md lacks the command {command!r}"

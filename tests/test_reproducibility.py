@@ -4,7 +4,7 @@ parameters.
 The runs go through the code path of ``make demo``: ``scripts/prepare_data.sh demo`` (sentencepiece, binarize)
 on the first 1,000 pairs of ``data/demo``, then :func:`diverse_fairseq.training.run` with the ``tiny`` setting
 on the CPU with one thread (OMP_NUM_THREADS = MKL_NUM_THREADS = 1), for a few updates. A different number of
-threads or another CPU may give other bits (matrix products split their sums differently): see the README,
+threads or another CPU may give other bits (matrix products split their sums differently): see docs/reproducing.md,
 "What may differ across machines".
 """
 

@@ -1,4 +1,4 @@
-"""What a fairseq user does with the installed package, outside the repository, as the README describes it:
+"""What a fairseq user does with the installed package, outside the repository, as docs/usage.md describes it:
 
 * ``--user-dir "$(python -m diverse_fairseq.user_dir)"`` from any directory;
 * ``fairseq-train ... --log-format json --tensorboard-logdir``: the table runner's log reader gets its numbers
@@ -40,7 +40,7 @@ def _env():
 
 
 def _tool(name: str):
-    """A fairseq console script of this environment (``fairseq-train``, ...), as the README runs it."""
+    """A fairseq console script of this environment (``fairseq-train``, ...), as docs/usage.md runs it."""
     script = Path(sys.executable).parent / name
     return [str(script)] if script.exists() else [sys.executable, "-m", "fairseq_cli." + name.split("-")[1]]
 

@@ -37,7 +37,8 @@ RBF kernel and bandwidth h (``bandwidth``):
   squared distances, the M zeros of the diagonal included (lower middle value, as ``torch.median``)
   / ln(M + 1); κ_ij = exp(−‖θ_i − θ_j‖² / 2h), f = 1/h (their kernel gradient is
   Σ_j κ_ij (θ_i − θ_j) / h). For M = 2 at least half of the M² values are the diagonal's zeros, so this
-  bandwidth is always 0 there: no repulsion.
+  bandwidth is always 0 there: the authors' code then computes exp(−0/0), NaN; here h = 0 is handled as
+  below (κ = 1, no repulsive term).
 * a positive float: that h with the paper's kernel (κ = exp(−D²/h), f = 2/h).
 
 If h comes out as 0 (identical particles, or M = 1) the kernel is 1 everywhere and the repulsive term
