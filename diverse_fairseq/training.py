@@ -75,25 +75,61 @@ class Setting:
     average: int = 0  # average the last N checkpoints after training (0: no averaging, the papers' choice)
     log_interval: int = 100
     extra: List[str] = field(default_factory=list)
+    # embeddings: "shared" (fairseq's: --share-all-embeddings on a joined dictionary, else
+    # --share-decoder-input-output-embed) or "untied" (source, target and output embeddings all separate, as
+    # the THUMT Transformer of the EMNLP 2018 / NAACL 2019 / journal papers); EMBEDDINGS=shared|untied overrides
+    embeddings: str = "shared"
+    normalize_before: bool = False  # pre-norm (layer norm before each sub-layer) in encoder and decoder
+    attention_dropout: Optional[float] = None  # None: the architecture's default (0 in fairseq)
+    activation_dropout: Optional[float] = None  # ReLU dropout; None: the architecture's default (0)
+    adam_eps: float = 1e-9
+    # keep the best checkpoints by validation BLEU (fairseq's --eval-bleu) and evaluate checkpoint_best.pt
+    best_by_bleu: bool = False
+    keep_best: int = 0  # how many of the best checkpoints fairseq keeps (--keep-best-checkpoints)
+
+
+EMBEDDINGS = ("shared", "untied")
 
 
 TINY_LAYERS = 2
+# The THUMT Transformer that the EMNLP 2018, NAACL 2019 and journal papers trained (the authors' Diversify-MHA
+# fork of THUMT): untied source/target/output embeddings over separate dictionaries, pre-norm, Adam
+# (0.9, 0.98, 1e-9), the best checkpoints kept by validation BLEU (their trainer keeps the top 5). Dropout:
+# the journal's text (§4.1.1) says "all types of dropout rate is set to 0.1" (residual, attention, ReLU);
+# the released code has attention/ReLU dropout 0: we follow the text.
+THUMT = dict(embeddings="untied", normalize_before=True, attention_dropout=0.1, activation_dropout=0.1,
+             adam_eps=1e-9, best_by_bleu=True, keep_best=5)
 SETTINGS: Dict[str, Setting] = {
     # fairseq's IWSLT14 Transformer recipe: lr 5e-4, warmup 4000, dropout 0.3, weight decay 1e-4, 4096 tokens
     # on one GPU as the repulsive-attention paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes
-    # (pay_less_attention_paper; the papers give no number of updates)
+    # (pay_less_attention_paper; the papers give no number of updates). The EMNLP 2020 authors' scripts
+    # (fairseq): joined dictionary with --share-all-embeddings, Adam eps 1e-8 (fairseq's default).
     "small": Setting("transformer_iwslt_de_en", lr=5e-4, dropout=0.3, weight_decay=1e-4, max_tokens=4096,
-                     batch_tokens=4096, max_update=50000),
+                     batch_tokens=4096, max_update=50000, adam_eps=1e-8),
     # The papers follow Vaswani et al. 2017 (journal §4.1.1): "learning rate initially 1.0" warmed up over
     # 4000 steps, i.e. a peak of 1.0 · d^-0.5 · 4000^-0.5 = 7e-4 for d = 512; 8 P40 GPUs x 4096 tokens;
     # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates (Vaswani et al.).
+    # The model is the THUMT Transformer (above).
     "base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
-                    max_update=100000, save_interval_updates=1000, keep_checkpoints=10),
+                    max_update=100000, save_interval_updates=1000, keep_checkpoints=10, **THUMT),
     # big (16 heads, d = 1024): the same schedule peaks at 1024^-0.5 · 4000^-0.5 = 4.9e-4; "for both Base and
     # Big models ... all types of dropout rate is set to 0.1" (journal §4.1.1, not Vaswani et al.'s 0.3);
     # 300k updates (Vaswani et al.)
     "big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_tokens=4096,
-                   batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=10),
+                   batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=10,
+                   **THUMT),
+    # fairseq's Transformer-base as the EMNLP 2020 authors ran it (their WMT14 scripts): joined dictionary with
+    # --share-all-embeddings, post-norm, lr 7e-4 warmed up over 8000 updates, Adam eps 1e-8, no weight decay;
+    # their scripts batch 4 GPUs x 4096 tokens x update-freq 2 for MA but 4 for RMA, while the paper says
+    # the configurations are the same: one batch (8 x 4096 tokens) for every row
+    "fairseq_base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
+                            max_update=100000, warmup=8000, save_interval_updates=1000, keep_checkpoints=10,
+                            adam_eps=1e-8),
+    # fairseq's Transformer-big, EMNLP 2020's reference row ("big-MA"): the big architecture with fairseq's
+    # WMT14 en-de big recipe (Ott et al. 2018: lr 5e-4, dropout 0.3), shared embeddings, Adam eps 1e-8
+    "fairseq_big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.3, max_tokens=4096,
+                           batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000,
+                           keep_checkpoints=10, adam_eps=1e-8),
     # laptop-CPU demo scale: a 2+2-layer, 128-wide pre-norm Transformer with 4 heads, small batches so that
     # it sees many updates (800, about 1.3 epochs). lr 2e-3, warmup 400, dropout 0.1 were chosen on the
     # baseline's validation BLEU over seeds 1-3 against lr 6e-3 / warmup 150 / no dropout and lr 1e-3
@@ -106,7 +142,8 @@ SETTINGS: Dict[str, Setting] = {
                            "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
                            "--encoder-normalize-before", "--decoder-normalize-before"]),
 }
-DEFAULT_SETTING = {"demo": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base", "wmt17_zh_en": "base"}
+DEFAULT_SETTING = {"demo": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base", "wmt14_en_de_joined": "fairseq_base",
+                   "wmt17_zh_en": "base"}
 # Any other dataset (your own corpus, scripts/prepare_data.sh custom) by its number of training pairs: below 20k
 # the demo's tiny model (about one epoch in its 800 updates), below 1M Transformer-small (IWSLT14: 160k), else base.
 SIZE_SETTINGS = ((20_000, "tiny"), (1_000_000, "small"))
@@ -210,6 +247,8 @@ def check_env(env) -> Dict:
         else env_checks.parse_choice("PRECISION", env["PRECISION"], PRECISIONS),
         "dry_run": env_checks.parse_flag("DRY_RUN", env.get("DRY_RUN")),
         "resume_anyway": env_checks.parse_flag(save_dirs.RESUME_ENV, env.get(save_dirs.RESUME_ENV)),
+        "embeddings": None if env_checks.get(env, "EMBEDDINGS") is None
+        else env_checks.parse_choice("EMBEDDINGS", env["EMBEDDINGS"], EMBEDDINGS),
     }
     return settings
 
@@ -220,6 +259,42 @@ def tensorboard_available() -> bool:
     import importlib.util
 
     return any(importlib.util.find_spec(name) is not None for name in ("tensorboardX", "tensorboard"))
+
+
+def embedding_args(embeddings: str, joined_dictionary: bool) -> List[str]:
+    """fairseq-train's embedding-sharing flags: ``untied`` none; ``shared`` fairseq's standard model (one matrix
+    for source, target and output on a joined dictionary, else the target's shared with the output)."""
+    if embeddings == "untied":
+        return []
+    return ["--share-all-embeddings" if joined_dictionary else "--share-decoder-input-output-embed"]
+
+
+def model_args(s: Setting) -> List[str]:
+    """The setting's layer-norm placement and dropout types beyond ``--dropout`` (nothing for fairseq's defaults)."""
+    args = ["--encoder-normalize-before", "--decoder-normalize-before"] if s.normalize_before else []
+    if s.attention_dropout is not None:
+        args += ["--attention-dropout", str(s.attention_dropout)]
+    if s.activation_dropout is not None:
+        args += ["--activation-dropout", str(s.activation_dropout)]
+    return args
+
+
+def eval_bleu_args(meta: Dict) -> List[str]:
+    """fairseq's validation BLEU (``--eval-bleu``) for choosing the best checkpoint, fitted to the prepared data
+    (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
+    segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
+    text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
+    generation = {"beam": meta.get("beam", 5), "lenpen": meta.get("lenpen", 1.0),
+                  "max_len_a": meta.get("max_len_a", 0.0), "max_len_b": meta.get("max_len_b", 200)}
+    post = meta.get("post_process", "subword_nmt")
+    args = ["--eval-bleu", "--eval-bleu-args", json.dumps(generation),
+            "--eval-bleu-remove-bpe", "@@ " if post == "subword_nmt" else post]
+    if meta.get("moses_tokenized", post == "subword_nmt"):
+        args += ["--eval-bleu-detok", "moses", "--eval-bleu-detok-args",
+                 json.dumps({"target_lang": meta["target_lang"]})]
+    else:
+        args += ["--eval-bleu-detok", "space"]
+    return args + ["--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
 def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None):
@@ -249,8 +324,9 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
         str(data), "--user-dir", USER_DIR, "--task", "translation",
         "--source-lang", meta["source_lang"], "--target-lang", meta["target_lang"],
         "--arch", arch, *s.extra,
-        "--share-all-embeddings" if meta.get("joined_dictionary") else "--share-decoder-input-output-embed",
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-09", "--clip-norm", "0.0",
+        *embedding_args(checked["embeddings"] or s.embeddings, bool(meta.get("joined_dictionary"))),
+        *model_args(s),
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", f"{s.adam_eps:g}", "--clip-norm", "0.0",
         "--lr", str(s.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
         "--warmup-init-lr", "1e-07", "--dropout", str(s.dropout), "--weight-decay", str(s.weight_decay),
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -267,6 +343,8 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
                  "--keep-interval-updates", str(keep), "--no-epoch-checkpoints"]
     else:
         args += ["--keep-last-epochs", str(keep)]
+    if s.best_by_bleu:
+        args += eval_bleu_args(meta) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
     precision = checked["precision"] or ("fp16" if gpus else "fp32")
     if gpus == 0:
         args.append("--cpu")
@@ -302,7 +380,10 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
     info = {"setting": key, "arch": arch, "gpus": gpus, "nodes": nnodes, "world": world, "max_tokens": max_tokens,
             "update_freq": freq, "tokens_per_update": world * max_tokens * freq, "paper_tokens_per_update": s.batch_tokens,
             "save_dir": str(save_dir), "average": average, "update_based": bool(s.save_interval_updates),
-            "rank0": rank == 0 and checked["slurm_node_id"] == 0, "data_meta": meta}
+            "rank0": rank == 0 and checked["slurm_node_id"] == 0, "data_meta": meta,
+            # the checkpoint a single model is evaluated from: the best by validation BLEU where the setting
+            # keeps it (the THUMT papers' choice), else the last
+            "single_checkpoint": "checkpoint_best.pt" if s.best_by_bleu else "checkpoint_last.pt"}
     return args + extra, launcher, info
 
 

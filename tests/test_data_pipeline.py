@@ -145,7 +145,7 @@ def test_iwslt14_over_loopback_http(tmp_path, http_mirror, capsys):
     meta = json.loads((dest / "prepare.json").read_text())
     assert (meta["source_lang"], meta["target_lang"], meta["bpe"], meta["lowercase"]) == ("de", "en", "subword-nmt", True)
     assert meta["sentences"] == {"train": 73, "valid": 3, "test": 20} == _dataset_sizes(dest, "de", "en")
-    assert (dest / "dict.de.txt").read_text() != (dest / "dict.en.txt").read_text()  # no joined dictionary
+    assert (dest / "dict.de.txt").read_text() == (dest / "dict.en.txt").read_text()  # joined (EMNLP 2020's)
     # test = dev2010 + tedx.dev2012 + tst2010-2012 in that order; raw reference kept for sacrebleu
     assert lines(dest / "test.ref.en")[0] == "The ocean is a very complicated thing."
     assert lines(dest / "test.tok.en")[6] == "it &apos;s a well-known problem , isn &apos;t it ?"
@@ -157,8 +157,8 @@ def test_wmt14_from_a_mirror_directory(tmp_path, capsys):
     prepare(["wmt14_en_de", *common(tmp_path, "--mirror", str(MIRROR), "--checksums", SUMS)])
     dest = tmp_path / "data-bin" / "wmt14_en_de"
     meta = json.loads((dest / "prepare.json").read_text())
-    assert meta["compound_split"] and meta["aggressive_dash"] and meta["joined_dictionary"]
-    assert (dest / "dict.en.txt").read_text() == (dest / "dict.de.txt").read_text()
+    assert meta["compound_split"] and meta["aggressive_dash"] and meta["joint_bpe"] and not meta["joined_dictionary"]
+    assert (dest / "dict.en.txt").read_text() != (dest / "dict.de.txt").read_text()  # a dictionary per language
     sizes = _dataset_sizes(dest, "en", "de")
     assert sizes == meta["sentences"] and sizes["valid"] == 6 and sizes["test"] == 8 and 30 <= sizes["train"] <= 36
     # europarl + commoncrawl + news-commentary, only the de-en members were extracted

@@ -83,7 +83,9 @@ def differences(cfg: dict, path: Path, tmp_path: Path):
     data_bin = tmp_path / "data-bin"
     (data_bin / dataset).mkdir(parents=True, exist_ok=True)
     (data_bin / dataset / "prepare.json").write_text(json.dumps(
-        {"source_lang": recipe.src, "target_lang": recipe.tgt, "joined_dictionary": recipe.joined_dictionary}))
+        {"source_lang": recipe.src, "target_lang": recipe.tgt, "joined_dictionary": recipe.joined_dictionary,
+         "beam": recipe.beam, "lenpen": recipe.lenpen, "max_len_a": recipe.max_len_a, "max_len_b": recipe.max_len_b,
+         "post_process": "subword_nmt", "moses_tokenized": True}))
     arch = cfg["model"]["_name"]
     setting = training.resolve_setting(arch)[1]
     gpus = setting.batch_tokens // setting.max_tokens  # the GPUs the papers' batch is made of

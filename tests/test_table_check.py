@@ -148,3 +148,83 @@ def test_a_bad_variable_from_the_environment_is_refused(monkeypatch, name, value
     with pytest.raises(SystemExit) as err:
         check.main([])
     assert message in str(err.value)
+
+
+# ------------------------------------------------------------------- paper scale: the papers' parameter counts
+def test_a_row_within_two_percent_of_the_papers_parameters_passes():
+    ok, text = check.compare_parameters(89_700_000, 88.0)  # +1.9%
+    assert ok and text == "89.70M params, paper 88M (+1.9%)"
+    assert check.compare_parameters(60_500_000, None) == (True, "60.50M params")  # the paper reports none
+
+
+def test_a_row_more_than_two_percent_off_fails_with_a_clear_message():
+    ok, text = check.compare_parameters(60_530_000, 88.0)  # the shared-embedding model against the paper's
+    assert not ok
+    assert text.startswith("60.53M params, paper 88M (-31.2%): more than 2% off the paper's count, so this is not "
+                           "the paper's model")
+    assert not check.compare_parameters(86_200_000, 88.0)[0]  # -2.05%
+
+
+def _paper_parameters(table, row_id, tmp_path):
+    tab = load_table(table)
+    row = tab.row(row_id)
+    data_bin = tmp_path / "data-bin"
+    check.write_synthetic_data(data_bin, tab.paper_dataset)
+    return check.count_parameters(check.row_command(row, tab.paper_dataset, "paper", data_bin, 8, "fp32")), row
+
+
+@pytest.mark.parametrize("table,row_id", [
+    ("naacl19_t4", "base"), ("naacl19_t4", "base_aggregation"), ("naacl19_t4", "big"),
+    ("naacl19_t4", "big_aggregation"),
+    ("journal_t5_zh_en", "base"), ("journal_t5_zh_en", "big_both"),
+])
+def test_paper_scale_models_build_the_papers_parameter_counts(table, row_id, tmp_path):
+    """Transformer-Base/Big (+ EM routing in two layers) at paper scale, on dictionaries of the assumed sizes,
+    have the papers' parameter counts (NAACL 2019 Table 4, journal Table 5) within 2%. Built on the meta device."""
+    built, row = _paper_parameters(table, row_id, tmp_path)
+    ok, text = check.compare_parameters(built, row.paper["params"])
+    assert ok, f"{table}:{row_id}: {text}"
+
+
+def test_the_shared_embedding_model_stays_available_and_is_not_the_papers(tmp_path):
+    """EMBEDDINGS=shared builds fairseq's model (output tied to the target embedding on separate dictionaries):
+    fewer parameters than the paper's, which the check reports."""
+    data_bin = tmp_path / "data-bin"
+    check.write_synthetic_data(data_bin, "wmt14_en_de")
+    env = {"DATA_BIN": str(data_bin), "SAVE_DIR": str(tmp_path / "run"), "PRECISION": "fp32"}
+    args, _, _ = training.build_command("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="shared"), gpus=8)
+    assert "--share-decoder-input-output-embed" in args
+    built = check.count_parameters(args)
+    untied, _, _ = training.build_command("wmt14_en_de", "base", [], env=env, gpus=8)
+    assert check.count_parameters(untied) - built == 28_544 * 512  # the output matrix of the German dictionary
+    assert not check.compare_parameters(built, 88.0)[0]
+
+
+def test_fairseq_validation_bleu_options_parse_and_score(tmp_path):
+    """The paper-scale command's --eval-bleu options (beam, BPE removal, Moses detokenization) parse with fairseq's
+    parser and work with the translation task: a validation step on a synthetic batch scores BLEU statistics.
+    The model is shrunk by later flags (they override the setting's) to keep the step fast."""
+    import torch
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    tab = load_table("naacl19_t3")
+    data_bin = tmp_path / "data-bin"
+    check.write_synthetic_data(data_bin, tab.paper_dataset)
+    args = check.row_command(tab.row("none"), tab.paper_dataset, "paper", data_bin, 8, "fp32")
+    assert args[args.index("--eval-bleu-remove-bpe") + 1] == "@@ "
+    assert args[args.index("--eval-bleu-detok") + 1] == "moses"
+    small = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+             "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+             "--decoder-attention-heads", "2", "--eval-bleu-args", '{"beam": 4, "lenpen": 0.6, "max_len_b": 8}']
+    parsed = options.parse_args_and_arch(options.get_training_parser(), args + small)
+    assert parsed.eval_bleu and parsed.best_checkpoint_metric == "bleu" and parsed.maximize_best_checkpoint_metric
+    cfg = convert_namespace_to_omegaconf(parsed)
+    task = tasks.setup_task(cfg.task)
+    torch.manual_seed(0)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    model.eval()
+    _, _, logging_output = task.valid_step(check._synthetic_batch(task), model, criterion)
+    assert logging_output["_bleu_ref_len"] == 4 * 5  # four references of five words (eos removed)
+    assert logging_output["_bleu_sys_len"] > 0 and len([k for k in logging_output if k.startswith("_bleu_counts_")]) == 4

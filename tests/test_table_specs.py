@@ -21,7 +21,7 @@ from diverse_fairseq.methods.options import parse_layers, parse_names
 from diverse_fairseq.tables.spec import TABLE_DIR, TableSpecError, load_table, parse_table
 
 USER_DIR = training.USER_DIR
-PAPER_DATASETS = ("iwslt14_de_en", "wmt14_en_de", "wmt17_zh_en")
+PAPER_DATASETS = ("iwslt14_de_en", "wmt14_en_de", "wmt14_en_de_joined", "wmt17_zh_en")
 DISAGREEMENT = "label_smoothed_cross_entropy_with_disagreement"
 REPULSIVE = "repulsive_adam"
 

@@ -52,7 +52,14 @@ def test_command_on_gpus_with_passthrough(data_bin):
     assert value(args, "--arch") == ["transformer_vaswani_wmt_en_de_big"] and "--fp16" in args
     # the papers' big setting: dropout 0.1 and lr 5e-4 (journal §4.1.1), single models (no averaging)
     assert value(args, "--dropout") == ["0.1"] and value(args, "--lr")[0] == "0.0005"
-    assert "--share-all-embeddings" in args
+    # the THUMT Transformer of the papers: untied embeddings, pre-norm, every dropout type 0.1, Adam eps 1e-9,
+    # the best checkpoint by validation BLEU
+    assert "--share-all-embeddings" not in args and "--share-decoder-input-output-embed" not in args
+    assert "--encoder-normalize-before" in args and "--decoder-normalize-before" in args
+    assert value(args, "--attention-dropout") == ["0.1"] and value(args, "--activation-dropout") == ["0.1"]
+    assert value(args, "--adam-eps") == ["1e-09"] and value(args, "--best-checkpoint-metric") == ["bleu"]
+    assert "--eval-bleu" in args and "--maximize-best-checkpoint-metric" in args and info["single_checkpoint"] == \
+        "checkpoint_best.pt"
     assert value(args, "--lr")[-1] == "1e-3" and args[-2:] == ["--lr", "1e-3"]  # extra options come last
     save = value(args, "--save-dir")[0]
     assert "--load-checkpoint-on-all-dp-ranks" in args and re.fullmatch(r"/ck/wmt14_en_de_big-[0-9a-f]{8}", save)
@@ -61,6 +68,37 @@ def test_command_on_gpus_with_passthrough(data_bin):
     # averaging stays an option: AVERAGE=N keeps at least the last N checkpoints
     args, _, info = build_command("wmt14_en_de", "big", [], env=dict(env, AVERAGE="30"), gpus=2)
     assert info["average"] == 30 and value(args, "--keep-interval-updates") == ["30"]
+
+
+def test_embeddings_choice(data_bin):
+    """EMBEDDINGS=shared gives fairseq's standard model on the THUMT settings; a bad value names the choices;
+    the EMNLP 2020 settings (fairseq's) share, with Adam's eps 1e-8 and the last checkpoint."""
+    env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
+    args, _, _ = build_command("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="shared"), gpus=8)
+    assert "--share-all-embeddings" in args  # the fixture's dictionary is joined
+    with pytest.raises(SystemExit, match="EMBEDDINGS"):
+        build_command("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="tied"), gpus=8)
+    args, _, info = build_command("wmt14_en_de", "fairseq_base", [], env=env, gpus=8)
+    assert "--share-all-embeddings" in args and "--encoder-normalize-before" not in args and "--eval-bleu" not in args
+    assert value(args, "--adam-eps") == ["1e-08"] and value(args, "--warmup-updates") == ["8000"]
+    assert info["single_checkpoint"] == "checkpoint_last.pt"
+    args, _, _ = build_command("wmt14_en_de", "small", [], env=env, gpus=1)
+    assert value(args, "--adam-eps") == ["1e-08"] and "--share-all-embeddings" in args
+
+
+def test_the_demo_command_is_unchanged(tmp_path):
+    """The demo scale's command (its results are cached under its full command) is exactly what it was."""
+    data_bin = fake_prepared(tmp_path / "data-bin", "demo")
+    args, _, _ = build_command("demo", "tiny", [], env={"DATA_BIN": str(data_bin), "SAVE_DIR": "/s"}, gpus=0)
+    start = args.index("--arch")
+    assert args[start:args.index("--criterion")] == [
+        "--arch", "transformer", "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128",
+        "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
+        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--encoder-normalize-before",
+        "--decoder-normalize-before", "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
+        "--adam-eps", "1e-09", "--clip-norm", "0.0", "--lr", "0.002", "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", "400", "--warmup-init-lr", "1e-07", "--dropout", "0.1", "--weight-decay", "0.0"]
+    assert "--eval-bleu" not in args and "--attention-dropout" not in args
 
 
 def test_run_records_whether_checkpoints_were_averaged(data_bin, monkeypatch):

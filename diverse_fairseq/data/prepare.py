@@ -113,7 +113,7 @@ class Preparer:
         if self.size <= 0:
             raise SystemExit(f"error: BPE_SIZE (--bpe-size)={self.size} is not valid: use a positive number of "
                              f"merges (subword-nmt) or vocabulary entries (sentencepiece)")
-        self.work = Path(args.work_dir) / recipe.name
+        self.work = Path(args.work_dir) / (recipe.work_name or recipe.name)
         self.dest = Path(args.data_bin) / recipe.name
         self.workers = max(1, args.workers)
         self.checksums = read_checksum_file(args.checksums) if args.checksums else {}

@@ -11,7 +11,11 @@ For each table (``configs/tables/*.yaml``), row and scale (``demo``, ``paper``) 
    schedule with fairseq's own builders (``tasks.setup_task`` and a ``Trainer``) on a synthetic dictionary as
    large as the dataset recipe's BPE vocabulary (so the parameter counts are close to the real ones), and
    checks that the model has the setting's number of layers;
-3. at demo scale, runs one training step (forward, backward, optimizer step) on a synthetic batch.
+3. at demo scale, runs one training step (forward, backward, optimizer step) on a synthetic batch;
+4. at paper scale, compares the model's parameters with the paper's (the row's ``paper: {params: ...}``, in
+   millions) and fails a row more than :data:`PARAM_TOLERANCE` (2%) off: a paper-scale row must train the
+   paper's model. The dictionaries have the sizes the recipe assumes (``Recipe.assumed_vocab``,
+   docs/paper-settings.md), so the counts are those of the real data up to the vocabulary.
 
 It prints one line per table/row/scale (``ok`` or ``FAIL`` with the reason, and the parameters) and exits
 non-zero when any line failed, naming every failure again at the end. Identical argument lists (the same
@@ -51,26 +55,73 @@ class Result:
     parameters: Optional[int] = None
 
 
-def write_synthetic_data(data_bin: Path, dataset: str) -> Path:
-    """``data_bin/dataset`` with a ``prepare.json`` and dictionaries (no text): what build_command and
-    fairseq's translation task read. Each dictionary has the recipe's BPE size in symbols."""
+PARAM_TOLERANCE = 0.02  # a paper-scale model may differ from the paper's parameter count by at most 2%
+
+
+def synthetic_dictionary(entries: Optional[int] = None, symbols: Optional[int] = None):
+    """A fairseq ``Dictionary`` of ``entries`` entries in all (its 4 special symbols included; a multiple of 8,
+    as fairseq-preprocess pads), or of ``symbols`` symbols besides the special ones, padded to a multiple of 8."""
     from fairseq.data import Dictionary
 
+    dictionary = Dictionary()
+    n = symbols if symbols is not None else entries - dictionary.nspecial
+    for i in range(n):
+        dictionary.add_symbol(f"w{i}")
+    dictionary.finalize(padding_factor=8)  # as fairseq-preprocess does
+    if entries is not None and len(dictionary) != entries:
+        raise ValueError(f"a dictionary of {entries} entries is not possible: use a multiple of 8")
+    return dictionary
+
+
+def write_synthetic_data(data_bin: Path, dataset: str) -> Path:
+    """``data_bin/dataset`` with a ``prepare.json`` and dictionaries (no text): what build_command and
+    fairseq's translation task read. Each dictionary has the size the recipe assumes (``assumed_vocab``), else
+    the recipe's BPE size in symbols; a joined dictionary is one for both languages."""
     recipe = RECIPES[dataset]
     data = data_bin / dataset
     if (data / "prepare.json").exists():
         return data
     data.mkdir(parents=True, exist_ok=True)
-    dictionary = Dictionary()
-    for i in range(recipe.bpe_size):
-        dictionary.add_symbol(f"w{i}")
-    dictionary.finalize(padding_factor=8)  # as fairseq-preprocess does
     for lang in recipe.langs:
+        size = None if recipe.joined_dictionary else recipe.assumed_vocab.get(lang)
+        dictionary = synthetic_dictionary(size, None if size else recipe.bpe_size)
         dictionary.save(str(data / f"dict.{lang}.txt"))
     meta = {"dataset": dataset, "source_lang": recipe.src, "target_lang": recipe.tgt,
-            "joined_dictionary": recipe.joined_dictionary, "synthetic": True}
+            "joined_dictionary": recipe.joined_dictionary, "synthetic": True, "beam": recipe.beam,
+            "lenpen": recipe.lenpen, "max_len_a": recipe.max_len_a, "max_len_b": recipe.max_len_b,
+            "post_process": "subword_nmt" if recipe.bpe == "subword-nmt" else "sentencepiece",
+            "moses_tokenized": recipe.bpe == "subword-nmt"}
     (data / "prepare.json").write_text(json.dumps(meta) + "\n")
     return data
+
+
+def compare_parameters(built: int, paper_millions: Optional[float], tolerance: float = PARAM_TOLERANCE
+                       ) -> Tuple[bool, str]:
+    """(within tolerance, text): the built model's parameters beside the paper's (in millions; None: the paper
+    reports none, always within). The text of a failure says how far off it is and what that means."""
+    if paper_millions is None:
+        return True, f"{built / 1e6:.2f}M params"
+    off = built / (paper_millions * 1e6) - 1
+    text = f"{built / 1e6:.2f}M params, paper {paper_millions:g}M ({off:+.1%})"
+    if abs(off) > tolerance:
+        return False, (f"{text}: more than {tolerance:.0%} off the paper's count, so this is not the paper's model "
+                       f"(check the setting's embeddings and the dataset's dictionary sizes)")
+    return True, text
+
+
+def count_parameters(args: List[str]) -> int:
+    """Parameters of the model fairseq-train ``args`` build, built on the meta device (no memory, no
+    initialisation cost): the count :func:`build_and_step` reports, in a fraction of its time."""
+    import torch
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parsed = options.parse_args_and_arch(options.get_training_parser(), list(args))
+    cfg = convert_namespace_to_omegaconf(parsed)
+    task = tasks.setup_task(cfg.task)
+    with torch.device("meta"):
+        model = task.build_model(cfg.model)
+    return sum(p.numel() for p in model.parameters())
 
 
 def dataset_for(table: Table, scale: str, dataset: Optional[str] = None) -> Optional[str]:
@@ -195,7 +246,12 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                             gc.collect()  # a paper-scale model and its optimizer: up to a few GB
                         result = done[key][0]
                     params = f"{result.parameters / 1e6:.2f}M params" if result.parameters else "–"
-                    out(f"{'ok  ' if result.ok else 'FAIL'} {where} dataset={name}: {result.message}, {params}, "
+                    if result.ok and result.parameters and scale == "paper":
+                        within, params = compare_parameters(result.parameters, row.paper.get("params"))
+                        if not within:
+                            result = Result(False, params, result.parameters)
+                    params = "" if params == result.message else f", {params}"
+                    out(f"{'ok  ' if result.ok else 'FAIL'} {where} dataset={name}: {result.message}{params}, "
                         f"{time.perf_counter() - start:.1f}s{note}")
                     if not result.ok:
                         failures.append(f"{where}: {result.message}")

@@ -5,7 +5,9 @@ For each row and seed (one *job*) the runner
 1. trains with :func:`diverse_fairseq.training.run` (``fairseq-train --user-dir diverse_fairseq`` with the
    dataset's setting) into ``<out>/runs/<row>/seed<N>/``; fairseq resumes from ``checkpoint_last.pt`` there,
    and a finished run leaves ``train.json`` and is reused next time;
-2. evaluates the run's checkpoint (the average of the last checkpoints where training made one) with
+2. evaluates the run's checkpoint (the average of the last checkpoints where training made one, else the
+   setting's single model: ``checkpoint_best.pt`` by validation BLEU for the THUMT papers' settings, else
+   ``checkpoint_last.pt``) with
    :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU, decoding speed; reused while
    ``eval/key.json`` matches);
 3. records parameters and training steps/s from fairseq's log (``--log-format json``, read by
@@ -208,6 +210,8 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     print(f"  [{row.id} seed {seed}] training {arch} ({setting}): {shlex.join(row_args + run.train_args)}",
           flush=True)
     info = training.run(run.dataset, setting, extra, env=env, gpus=run.gpus)
+    if not info.get("averaged") and info.get("single_checkpoint"):  # a single model: the setting's (checkpoint_best.pt by validation BLEU for THUMT rows)
+        info["checkpoint"] = str(Path(info["save_dir"]) / info["single_checkpoint"])
     log = log_file.read_text(encoding="utf-8", errors="replace")
     train = logs.last_summary(log, "train")
     record = {

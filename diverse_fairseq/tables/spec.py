@@ -10,7 +10,8 @@ A table file::
       - id: none
         label: "Transformer-Base"
         family: transformer                # model family: transformer or diverse_transformer
-        setting: base                      # optional model size at paper scale (small, base, big)
+        setting: base                      # optional model at paper scale: small, base, big (the THUMT
+                                           # papers' models), fairseq_base, fairseq_big (fairseq's, EMNLP 2020)
         args: []                           # extra fairseq-train flags (criterion, optimizer, features)
         paper: {bleu: 24.13, train_speed: 1.21}   # the paper's numbers (optional; params in millions)
         description: "..."                 # one line saying what the row runs (optional; printed below the table)
@@ -45,7 +46,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 TABLE_DIR = REPO / "configs" / "tables"
 FAMILIES = ("transformer", "diverse_transformer")
-SETTING_NAMES = ("small", "base", "big")
+SETTING_NAMES = ("small", "base", "big", "fairseq_base", "fairseq_big")
 ROW_FIELDS = ("id", "label", "family", "setting", "args", "paper", "description", "baseline", "figure")
 
 

@@ -57,6 +57,13 @@ class Recipe:
     # a recipe completed from the user's options (the custom corpus: languages, folder, name); returns the recipe
     configure: Optional[Callable[["Recipe", Dict[str, object]], "Recipe"]] = None
     notes: str = ""
+    # dictionary entries per language (as fairseq-preprocess writes them: 4 special symbols, padded to a multiple
+    # of 8) that paper-scale parameter counts assume (``make check-tables`` builds on dictionaries of these sizes);
+    # empty: ``bpe_size`` symbols
+    assumed_vocab: Dict[str, int] = field(default_factory=dict)
+    # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes
+    # differently shares the downloads, tokenization and BPE of the recipe it varies
+    work_name: Optional[str] = None
 
     @property
     def langs(self) -> Tuple[str, str]:

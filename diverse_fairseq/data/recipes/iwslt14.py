@@ -2,7 +2,9 @@
 
 Strip the XML of the TED talks, Moses-tokenize, clean (ratio 1.5, 1–175 tokens), lowercase,
 valid = every 23rd line of the cleaned training text, test = dev2010 + tedx.dev2012 + tst2010–2012,
-joint BPE with 10k merges.
+joint BPE with 10k merges. One joined dictionary (``fairseq-preprocess --joined-dictionary``), as the EMNLP 2020
+authors binarized it (``iwslt14.tokenized.de-en.joined``) for ``--share-all-embeddings``; fairseq's own recipe
+builds one dictionary per language.
 """
 
 from ..download import Source
@@ -38,7 +40,7 @@ RECIPE = Recipe(
     bpe="subword-nmt",
     bpe_size=10000,
     joint_bpe=True,
-    joined_dictionary=False,  # fairseq's recipe builds one dictionary per language
+    joined_dictionary=True,  # the EMNLP 2020 authors' (fairseq's recipe builds one dictionary per language)
     lowercase=True,
     apostrophe_splits=("test",),
     clean_max=175,

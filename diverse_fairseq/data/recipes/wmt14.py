@@ -2,9 +2,16 @@
 
 As fairseq's ``prepare-wmt14en2de.sh --icml17`` (the WMT14-only data): normalise punctuation and remove
 non-printing characters (training text), Moses-tokenize with aggressive hyphen splitting, joint BPE with 32k merges,
-clean after BPE (ratio 1.5, 1–250 tokens) and a joined dictionary. Unlike that script (which cuts
-valid from the training data), valid is newstest2013 and test newstest2014, as in the papers.
+clean after BPE (ratio 1.5, 1–250 tokens). Unlike that script (which cuts valid from the training data), valid is
+newstest2013 and test newstest2014, as in the papers.
+
+Two binarizations of the same text: ``wmt14_en_de`` has one dictionary per language, as the THUMT recipe of the
+EMNLP 2018 / NAACL 2019 / journal papers (joint BPE, separate vocabularies, untied embeddings);
+``wmt14_en_de_joined`` has fairseq's joined dictionary (for ``--share-all-embeddings``: the EMNLP 2020 authors'
+``wmt14_en_de_joined_dict``). The variant shares the first one's downloads, tokenization and BPE (``work_name``).
 """
+
+import dataclasses
 
 from ..download import Source, published_md5
 from ..text import sgm_segments
@@ -64,9 +71,17 @@ RECIPE = Recipe(
     name="wmt14_en_de", src="en", tgt="de",
     description="WMT14 en→de (Europarl v7, Common Crawl, News Commentary v9; newstest2013/2014)",
     archives=ARCHIVES,
-    joint_bpe=True, joined_dictionary=True,  # one BPE and one dictionary for English and German
+    joint_bpe=True, joined_dictionary=False,  # one BPE for English and German, a dictionary per language
     aggressive_dash=True,
     clean_ratio=1.5,
     collect=collect,
     notes="download 1.6 GB, ~15 GB of disk, preparation 1-3 hours with WORKERS=8",
+    # only V_en + 2 V_de (source, target and output embeddings) is fixed by the papers' parameter counts:
+    # Transformer-Base 88.0M and Big 264M (NAACL 2019 Table 3, journal Tables 5-6) give 85.6k embedding rows
+    # beyond the layers; split evenly (joint 32k merges give each language a similar vocabulary)
+    assumed_vocab={"en": 28536, "de": 28544},
 )
+JOINED = dataclasses.replace(
+    RECIPE, name="wmt14_en_de_joined", joined_dictionary=True, work_name=RECIPE.name, assumed_vocab={},
+    description=RECIPE.description + ", joined dictionary",
+    notes="binarizes the text of wmt14_en_de (prepared first if needed) with one joined dictionary")
