@@ -24,7 +24,9 @@ must give the same fairseq options (``tests/test_hydra_configs.py`` compares the
 Save directory: ``SAVE_DIR``, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash>``, one per variant: the hash
 covers the effective fairseq-train options, so runs with other method flags never share a directory. The options
 are stored in ``SAVE_DIR/train_args.json``; resuming a directory trained with other options is refused before
-training (``RESUME_ANYWAY=1`` overrides), see :mod:`diverse_fairseq.save_dir`.
+training (``RESUME_ANYWAY=1`` overrides), see :mod:`diverse_fairseq.save_dir`. A finished run (``checkpoint_last.pt``
+at ``--max-update``) is left alone: raise ``MAX_UPDATE`` to train further (docs/training.md, "Resuming, finished
+runs and failures").
 
 Environment: DATA_BIN (data-bin), CHECKPOINTS (checkpoints), SAVE_DIR, MAX_TOKENS,
 UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32), AVERAGE (N, default 0 = off),
