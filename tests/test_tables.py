@@ -373,7 +373,7 @@ def test_rows_with_one_demo_model_are_trained_once(tmp_path, monkeypatch):
 
 
 def _settings(monkeypatch, **env):
-    for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS"):
+    for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS", "DRY_RUN"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -393,8 +393,9 @@ def _settings(monkeypatch, **env):
     ({"JOBS": "2.5"}, r"JOBS \(--jobs\)='2.5' is not valid: use a positive integer"),
     ({"TRAIN_ARGS": "--lr '1e-3"}, r"TRAIN_ARGS \(--train-args\)=.* is not valid: use flags quoted"),
     ({"GENERATE_ARGS": '--beam "1'}, r"GENERATE_ARGS \(--generate-args\)=.* is not valid"),
+    ({"DRY_RUN": "yes"}, r"DRY_RUN \(--dry-run\)='yes' is not valid: use DRY_RUN=1 to turn it on"),
 ], ids=["scale-case", "scale-name", "seeds-zero", "seeds-negative", "seeds-repeated", "seeds-word", "gpus-negative",
-        "gpus-word", "threads-zero", "jobs-float", "train-args-quote", "generate-args-quote"])
+        "gpus-word", "threads-zero", "jobs-float", "train-args-quote", "generate-args-quote", "dry-run-word"])
 def test_bad_environment_is_refused(monkeypatch, env, message):
     with pytest.raises(SystemExit, match=message):
         _settings(monkeypatch, **env)
@@ -413,7 +414,8 @@ def test_good_environment(monkeypatch):
     settings = _settings(monkeypatch, SCALE="paper", SEEDS="3", GPUS="0", THREADS="2", JOBS="4",
                          TRAIN_ARGS="--lr '1e-3'")
     assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
-                        "train_args": ["--lr", "1e-3"], "generate_args": []}
+                        "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False}
+    assert _settings(monkeypatch, DRY_RUN="1")["dry_run"]
     assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
     assert parse_seeds("SEEDS", "5,2") == [5, 2]
     assert default_jobs(1, 0) == 1 and default_jobs(100, 0) == len(os.sched_getaffinity(0))
