@@ -126,3 +126,49 @@ def write_args(save_dir: Path, args: List[str], data_meta: Dict, command: List[s
                "command": list(command)}
     path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     return path
+
+
+def trained_updates(checkpoint: Path) -> Optional[int]:
+    """The number of updates a fairseq checkpoint was saved at (``optimizer_history[-1]["num_updates"]``, what
+    fairseq resumes from), or ``None`` when the file cannot be read as a checkpoint.
+
+    Memory-mapped and with ``weights_only=True`` (the package allowlists the classes fairseq stores), so even a
+    big model's ``checkpoint_last.pt`` is read in a fraction of a second without loading its tensors."""
+    import torch
+
+    try:
+        try:
+            state = torch.load(str(checkpoint), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # a checkpoint in torch's legacy (non-zip) format cannot be memory-mapped
+            state = torch.load(str(checkpoint), map_location="cpu", weights_only=True)
+        return int(state["optimizer_history"][-1]["num_updates"])
+    except Exception:  # noqa: BLE001 - a truncated or foreign file: the caller lets fairseq decide
+        return None
+
+
+def finished(save_dir: Path, max_update: Optional[int]) -> Optional[int]:
+    """The number of updates of ``save_dir/checkpoint_last.pt`` when it has reached ``max_update`` (the run is
+    finished: fairseq would resume it and train one more update before its stop check), else ``None``.
+    ``max_update`` None or 0 means no limit (fairseq's default), so a run is never finished by it."""
+    last = Path(save_dir) / "checkpoint_last.pt"
+    if not max_update or not last.exists():
+        return None
+    updates = trained_updates(last)
+    return updates if updates is not None and updates >= max_update else None
+
+
+def remove_unused(save_dir: Path) -> bool:
+    """After a training that wrote no checkpoint: delete our :data:`ARGS_FILE` and every empty folder in
+    ``save_dir`` (an unused tensorboard folder, then ``save_dir`` itself). Nothing else is touched, so a folder
+    holding anything else (logs, a user's files) stays. Returns whether ``save_dir`` is gone."""
+    save_dir = Path(save_dir)
+    if not save_dir.is_dir() or any(save_dir.glob("checkpoint*.pt")):
+        return False
+    (save_dir / ARGS_FILE).unlink(missing_ok=True)
+    for folder in sorted((p for p in save_dir.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    if any(save_dir.iterdir()):
+        return False
+    save_dir.rmdir()
+    return True

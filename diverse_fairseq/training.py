@@ -27,7 +27,9 @@ must give the same fairseq options (``tests/test_hydra_configs.py`` compares the
 Save directory: ``SAVE_DIR``, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash>``, one per variant: the hash
 covers the effective fairseq-train options, so runs with other method flags never share a directory. The options
 are stored in ``SAVE_DIR/train_args.json``; resuming a directory trained with other options is refused before
-training (``RESUME_ANYWAY=1`` overrides), see :mod:`diverse_fairseq.save_dir`.
+training (``RESUME_ANYWAY=1`` overrides), see :mod:`diverse_fairseq.save_dir`. A finished run (``checkpoint_last.pt``
+at ``--max-update``) is left alone: raise ``MAX_UPDATE`` to train further (docs/training.md, "Resuming, finished
+runs and failures").
 
 Environment: DATA_BIN (data-bin), CHECKPOINTS (checkpoints), SAVE_DIR, MAX_TOKENS,
 UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32), AVERAGE (N, default 0 = off),
@@ -42,6 +44,7 @@ SETTING may be left out: the dataset's default is used (:func:`default_setting`:
 else one chosen by the number of training pairs, for your own corpus).
 """
 
+import codecs
 import json
 import math
 import os
@@ -166,13 +169,58 @@ def default_setting(dataset: str, data_bin) -> str:
     return next((name for limit, name in SIZE_SETTINGS if pairs < limit), LARGE_SETTING)
 
 
+def registered_architectures() -> Dict[str, type]:
+    """fairseq's ``--arch`` names with their model classes, the plugin's included (importing this package
+    registers them)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    return ARCH_MODEL_REGISTRY
+
+
 def resolve_setting(name: str):
-    """(setting name, Setting, architecture) for a setting name or an architecture name."""
+    """(setting name, Setting, architecture) for a setting name or a registered architecture name.
+
+    Any other name is refused (SystemExit) with the nearest setting: ``tinny`` must not train ``--arch tinny``
+    with the base setting's hyper-parameters."""
     if name in SETTINGS:
         return name, SETTINGS[name], SETTINGS[name].arch
+    if name not in registered_architectures():
+        from difflib import get_close_matches
+
+        near = get_close_matches(name.lower(), list(SETTINGS), n=1, cutoff=0.0)  # always the nearest one
+        archs = get_close_matches(name, [a for a in registered_architectures() if a.startswith("diverse_")], n=1)
+        hint = f"did you mean the setting {near[0]!r}?" + (f" (or the architecture {archs[0]!r})" if archs else "")
+        raise SystemExit(f"error: {name!r} is neither a setting ({', '.join(SETTINGS)}) nor a registered "
+                         f"architecture (--arch): {hint}")
     low = name.lower()
     key = "big" if "big" in low else "small" if "iwslt" in low else "tiny" if "tiny" in low else "base"
     return key, SETTINGS[key], name
+
+
+def diverse_equivalent(arch: str) -> str:
+    """The plugin's architecture with ``arch``'s sizes: ``diverse_<arch>`` where registered, else
+    ``diverse_transformer``."""
+    name = arch if arch.startswith("diverse_") else f"diverse_{arch}"
+    return name if name in registered_architectures() else "diverse_transformer"
+
+
+def check_model_options(args: List[str]):
+    """Refuse (SystemExit) model options that the chosen architecture does not accept, naming the architecture
+    that does, before fairseq-train would stop with "unrecognized arguments": the routing-by-agreement options
+    (``--routing-*``, NAACL 2019) exist on the plugin's ``diverse_transformer*`` models only."""
+    import argparse
+
+    arch = save_dirs.effective_options(args).get("--arch")
+    model = registered_architectures().get(arch)
+    routing = sorted({a.split("=", 1)[0] for a in args if a.startswith("--routing-")})
+    if not routing or model is None:
+        return
+    parser = argparse.ArgumentParser(add_help=False)
+    model.add_args(parser)
+    unknown = [flag for flag in routing if flag not in parser._option_string_actions]
+    if unknown:
+        raise SystemExit(f"error: {', '.join(unknown)}: routing-by-agreement options, which --arch {arch} does not "
+                         f"accept: add --arch {diverse_equivalent(arch)} (the same sizes, with the routing options)")
 
 
 def visible_gpus() -> int:
@@ -390,6 +438,13 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
 def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None) -> Dict:
     """Train (resuming from SAVE_DIR/checkpoint_last.pt if present), then average; return the run's info.
 
+    A finished run, whose ``checkpoint_last.pt`` has reached ``--max-update`` (``MAX_UPDATE``), is left alone
+    (``info["finished_earlier"]``): fairseq would resume it and train one more update before its stop check,
+    overwriting the finished model. Model options the architecture lacks (``--routing-*`` without a routing
+    architecture) stop the run before it starts. A failed fairseq-train raises SystemExit that offers to resume
+    only where a checkpoint exists (a save directory left with nothing but ``train_args.json`` is removed) and
+    ends with fairseq's own error line (:func:`failure_message`).
+
     ``info["checkpoint"]`` is the checkpoint to evaluate: the average of the last N checkpoints when
     ``AVERAGE=N`` asks for one and enough checkpoints exist, else ``checkpoint_last.pt``;
     ``info["averaged"]`` is the number of checkpoints averaged into it (0: a single model, as the journal
@@ -416,9 +471,22 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
     save_dir = Path(info["save_dir"])
     info["checkpoint"] = str(save_dir / "checkpoint_last.pt")
     info["averaged"] = 0
+    info["finished_earlier"] = False
+    check_model_options(args)  # e.g. --routing-* without a routing architecture: before anything runs
     warning = save_dirs.check_resume(save_dir, args, info["data_meta"], env)  # refuses a different run
     if warning:
         print(f"[train] warning: {warning}", flush=True)
+    max_update = int(save_dirs.effective_options(args).get("--max-update") or 0)
+    done = save_dirs.finished(save_dir, max_update)
+    if done is not None:  # resuming would train update max_update + 1 and overwrite the finished model
+        info["finished_earlier"] = True
+        print(f"[train] already trained to {done} updates (--max-update {max_update}): {save_dir}; left as it is. "
+              f"To train further, raise MAX_UPDATE (e.g. MAX_UPDATE={2 * max_update}: the run resumes in the same "
+              f"directory); to train afresh, delete it or give another SAVE_DIR. Evaluate with: "
+              f"scripts/evaluate.sh {save_dir}/checkpoint_last.pt {dataset}", flush=True)
+        if not env_checks.parse_flag("DRY_RUN", env.get("DRY_RUN")):
+            _average(info, save_dir, reuse=True)
+        return info
     resume = "resuming from" if (save_dir / "checkpoint_last.pt").exists() else "new run in"
     print(f"[train] {resume} {save_dir}; evaluate with: scripts/evaluate.sh {save_dir}/checkpoint_last.pt {dataset}",
           flush=True)
@@ -426,27 +494,94 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
         return info
     save_dir.mkdir(parents=True, exist_ok=True)
     save_dirs.write_args(save_dir, args, info["data_meta"], cmd)
-    rc = subprocess.call(cmd, env=env)
+    rc, last_error = call_keeping_error(cmd, env)
     if rc != 0:
-        raise SystemExit(f"error: fairseq-train failed (exit {rc}); run the same command again to resume "
-                         f"from {save_dir}/checkpoint_last.pt")
-    if info["average"] and info["rank0"]:
-        from .average_checkpoints import main as average
-
-        out = save_dir / f"checkpoint_avg_last{info['average']}.pt"
-        kind = "--num-update-checkpoints" if info["update_based"] else "--num-epoch-checkpoints"
-        print(f"[train] averaging the last {info['average']} checkpoints into {out}", flush=True)
-        try:
-            average(["--inputs", str(save_dir), kind, str(info["average"]), "--output", str(out)])
-            info["checkpoint"] = str(out)
-            info["averaged"] = info["average"]
-        except SystemExit as e:  # too few checkpoints (a short run): training itself succeeded
-            print(f"[train] warning: no average written: {e}", flush=True)
+        raise SystemExit(failure_message(rc, last_error, save_dir))
+    _average(info, save_dir)
     return info
+
+
+def call_keeping_error(cmd: List[str], env) -> tuple:
+    """Run ``cmd`` with its output shown as it comes; return (exit status, the last line it wrote to stderr).
+
+    stdout (fairseq's log) goes straight through; stderr is passed on chunk by chunk (progress bars with
+    carriage returns included) while its last 64 KiB are kept, so that fairseq's own error line (argparse's
+    ``error: ...``, a traceback's exception) can be repeated as the last line the user sees."""
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+    decoder, tail = codecs.getincrementaldecoder("utf-8")("replace"), ""
+    try:
+        while True:
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            text = decoder.decode(chunk, final=not chunk)
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            tail = (tail + text)[-65536:]
+            if not chunk:
+                break
+    finally:
+        rc = proc.wait()  # also on Ctrl-C: fairseq got the signal too and saves or stops
+        proc.stderr.close()
+    lines = [line.strip() for line in tail.replace("\r", "\n").split("\n")]
+    return rc, next((line for line in reversed(lines) if line), "")
+
+
+def failure_message(rc: int, last_error: str, save_dir: Path) -> str:
+    """The error for a failed fairseq-train: "resume" only where a checkpoint exists (a save directory holding
+    nothing but ours is removed), fairseq's own error line last."""
+    how = f"killed by signal {-rc}" if rc < 0 else f"exit {rc}"
+    if (save_dir / "checkpoint_last.pt").exists():
+        what = f"run the same command again to resume from {save_dir}/checkpoint_last.pt"
+    elif save_dirs.remove_unused(save_dir):
+        what = f"it wrote no checkpoint, so there is nothing to resume; removed the unused {save_dir}"
+    else:
+        what = f"it wrote no checkpoint, so there is nothing to resume ({save_dir} kept: it holds other files)"
+    said = f"\nfairseq-train said: {last_error}" if last_error else ""
+    return f"error: fairseq-train failed ({how}): {what}{said}"
+
+
+def _average(info: Dict, save_dir: Path, reuse: bool = False):
+    """``AVERAGE=N``: average the last N checkpoints into ``SAVE_DIR/checkpoint_avg_lastN.pt`` (rank 0 only) and
+    make it ``info["checkpoint"]``; ``reuse``: keep an average written before (a finished run's)."""
+    if not (info["average"] and info["rank0"]):
+        return
+    from .average_checkpoints import main as average
+
+    out = save_dir / f"checkpoint_avg_last{info['average']}.pt"
+    if reuse and out.exists():
+        info["checkpoint"], info["averaged"] = str(out), info["average"]
+        return
+    kind = "--num-update-checkpoints" if info["update_based"] else "--num-epoch-checkpoints"
+    print(f"[train] averaging the last {info['average']} checkpoints into {out}", flush=True)
+    try:
+        average(["--inputs", str(save_dir), kind, str(info["average"]), "--output", str(out)])
+        info["checkpoint"] = str(out)
+        info["averaged"] = info["average"]
+    except SystemExit as e:  # too few checkpoints (a short run): training itself succeeded
+        print(f"[train] warning: no average written: {e}", flush=True)
+
+
+#: variables of other commands that this one does not read: {name: what to use here instead}
+FOREIGN_VARIABLES = {
+    "SEEDS": "SEED (one seed per training; SEEDS is the table runner's: make table-<id>, python -m "
+             "diverse_fairseq.tables)",
+    "TRAIN_ARGS": "extra fairseq-train options after the setting on the command line (TRAIN_ARGS is the table "
+                  "runner's)",
+}
+
+
+def foreign_variable_warnings(env) -> List[str]:
+    """Warnings for variables set in ``env`` that belong to another command (``SEEDS=3 scripts/train.sh``
+    would otherwise silently train, or resume, seed 1), each naming the variable to use."""
+    return [f"{name}={env[name]} is not read by scripts/train.sh: use {instead}; now training with SEED="
+            f"{env.get('SEED') or 1}" if name == "SEEDS" else
+            f"{name}={env[name]} is not read by scripts/train.sh: use {instead}"
+            for name, instead in FOREIGN_VARIABLES.items() if env_checks.get(env, name) is not None]
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    for warning in foreign_variable_warnings(os.environ):
+        print(f"[train] warning: {warning}", flush=True)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         print("settings: " + ", ".join(f"{k} ({v.arch})" for k, v in SETTINGS.items()))

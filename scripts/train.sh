@@ -13,6 +13,9 @@
 #   all checked before anything runs.
 # Each variant trains in CHECKPOINTS/DATASET_SETTING-<hash of the effective options> (SAVE_DIR overrides); the
 # options are stored in train_args.json there, and resuming a directory trained with other options is refused.
+# Rerunning a finished run (checkpoint_last.pt at MAX_UPDATE) changes nothing: raise MAX_UPDATE to train further.
+# A misspelled setting, and --routing-* flags without a routing architecture, are refused before anything
+# runs; a failed fairseq-train offers to resume only where a checkpoint exists (docs/training.md).
 # Multi-node: NNODES NODE_RANK MASTER_ADDR MASTER_PORT on each node (torchrun), or under SLURM:
 #   sbatch --nodes 2 --ntasks-per-node 1 --gres gpu:8 --wrap "srun scripts/train.sh wmt14_en_de big"
 #   (docs/usage.md, "GPUs and several machines")

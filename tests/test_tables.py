@@ -373,7 +373,7 @@ def test_rows_with_one_demo_model_are_trained_once(tmp_path, monkeypatch):
 
 
 def _settings(monkeypatch, **env):
-    for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS"):
+    for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS", "DRY_RUN"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -393,8 +393,9 @@ def _settings(monkeypatch, **env):
     ({"JOBS": "2.5"}, r"JOBS \(--jobs\)='2.5' is not valid: use a positive integer"),
     ({"TRAIN_ARGS": "--lr '1e-3"}, r"TRAIN_ARGS \(--train-args\)=.* is not valid: use flags quoted"),
     ({"GENERATE_ARGS": '--beam "1'}, r"GENERATE_ARGS \(--generate-args\)=.* is not valid"),
+    ({"DRY_RUN": "yes"}, r"DRY_RUN \(--dry-run\)='yes' is not valid: use DRY_RUN=1 to turn it on"),
 ], ids=["scale-case", "scale-name", "seeds-zero", "seeds-negative", "seeds-repeated", "seeds-word", "gpus-negative",
-        "gpus-word", "threads-zero", "jobs-float", "train-args-quote", "generate-args-quote"])
+        "gpus-word", "threads-zero", "jobs-float", "train-args-quote", "generate-args-quote", "dry-run-word"])
 def test_bad_environment_is_refused(monkeypatch, env, message):
     with pytest.raises(SystemExit, match=message):
         _settings(monkeypatch, **env)
@@ -413,7 +414,8 @@ def test_good_environment(monkeypatch):
     settings = _settings(monkeypatch, SCALE="paper", SEEDS="3", GPUS="0", THREADS="2", JOBS="4",
                          TRAIN_ARGS="--lr '1e-3'")
     assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
-                        "train_args": ["--lr", "1e-3"], "generate_args": []}
+                        "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False}
+    assert _settings(monkeypatch, DRY_RUN="1")["dry_run"]
     assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
     assert parse_seeds("SEEDS", "5,2") == [5, 2]
     assert default_jobs(1, 0) == 1 and default_jobs(100, 0) == len(os.sched_getaffinity(0))
@@ -532,3 +534,74 @@ def test_a_row_the_two_tests_disagree_on_is_explained(tmp_path):
     # where the tests agree there is no such note
     agree = {"base": results["base"], "d": [_fake_run(tmp_path / "agree", "d", 1, refs, refs)]}
     assert "The two tests disagree" not in report.to_markdown(report.summarise(table, agree, "demo", "demo"))
+
+
+# ------------------------------------------------------- issue 27: dry runs and caches of changed models
+def test_dry_run_prints_every_rows_commands_and_writes_nothing(prepared, monkeypatch, capsys):
+    """``DRY_RUN=1 make table-emnlp18_t1``: each job's fairseq-train and evaluation command, exit 0, no folder."""
+    from diverse_fairseq.tables.__main__ import main
+
+    for key in ("SEED", "SAVE_DIR", "TRAIN_ARGS", "JOBS"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("DRY_RUN", "1")
+    monkeypatch.setenv("SEED", "3")  # train.sh's variable: named, not silently ignored
+    out = prepared / "results"
+    mine = prepared / "data-bin" / "custom_en_de"  # your own corpus, prepared (the demo would be prepared first)
+    mine.mkdir()
+    (mine / "prepare.json").write_text((prepared / "data-bin" / "demo" / "prepare.json").read_text())
+    with pytest.raises(SystemExit) as done:
+        main(["emnlp18_t1", "--dataset", "custom_en_de", "--data-bin", str(prepared / "data-bin"), "--out", str(out),
+              "--seeds", "2", "--jobs", "1"])
+    assert done.value.code == 0 and not out.exists()
+    text = capsys.readouterr().out
+    assert "[tables] warning: SEED=3 is not read by the table runner: use SEEDS" in text
+    assert "DRY_RUN=1: the commands of 14 job(s); nothing is run or written" in text
+    for row in ("none", "sub", "pos", "out", "sub_pos", "sub_out", "all"):
+        for seed in (1, 2):
+            run_dir = out / "custom_en_de-demo" / "runs" / row / f"seed{seed}"
+            assert f"  {row} seed {seed} (" in text and f"--save-dir {run_dir} " in text
+            assert f"diverse_fairseq.evaluate {run_dir}/checkpoint_last.pt" in text
+    assert text.count("fairseq_cli.train") == 14 and "FAILED" not in text
+
+
+def test_dry_run_of_an_unprepared_dataset_says_what_a_run_would_prepare(tmp_path, monkeypatch, capsys):
+    from diverse_fairseq.tables.__main__ import main
+
+    monkeypatch.setenv("DRY_RUN", "1")
+    with pytest.raises(SystemExit) as done:
+        main(["emnlp18_t1", "--dataset", "demo", "--data-bin", str(tmp_path / "data-bin"), "--out",
+              str(tmp_path / "results")])
+    assert done.value.code == 0 and not (tmp_path / "results").exists() and not (tmp_path / "data-bin").exists()
+    assert "a real run prepares it first (bash scripts/prepare_data.sh demo)" in capsys.readouterr().out
+
+
+def test_evaluation_cache_sees_a_changed_checkpoint(prepared, monkeypatch):
+    """A checkpoint changed after its evaluation (the run resumed or retrained in place) is evaluated again;
+    the same file in a moved results directory is not."""
+    from diverse_fairseq import evaluate
+
+    calls = []
+
+    def fake_evaluate(args):
+        calls.append(args[0])
+        out = Path(args[args.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"bleu": float(len(calls))}))
+        return {"bleu": float(len(calls))}
+
+    monkeypatch.setattr(evaluate, "main", fake_evaluate)
+    run = runner.RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
+                           data_bin=prepared / "data-bin")
+    row = runner.Row(id="r", label="R", family="transformer")
+    checkpoint = run.run_dir(row, 1) / "checkpoint_last.pt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"model at update 150")
+    assert runner.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 1.0
+    assert runner.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 1.0 and len(calls) == 1  # cached
+    checkpoint.write_bytes(b"model at update 151")
+    assert runner.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 2.0 and len(calls) == 2
+    moved = prepared / "moved"
+    (prepared / "results").rename(moved)
+    run.out_dir = moved
+    assert runner.evaluate_row(row, run, 1, str(run.run_dir(row, 1) / "checkpoint_last.pt"))["bleu"] == 2.0
+    assert len(calls) == 2

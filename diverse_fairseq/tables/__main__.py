@@ -1,5 +1,5 @@
 """``python -m diverse_fairseq.tables TABLE [--dataset D] [--scale demo|paper] [--seeds 1,2] [--gpus N]
-[--threads N] [--jobs N]``.
+[--threads N] [--jobs N] [--dry-run 1]``.
 
 Every option defaults to an environment variable (in brackets), as the make targets pass them. The values
 are checked before any work starts; a bad one stops the run with a message naming the variable.
@@ -7,12 +7,13 @@ are checked before any work starts; a bad one stops the run with a message namin
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-from .. import env_checks
+from .. import env_checks, training
 from ..cli_logging import setup_cli_logging
 from ..data.recipes import RECIPES
 from .report import summarise, write_report
@@ -47,7 +48,23 @@ def build_parser():
                         "downloaded there [PROBING_DATA] (default work/senteval_probing)")
     p.add_argument("--generate-args", default=env("GENERATE_ARGS", ""),
                    help="extra fairseq-generate flags for every row, e.g. '--beam 1' [GENERATE_ARGS]")
+    p.add_argument("--dry-run", default=env("DRY_RUN", ""),
+                   help="1: print every row's training and evaluation commands, run and write nothing [DRY_RUN]")
     return p
+
+
+#: variables of other commands that the table runner does not read: {name: what to use instead}
+FOREIGN_VARIABLES = {
+    "SEED": "SEEDS (a count: SEEDS=3 runs seeds 1, 2, 3; or a list: SEEDS=2,5); SEED is scripts/train.sh's",
+    "SAVE_DIR": "RESULTS (the results directory; each run trains in <results>/<dataset>-<scale>/runs/<row>/seed<N>); "
+                "SAVE_DIR is scripts/train.sh's",
+}
+
+
+def foreign_variable_warnings(env) -> List[str]:
+    """Warnings for variables set in ``env`` that belong to ``scripts/train.sh``, naming the runner's own."""
+    return [f"{name}={env[name]} is not read by the table runner: use {instead}"
+            for name, instead in FOREIGN_VARIABLES.items() if env_checks.get(env, name) is not None]
 
 
 def parse_scale(text) -> str:
@@ -69,7 +86,8 @@ def check_settings(args) -> dict:
                 "gpus": parse_int("GPUS (--gpus)", args.gpus, 0), "threads": parse_int("THREADS (--threads)", args.threads, 1),
                 "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1),
                 "train_args": env_checks.parse_words("TRAIN_ARGS (--train-args)", args.train_args),
-                "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args)}
+                "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args),
+                "dry_run": env_checks.parse_flag("DRY_RUN (--dry-run)", args.dry_run)}
     if settings["gpus"]:  # more GPUs than are visible: stop now, not when the first row starts training
         from .. import training
 
@@ -115,10 +133,35 @@ def results_dir(argv: Optional[List[str]] = None) -> Path:
     return _results_dir(args, load_table(args.table).table)
 
 
+def dry_run(table, run: RunConfig, args):
+    """``DRY_RUN=1``: print what a run would do (the data preparation and probing downloads it needs, each job's
+    commands) without running or writing anything, then exit with status 0 (also ending ``make figure-*``)."""
+    from ..data import senteval
+
+    data = run.data_bin / run.dataset
+    if table.probing:
+        run.probing_tasks = table.probing
+        run.probing_dir = (Path(args.probing_data) if args.probing_data else senteval.default_dir()).resolve()
+        print(f"[{table.table}] probing tasks {', '.join(table.probing)}: files in {run.probing_dir} (a real run "
+              f"downloads the missing ones first)", flush=True)
+    if not (data / "prepare.json").exists():
+        prepare = "bash scripts/prepare_data.sh demo" if run.dataset == "demo" else f"make data DATASET={run.dataset}"
+        print(f"[{table.table}] DRY_RUN=1: {data} is not prepared, and the training commands depend on it "
+              f"(languages, dictionaries); {'a real run prepares it first' if run.dataset == 'demo' else 'prepare it'}"
+              f" ({prepare}), then run the dry run again to see them. Rows: "
+              + "; ".join(f"{row.id} ({row.arch(training.SETTINGS[run.setting(row)].arch)} {shlex.join(row.args)})"
+                          for row in table.rows), flush=True)
+    else:
+        run_table(table, run)
+    raise SystemExit(0)
+
+
 def main(argv: Optional[List[str]] = None):
     args = build_parser().parse_args(argv)
     settings = check_settings(args)  # before any work
     setup_cli_logging()
+    for warning in foreign_variable_warnings(os.environ):
+        print(f"[tables] warning: {warning}", flush=True)
     scale = settings["scale"]
     try:
         table = load_table(args.table)
@@ -136,7 +179,9 @@ def main(argv: Optional[List[str]] = None):
                     out_dir=out / f"{dataset}-{scale}", data_bin=Path(args.data_bin).resolve(),
                     train_args=settings["train_args"], generate_args=settings["generate_args"],
                     threads=settings["threads"], jobs=min(settings["jobs"] or default_jobs(n_jobs, settings["gpus"]),
-                                                          n_jobs))
+                                                          n_jobs), dry_run=settings["dry_run"])
+    if run.dry_run:
+        dry_run(table, run, args)  # ends the process (exit 0)
     if table.probing:
         run.probing_tasks, run.probing_dir = table.probing, ensure_probing_data(table.probing, args.probing_data)
     if dataset == "demo":

@@ -62,6 +62,7 @@ class RunConfig:
     jobs: int = 1  # row/seed jobs run at once (each in its own process when > 1)
     probing_tasks: List[str] = field(default_factory=list)  # SentEval probing tasks of every run (table's probing)
     probing_dir: Optional[Path] = None  # where their files are
+    dry_run: bool = False  # print every job's commands, run and write nothing (DRY_RUN=1)
 
     def run_dir(self, row: Row, seed: int) -> Path:
         return self.out_dir / "runs" / row.id / f"seed{seed}"
@@ -170,6 +171,44 @@ def _valid_nll(log: str) -> Optional[float]:
     return logs.last_summary(log, "valid").get("nll_loss")
 
 
+def checkpoint_identity(checkpoint) -> Dict:
+    """What the evaluation and analysis caches check besides a checkpoint's name: its size and the SHA-256 of its
+    contents, so that a model changed after the cache was written (a resumed or retrained run) is evaluated
+    again, while a results directory that was moved or copied is still reused. Memoised by path, size and
+    modification time, so each checkpoint is read once per process."""
+    import hashlib
+
+    path = Path(checkpoint)
+    stat = path.stat()
+    memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if memo not in _IDENTITIES:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _IDENTITIES[memo] = {"name": path.name, "bytes": stat.st_size, "sha256": digest.hexdigest()}
+    return dict(_IDENTITIES[memo])
+
+
+_IDENTITIES: Dict[tuple, Dict] = {}
+
+
+def job_setup(row: Row, run: RunConfig, seed: int):
+    """(setting, architecture, the row's mapped flags, the fairseq-train flags, the environment) of one
+    row/seed's training, as :func:`train_row` runs it and a dry run prints it."""
+    run_dir = run.run_dir(row, seed)
+    setting = run.setting(row)
+    arch = row.arch(training.SETTINGS[setting].arch)
+    row_args = scale.row_args(row.args, setting)  # layer flags mapped to the setting's depth (scale.py)
+    env = dict(os.environ, SAVE_DIR=str(run_dir), SEED=str(seed), DATA_BIN=str(run.data_bin),
+               PYTHONUNBUFFERED="1", **run.thread_env())
+    env.pop("DRY_RUN", None)  # the runner's own dry run never calls training.run
+    if run.gpus == 0:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    extra = ["--arch", arch, *row_args, "--log-file", str(run_dir / "train.log"), *run.train_args, *LOG_FORMAT_ARGS]
+    return setting, arch, row_args, extra, env
+
+
 def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     """Train one row/seed (or reuse its finished run) and return its training record.
 
@@ -179,15 +218,8 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     run_dir = run.run_dir(row, seed)
     record_path, key_path = run_dir / "train.json", run_dir / "key.json"
     tag = f"{row.id} seed {seed}"
-    setting = run.setting(row)
-    arch = row.arch(training.SETTINGS[setting].arch)
-    row_args = scale.row_args(row.args, setting)  # layer flags mapped to the setting's depth (scale.py)
+    setting, arch, row_args, extra, env = job_setup(row, run, seed)
     log_file = run_dir / "train.log"
-    env = dict(os.environ, SAVE_DIR=str(run_dir), SEED=str(seed), DATA_BIN=str(run.data_bin),
-               PYTHONUNBUFFERED="1", **run.thread_env())
-    if run.gpus == 0:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    extra = ["--arch", arch, *row_args, "--log-file", str(log_file), *run.train_args, *LOG_FORMAT_ARGS]
     key = cache_key(run, seed, setting, extra, env)
     if record_path.exists():
         record = json.loads(record_path.read_text())
@@ -231,7 +263,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
 
 def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
     """Decode and score the test set with one row/seed's checkpoint (cached in eval/results.json while
-    eval/key.json, the checkpoint and the decoding flags, matches)."""
+    eval/key.json matches: the checkpoint's name and contents (:func:`checkpoint_identity`), the decoding flags)."""
     from ..evaluate import load_meta, main as evaluate_main
 
     data = run.data_bin / run.dataset
@@ -239,8 +271,8 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
     args = [checkpoint, str(data), "--out", str(out), *run.generate_args]
     if run.gpus == 0:
         args.append("--cpu")
-    key = {"checkpoint": Path(checkpoint).name, "generate_args": run.generate_args, "cpu": run.gpus == 0,
-           "version": _version()}
+    key = {"checkpoint": Path(checkpoint).name, "checkpoint_identity": checkpoint_identity(checkpoint),
+           "generate_args": run.generate_args, "cpu": run.gpus == 0, "version": _version()}
     if (out / "results.json").exists() and (out / "key.json").exists() and \
             json.loads((out / "key.json").read_text()) == key:
         results = json.loads((out / "results.json").read_text())
@@ -262,14 +294,17 @@ def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) ->
     being Table 4's and the per-layer ones Table 5's. Only the scores are computed (teacher-forced passes in
     batches of 4096 tokens without the output projection; no NLL, pictures or head ablation: a few seconds
     for the demo model's 1,000 validation sentences on one CPU thread), cached in
-    ``analysis/disagreement.json``; a cache on another scale or of part of the set is recomputed. A model with a
+    ``analysis/disagreement.json``; a cache on another scale, of part of the set or of another checkpoint
+    (:func:`checkpoint_identity`) is recomputed. A model with a
     single head per attention module has no head pairs to score: None (the cache records why).
     """
     from ..analysis.scores import SCALE, TooFewHeads
 
     path = run.run_dir(row, seed) / "analysis" / "disagreement.json"
     payload = json.loads(path.read_text()) if path.exists() else {}
-    if payload.get("scale") != SCALE or payload.get("max_sentences") is not None:
+    identity = checkpoint_identity(checkpoint)
+    if payload.get("scale") != SCALE or payload.get("max_sentences") is not None or \
+            payload.get("checkpoint_identity") != identity:
         from ..analysis.pipeline import Options, score_checkpoint
 
         print(f"  [{row.id} seed {seed}] head-diversity scores", flush=True)
@@ -282,6 +317,7 @@ def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) ->
                   f"{payload['seconds']:.1f}s", flush=True)
         except TooFewHeads as e:
             payload = {"scale": SCALE, "max_sentences": None, "by_type": None, "skipped": str(e)}
+        payload["checkpoint_identity"] = identity
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload, indent=1) + "\n")
     if payload["by_type"] is None:
@@ -295,14 +331,15 @@ def probing_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict
 
     :func:`diverse_fairseq.analysis.probing.probe_checkpoint` with the classifier seeded by the run's seed;
     ``{task: {"accuracy", "valid_accuracy", "majority", ...}}`` (percentages), cached in
-    ``analysis/probing.json`` while its key (checkpoint name, task files' digests, classifier settings, package
-    version) matches."""
+    ``analysis/probing.json`` while its key (checkpoint name and contents, task files' digests, classifier
+    settings, package version) matches."""
     from ..analysis.probing import ProbeSettings, cache_key, probe_checkpoint
     from ..data.senteval import parse_tasks
 
     tasks, settings = parse_tasks(run.probing_tasks), ProbeSettings(seed=seed)
     path = run.run_dir(row, seed) / "analysis" / "probing.json"
-    key = cache_key(checkpoint, tasks, run.probing_dir, settings)
+    key = dict(cache_key(checkpoint, tasks, run.probing_dir, settings),
+               checkpoint_identity=checkpoint_identity(checkpoint))
     payload = json.loads(path.read_text()) if path.exists() else {}
     if payload.get("key") != key:
         print(f"  [{row.id} seed {seed}] probing tasks {', '.join(t.name for t in tasks)}", flush=True)
@@ -428,6 +465,9 @@ def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
     for row_id, first in same_as.items():
         print(f"[{table.table}] row {row_id} trains the same model as row {first} at this scale "
               f"(same architecture, setting and mapped flags): it gets {first}'s runs", flush=True)
+    if run.dry_run:
+        dry_run_table(table, run, todo)
+        return None
     progress = Progress(table, run, len(todo))
     print(f"[{table.table}] {len(table.rows)} rows x {len(run.seeds)} seed(s) = {len(todo)} jobs, {run.jobs} at a "
           f"time, {run.threads} CPU thread(s) each", flush=True)
@@ -465,6 +505,36 @@ def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
     return {row.id: [dict(records[same_as.get(row.id, row.id), seed], row=row.id,
                           **({"same_as": same_as[row.id]} if row.id in same_as else {}))
                      for seed in run.seeds] for row in table.rows}
+
+
+def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
+    """``DRY_RUN=1``: print each job's training and evaluation commands (and whether a finished run would be
+    reused); nothing is trained, evaluated or written."""
+    print(f"[{table.table}] DRY_RUN=1: the commands of {len(todo)} job(s); nothing is run or written", flush=True)
+    for row, seed in todo:
+        setting, arch, row_args, extra, env = job_setup(row, run, seed)
+        args, launcher, info = training.build_command(run.dataset, setting, extra, env=env, gpus=run.gpus)
+        train_cmd = (launcher or [sys.executable, "-m", "fairseq_cli.train"]) + args
+        run_dir = run.run_dir(row, seed)
+        record_path = run_dir / "train.json"
+        if record_path.exists() and same_key(json.loads(record_path.read_text()).get("key"),
+                                             cache_key(run, seed, setting, extra, env)):
+            state = "finished earlier: its training would be reused"
+        elif (run_dir / "checkpoint_last.pt").exists():
+            state = "interrupted: training would resume it, or start afresh if its options changed"
+        else:
+            state = "would be trained"
+        checkpoint = run_dir / (f"checkpoint_avg_last{info['average']}.pt" if info["average"] else "checkpoint_last.pt")
+        eval_cmd = [sys.executable, "-m", "diverse_fairseq.evaluate", str(checkpoint),
+                    str(run.data_bin / run.dataset), "--out", str(run_dir / "eval"), *run.generate_args,
+                    *(["--cpu"] if run.gpus == 0 else [])]
+        threads = "".join(f"{k}={v} " for k, v in run.thread_env().items())
+        device = "CUDA_VISIBLE_DEVICES='' " if run.gpus == 0 else ""
+        print(f"  {row.id} seed {seed} ({arch}, {setting}; {state}):\n"
+              f"    train:    {threads}{device}{shlex.join(train_cmd)}\n"
+              f"    evaluate: {threads}{shlex.join(eval_cmd)}", flush=True)
+    print(f"[{table.table}] then head-diversity scores{' and probing' if run.probing_tasks else ''} of each "
+          f"checkpoint, and the report in {run.out_dir.parent}", flush=True)
 
 
 def same_model_rows(table: Table, run: RunConfig) -> Dict[str, str]:

@@ -1,0 +1,156 @@
+"""What ``scripts/train.sh`` (diverse_fairseq.training) does around fairseq-train (issue 27, items 1, 5, 6, 7):
+a finished run is left alone, a variable of another command is named, a misspelled setting and routing flags
+on an architecture without routing are refused before anything runs, and a failed fairseq-train says "resume"
+only where there is something to resume, with fairseq's own error line last."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import fake_prepared
+from diverse_fairseq import save_dir as save_dirs
+from diverse_fairseq import training
+
+ENV_KEYS = ("SEEDS", "SEED", "TRAIN_ARGS", "DRY_RUN", "SAVE_DIR", "MAX_UPDATE", "GPUS", "AVERAGE", "RESUME_ANYWAY")
+
+
+@pytest.fixture
+def env(tmp_path):
+    fake_prepared(tmp_path / "data-bin", "demo")
+    return {"DATA_BIN": str(tmp_path / "data-bin"), "CHECKPOINTS": str(tmp_path / "ck"), "CUDA_VISIBLE_DEVICES": ""}
+
+
+def trained(env, where: Path, updates: int, extra=()):
+    """``where`` as a run of ``extra`` leaves it after ``updates`` updates: its train_args.json and a
+    checkpoint_last.pt that records ``updates`` where fairseq does (optimizer_history[-1]["num_updates"])."""
+    args, _, info = training.build_command("demo", "tiny", list(extra), env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    where.mkdir(parents=True)
+    save_dirs.write_args(where, args, info["data_meta"], args)
+    torch.save({"optimizer_history": [{"num_updates": updates - 1}, {"num_updates": updates}],
+                "model": {"w": torch.zeros(2)}}, where / "checkpoint_last.pt")
+
+
+def no_training(*args, **kwargs):
+    raise AssertionError("fairseq-train was started")
+
+
+# ----------------------------------------------------------------------------- item 1: finished runs
+def test_a_finished_run_is_left_alone(env, tmp_path, monkeypatch, capsys):
+    where = tmp_path / "run"
+    trained(env, where, 150)
+    before = (where / "checkpoint_last.pt").read_bytes()
+    monkeypatch.setattr(subprocess, "Popen", no_training)
+    monkeypatch.setattr(subprocess, "call", no_training)
+    info = training.run("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="150"), gpus=0)
+    out = capsys.readouterr().out
+    assert f"already trained to 150 updates (--max-update 150): {where}; left as it is" in out
+    assert "raise MAX_UPDATE (e.g. MAX_UPDATE=300" in out and "resuming from" not in out
+    assert info["finished_earlier"] and info["checkpoint"] == str(where / "checkpoint_last.pt")
+    assert (where / "checkpoint_last.pt").read_bytes() == before
+    # the same through an extra --max-update (the last one counts), and in a dry run
+    training.run("demo", "tiny", ["--max-update", "100"], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="900",
+                                                                  DRY_RUN="1"), gpus=0)
+    assert "already trained to 150 updates (--max-update 100)" in capsys.readouterr().out
+
+
+def test_a_run_short_of_max_update_resumes(env, tmp_path, monkeypatch, capsys):
+    where = tmp_path / "run"
+    trained(env, where, 150)
+    started = []
+    monkeypatch.setattr(training, "call_keeping_error", lambda cmd, env: started.append(cmd) or (0, ""))
+    info = training.run("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="300"), gpus=0)
+    assert len(started) == 1 and not info["finished_earlier"] and f"resuming from {where}" in capsys.readouterr().out
+
+
+def test_trained_updates_reads_what_fairseq_resumes_from(tmp_path):
+    torch.save({"optimizer_history": [{"num_updates": 7}]}, tmp_path / "a.pt")
+    (tmp_path / "b.pt").write_bytes(b"not a checkpoint")
+    assert save_dirs.trained_updates(tmp_path / "a.pt") == 7
+    assert save_dirs.trained_updates(tmp_path / "b.pt") is None  # fairseq decides what to do with it
+    assert save_dirs.finished(tmp_path, 7) is None  # no checkpoint_last.pt
+    (tmp_path / "a.pt").rename(tmp_path / "checkpoint_last.pt")
+    assert save_dirs.finished(tmp_path, 7) == 7 and save_dirs.finished(tmp_path, 8) is None
+    assert save_dirs.finished(tmp_path, 0) is None  # --max-update 0: no limit in fairseq
+
+
+def test_a_variable_of_the_table_runner_is_named(env, monkeypatch, capsys):
+    for key, value in dict(env, SEEDS="3", DRY_RUN="1").items():
+        monkeypatch.setenv(key, value)
+    assert training.main(["demo", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "[train] warning: SEEDS=3 is not read by scripts/train.sh: use SEED" in out
+    assert "now training with SEED=1" in out and " --seed 1 " in out
+    monkeypatch.setenv("SEED", "3")
+    monkeypatch.setenv("TRAIN_ARGS", "--lr 1e-3")
+    training.main(["demo", "tiny"])
+    out = capsys.readouterr().out
+    assert "now training with SEED=3" in out and "TRAIN_ARGS=--lr 1e-3 is not read by scripts/train.sh" in out
+    monkeypatch.delenv("SEEDS")
+    monkeypatch.delenv("TRAIN_ARGS")
+    training.main(["demo", "tiny"])
+    assert "warning" not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ item 5: failures of fairseq-train
+def test_a_configuration_error_offers_no_resume_and_leaves_no_folder(env, tmp_path, capfd):
+    where = tmp_path / "ck" / "new-run"
+    with pytest.raises(SystemExit) as err:
+        training.run("demo", "tiny", ["--no-such-option"], env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    message = str(err.value)
+    assert message.startswith("error: fairseq-train failed (exit 2): it wrote no checkpoint, so there is nothing "
+                              f"to resume; removed the unused {where}")
+    assert "resume from" not in message and not where.exists() and (tmp_path / "ck").exists()
+    last = message.splitlines()[-1]
+    assert last.startswith("fairseq-train said: ") and last.endswith("error: unrecognized arguments: --no-such-option")
+    assert "unrecognized arguments: --no-such-option" in capfd.readouterr().err  # also shown as it happened
+
+
+def test_failure_messages(tmp_path):
+    where = tmp_path / "run"
+    where.mkdir()
+    (where / "checkpoint_last.pt").write_bytes(b"x")
+    message = training.failure_message(1, "RuntimeError: CUDA out of memory", where)
+    assert message == (f"error: fairseq-train failed (exit 1): run the same command again to resume from "
+                       f"{where}/checkpoint_last.pt\nfairseq-train said: RuntimeError: CUDA out of memory")
+    assert where.exists()
+    other = tmp_path / "other"
+    (other / "tensorboard" / "train").mkdir(parents=True)
+    (other / save_dirs.ARGS_FILE).write_text("{}")
+    (other / "notes.txt").write_text("the user's")
+    assert training.failure_message(-9, "", other) == (
+        f"error: fairseq-train failed (killed by signal 9): it wrote no checkpoint, so there is nothing to resume "
+        f"({other} kept: it holds other files)")
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]  # ours removed, the user's file kept
+
+
+# ----------------------------------------------------------- item 6: a setting that is not one
+def test_a_misspelled_setting_is_refused_with_the_nearest(env):
+    with pytest.raises(SystemExit, match=r"'tinny' is neither a setting \(small, base, big, tiny\) nor a registered "
+                                         r"architecture \(--arch\): did you mean the setting 'tiny'\?"):
+        training.resolve_setting("tinny")
+    with pytest.raises(SystemExit, match="did you mean the setting 'base'"):
+        training.build_command("demo", "bsae", [], env=env, gpus=0)
+    assert training.resolve_setting("transformer_tiny")[2] == "transformer_tiny"  # fairseq's own: accepted
+    assert training.resolve_setting("routing_transformer_wmt_en_de")[:1] == ("base",)
+
+
+# ------------------------------------------------- item 7: routing flags on an architecture without routing
+@pytest.mark.parametrize("setting, extra, suggested", [
+    ("tiny", ["--routing-encoder-layers", "0"], "diverse_transformer"),
+    ("base", ["--routing-type=em", "--routing-encoder-layers", "0,1"], "diverse_transformer_wmt_en_de"),
+    ("tiny", ["--arch", "transformer_iwslt_de_en", "--routing-iterations", "3"], "diverse_transformer_iwslt_de_en"),
+])
+def test_routing_flags_need_a_routing_architecture(env, monkeypatch, setting, extra, suggested):
+    monkeypatch.setattr(subprocess, "Popen", no_training)
+    with pytest.raises(SystemExit, match=rf"--routing-.*: routing-by-agreement options, which --arch \S+ does not "
+                                         rf"accept: add --arch {suggested} \(the same sizes"):
+        training.run("demo", setting, extra, env=dict(env, DRY_RUN="1"), gpus=0)
+
+
+def test_routing_flags_with_a_routing_architecture_pass(env):
+    for extra in (["--arch", "diverse_transformer", "--routing-encoder-layers", "0"],
+                  ["--arch", "routing_transformer_wmt_en_de", "--routing-iterations", "2"]):
+        info = training.run("demo", "tiny", extra, env=dict(env, DRY_RUN="1"), gpus=0)
+        assert info["command"][-len(extra):] == extra
