@@ -1,5 +1,7 @@
 """label_smoothed_cross_entropy_with_disagreement, in process: the loss, the taps it sets, its checks."""
 
+import gc
+
 import pytest
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
@@ -202,6 +204,28 @@ def test_refuses_a_model_without_heads(task):
     model = build(TransformerModel, "transformer", task)
     with pytest.raises(ValueError, match="needs a model whose attention modules expose their heads"):
         criterion(task)(model, batch(task))
+
+
+def test_refuses_a_module_with_one_head(task):
+    """The one check of the head count for training: where the criterion meets the model."""
+    model = build(DiverseTransformerModel, "diverse_transformer", task, extra=["--decoder-attention-heads", "1"])
+    with pytest.raises(ValueError, match=r"dec_self attention of layer 0 has 1 head; disagreement needs at least 2"):
+        criterion(task).regularized_sites(model)
+    assert criterion(task, disagreement_attention="enc_self").regularized_sites(model)  # 4 encoder heads: fine
+
+
+def test_sites_follow_the_model_not_its_id(task):
+    """The criterion remembers its model by a weak reference: it does not keep the model alive, and a new model
+    (which may reuse a freed model's id) gets its own sites."""
+    crit = criterion(task)
+    first = build(DiverseTransformerModel, "diverse_transformer", task)
+    assert crit.regularized_sites(first) is crit.regularized_sites(first)  # selected once per model
+    del first
+    gc.collect()
+    assert crit._prepared_for() is None
+    second = build(DiverseTransformerModel, "diverse_transformer", task)
+    modules = set(map(id, second.modules()))
+    assert all(id(site.module) in modules for site in crit.regularized_sites(second))
 
 
 def test_refuses_checkpoint_activations(task):

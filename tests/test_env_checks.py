@@ -12,7 +12,6 @@ from conftest import fake_prepared
 from diverse_fairseq import env_checks
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.evaluate import main as evaluate
-from diverse_fairseq.methods.routing.fast import COMPILE_ENV_VAR, compile_requested
 from diverse_fairseq.training import build_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,11 +94,3 @@ def test_evaluate_refuses_a_bad_variable(monkeypatch, tmp_path, name, value, mes
 def test_evaluate_refuses_several_checkpoints(tmp_path):
     with pytest.raises(SystemExit, match="is a checkpoint, not a dataset: name one checkpoint"):
         evaluate([str(tmp_path / "a" / "checkpoint_last.pt"), str(tmp_path / "b" / "checkpoint_last.pt"), "demo"])
-
-
-def test_routing_compile_variable(monkeypatch):
-    monkeypatch.setenv(COMPILE_ENV_VAR, "maybe")
-    with pytest.raises(ValueError, match=rf"{COMPILE_ENV_VAR}='maybe' is not valid: use 1"):
-        compile_requested()
-    monkeypatch.setenv(COMPILE_ENV_VAR, "off")
-    assert compile_requested() is False and compile_requested(True) is True

@@ -171,9 +171,10 @@ def test_sgld_is_spos_without_the_kernel_terms(noise_scale):
     torch.testing.assert_close(sgld, spos - svgd, rtol=1e-10, atol=1e-14)
 
 
-def test_sgld_refuses_a_zero_or_negative_beta():
+def test_sgld_asserts_a_positive_beta():
+    """The optimizer's config refuses such a beta with a message naming the flag (below); the update asserts it."""
     for beta in (0.0, -1.0):
-        with pytest.raises(ValueError, match="SGLD needs beta"):
+        with pytest.raises(AssertionError, match="SGLD needs beta > 0"):
             sgld_direction(torch.randn(4, 3), 0.1, beta)
 
 
@@ -564,7 +565,8 @@ def _particle_state(model):
 
 def test_sgld_step_is_the_formula_with_the_seeded_noise(monkeypatch):
     """The optimizer hands Adam ε (β g − √(2β/ε) ξ), ξ from the generator seeded by (--seed, step count)."""
-    cfg = _cfg("--repulsive-method", "sgld", "--repulsive-beta", "0.01", "--seed", "3")
+    cfg = _cfg("--repulsive-method", "sgld", "--repulsive-beta", "0.01", "--repulsive-noise-scale", "unit",
+               "--seed", "3")
     model = _model(cfg)
     opt = _build(cfg, list(model.parameters()))
     for _ in range(2):
@@ -635,9 +637,11 @@ def test_sgld_resume_continues_the_noise_sequence():
     ("sgld", ("--repulsive-alpha", "0", "--repulsive-bandwidth", "2.5"),
      "--repulsive-alpha 0.0, --repulsive-bandwidth 2.5 would do nothing with --repulsive-method sgld"),
     ("svgd", ("--repulsive-beta", "0.01"), "--repulsive-beta 0.01 would do nothing with --repulsive-method svgd"),
-    ("svgd", ("--repulsive-noise-scale", "grad_median"),
-     "--repulsive-noise-scale grad_median would do nothing with --repulsive-method svgd"),
+    ("svgd", ("--repulsive-noise-scale", "unit"),
+     "--repulsive-noise-scale unit would do nothing with --repulsive-method svgd"),
     ("sgld", ("--repulsive-beta", "0"), "--repulsive-method sgld needs --repulsive-beta > 0"),
+    ("sgld", ("--repulsive-beta", "-0.5"), "--repulsive-method sgld needs --repulsive-beta > 0"),
+    ("spos", ("--repulsive-beta", "-0.5"), "--repulsive-beta must be >= 0, got -0.5"),
 ])
 def test_options_a_method_does_not_read_are_refused(method, flags, message):
     cfg = _cfg("--repulsive-method", method, *flags)

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from diverse_fairseq.methods.routing.aggregation import RoutingAggregation
 from diverse_fairseq.methods.routing.algorithms import em_routing, get_routing_function, simple_routing, squash
-from diverse_fairseq.methods.routing.fast import COMPILE_ENV_VAR
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -246,16 +245,17 @@ def test_half_precision_input_is_routed_in_float32(core):
     assert torch.equal(low, high.to(torch.bfloat16))
 
 
-def test_routing_rejects_bad_iterations():
+def test_routing_asserts_its_options():
+    """The options are validated by routing_plan (tests/test_routing_model.py); the cores only assert them."""
     votes = torch.randn(2, 3, 4, 1)
-    for it in (0, -1, 1.5):
-        with pytest.raises(ValueError, match="iterations"):
+    for it in (0, -1, 1.5, True):
+        with pytest.raises(AssertionError, match="routing iterations must be an integer >= 1"):
             simple_routing(votes, it)
-        with pytest.raises(ValueError, match="iterations"):
+        with pytest.raises(AssertionError, match="routing iterations must be an integer >= 1"):
             em_routing(votes, 0.0, 0.0, it)
-    with pytest.raises(ValueError, match="routing type"):
+    with pytest.raises(AssertionError, match="unknown routing type 'dynamic'"):
         get_routing_function("dynamic")
-    with pytest.raises(ValueError, match="eps"):
+    with pytest.raises(AssertionError, match="eps must be > 0"):
         em_routing(votes, 0.0, 0.0, 3, eps=0.0)
 
 
@@ -277,11 +277,11 @@ def test_parameter_count_matches_spec():
 
 
 def test_aggregator_options_are_validated():
-    with pytest.raises(ValueError, match="num_capsules"):
+    with pytest.raises(AssertionError, match="must be >= 1 and divide embed_dim"):
         RoutingAggregation(32, 4, routing="em", num_capsules=5)
-    with pytest.raises(ValueError, match="routing type"):
+    with pytest.raises(AssertionError, match="unknown routing type"):
         RoutingAggregation(32, 4, routing="dynamic")
-    with pytest.raises(ValueError, match="iterations"):
+    with pytest.raises(AssertionError, match="iterations"):
         RoutingAggregation(32, 4, routing="simple", iterations=0)
     with pytest.raises(ValueError, match="eps"):
         RoutingAggregation(32, 4, routing="em", eps=1e-2)
@@ -335,15 +335,13 @@ def test_aggregator_under_autocast_bf16():
 
 
 def test_compile_switch(monkeypatch):
-    monkeypatch.delenv(COMPILE_ENV_VAR, raising=False)
+    """One switch, the ``compile`` argument (``--routing-compile``); the environment is not read."""
+    monkeypatch.setenv("DIVERSE_FAIRSEQ_COMPILE_ROUTING", "1")  # the removed variable: no effect
     assert get_routing_function("em") is em_routing
     assert get_routing_function("simple") is simple_routing
     assert RoutingAggregation(16, 2, routing="em")._route is em_routing
-    monkeypatch.setenv(COMPILE_ENV_VAR, "1")
-    assert get_routing_function("em") is not em_routing
-    assert get_routing_function("em", compile=False) is em_routing
-    monkeypatch.setenv(COMPILE_ENV_VAR, "0")
-    assert get_routing_function("simple") is simple_routing
+    assert get_routing_function("em", compile=True) is not em_routing
+    assert RoutingAggregation(16, 2, routing="em", compile=True)._route is get_routing_function("em", compile=True)
 
 
 def test_em_routing_traces_as_one_graph():

@@ -26,7 +26,6 @@ from diverse_fairseq.methods.routing.options import routing_plan
 from diverse_fairseq.methods.routing.aggregation import RoutingAggregation
 from diverse_fairseq.methods.attention import DiverseMultiheadAttention
 from diverse_fairseq.methods.routing.algorithms import em_routing, simple_routing
-from diverse_fairseq.methods.routing.fast import COMPILE_ENV_VAR
 from diverse_fairseq.methods.sites import attention_sites, observe
 from diverse_fairseq.methods.options import parse_layers
 
@@ -200,16 +199,15 @@ def test_parameter_counts_at_transformer_base():
 
 
 def test_compile_option(task, monkeypatch):
-    monkeypatch.delenv(COMPILE_ENV_VAR, raising=False)
+    """--routing-compile is the one switch, resolved in the plan; the old environment variable does nothing."""
+    monkeypatch.setenv("DIVERSE_FAIRSEQ_COMPILE_ROUTING", "1")
     model = build(DiverseTransformerModel, "diverse_transformer", task, extra=["--routing-encoder-layers", "0"])
     assert model.encoder.layers[0].self_attn.aggregator._route is em_routing
     model = build(DiverseTransformerModel, "diverse_transformer", task,
                   extra=["--routing-encoder-layers", "0", "--routing-compile"])
     assert model.args.routing_compile is True
     assert model.encoder.layers[0].self_attn.aggregator._route is not em_routing  # torch.compile'd
-    monkeypatch.setenv(COMPILE_ENV_VAR, "1")
-    model = build(DiverseTransformerModel, "diverse_transformer", task, extra=["--routing-encoder-layers", "0"])
-    assert model.encoder.layers[0].self_attn.aggregator._route is not em_routing
+    assert {kwargs["compile"] for kwargs in routing_plan(model.args).values()} == {True}
 
 
 # ---------------------------------------------------------------------------------- fused EM core

@@ -30,8 +30,11 @@ geometric mean of the per-layer scores. This reproduces the paper's Table 4 from
 positions: geometric mean of 0.040 0.009 0.002 0.003 0.008 0.006 = 0.007, the Table 4 value; the
 arithmetic mean would be 0.011).
 
-Everything is vectorised over heads in O(H) with ``Σ_i Σ_j cos = ‖Σ_i u_i‖²`` (u_i unit vectors) and
-``Σ_i Σ_j Σ_s A_i A_j = Σ_s (Σ_i A_i)²``, computed in fp64 (these are statistics, not training terms).
+The per-token sums are training's own (:func:`~diverse_fairseq.methods.disagreement.similarity.token_cosine_sums`,
+``Σ_i Σ_j cos = ‖Σ_i u_i‖²`` with u_i unit vectors, and
+:func:`~diverse_fairseq.methods.disagreement.similarity.token_overlap_sums`, ``Σ_i Σ_j Σ_s A_i A_j = Σ_s (Σ_i A_i)²``),
+O(H), here computed in fp64 (these are statistics, not training terms); so is the token-side rule
+(:func:`diverse_fairseq.methods.sites.token_side`).
 The landmarks of the scale and its relation to the off-diagonal one: docs/methods.md#disagreement-scores.
 """
 
@@ -42,18 +45,15 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from diverse_fairseq.methods.disagreement.similarity import NORM_EPS
+from diverse_fairseq.methods.disagreement.similarity import NORM_EPS, token_cosine_sums, token_overlap_sums
+from diverse_fairseq.methods.sites import ATTENTION_TYPES, token_side
 
 SCORE_NAMES = ("sub", "pos", "out")
 COSINE_NAMES = ("sub", "out")  # the terms that also get an off-diagonal mean cosine
 #: how reports name the scale of the scores
 SCALE = "exp(−mean over all H² head pairs, self-pairs included)"
-#: query/key side whose non-padding tokens each term runs over, per attention type (see module docstring)
-TOKEN_SIDE = {
-    "enc_self": {"sub": "source", "pos": "source", "out": "source"},
-    "dec_self": {"sub": "target", "pos": "target", "out": "target"},
-    "enc_dec": {"sub": "source", "pos": "target", "out": "target"},
-}
+#: the side ("source"/"target") whose non-padding tokens each term runs over, per attention type (as training)
+TOKEN_SIDE = {t: {name: token_side(t, name) for name in SCORE_NAMES} for t in ATTENTION_TYPES}
 
 
 class TooFewHeads(ValueError):
@@ -61,6 +61,8 @@ class TooFewHeads(ValueError):
 
 
 def check_heads(num_heads: int, name: str) -> None:
+    """The analysis's check of the head count, made once per checkpoint before its forward passes
+    (``analysis.pipeline``); the functions below only assert it."""
     if num_heads < 2:
         raise TooFewHeads(f"{name}: disagreement needs at least 2 heads, got H = {num_heads}")
 
@@ -68,18 +70,19 @@ def check_heads(num_heads: int, name: str) -> None:
 def _check(x: Tensor, name: str) -> None:
     if not isinstance(x, Tensor) or x.dim() != 4:
         raise ValueError(f"{name}: expected a [B, H, N, ·] tensor, got {getattr(x, 'shape', type(x))}")
-    check_heads(x.size(1), name)
+    assert x.size(1) >= 2, f"{name}: disagreement needs at least 2 heads, got H = {x.size(1)}"
 
 
 def _cosine_sums(x: Tensor, eps: float = NORM_EPS) -> Tuple[Tensor, Tensor]:
-    """Per token ``Σ_i Σ_j cos(x_i, x_j)`` (all H² pairs) and its diagonal ``Σ_i cos(x_i, x_i)``, both [B, N] fp64.
+    """Per token ``Σ_i Σ_j cos(x_i, x_j)`` (all H² pairs, training's sum) and its diagonal ``Σ_i cos(x_i, x_i)``,
+    both [B, N] fp64.
 
     The diagonal is H, less one per zero vector (a vector below the norm floor has cosine 0 with everything).
     """
     xf = x.double()
-    unit = xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(eps)  # [B, H, N, d]
-    all_pairs = unit.sum(dim=1).pow(2).sum(dim=-1)  # [B, N] = ‖Σ_i u_i‖²
-    diagonal = unit.pow(2).sum(dim=-1).sum(dim=1)  # [B, N]
+    all_pairs = token_cosine_sums(xf, eps)  # [B, N] = ‖Σ_i u_i‖²
+    norm = torch.linalg.vector_norm(xf, dim=-1)  # [B, H, N]
+    diagonal = (norm / norm.clamp_min(eps)).pow(2).sum(dim=1)  # [B, N]: cos(x_i, x_i) = ‖u_i‖²
     return all_pairs, diagonal
 
 
@@ -122,7 +125,7 @@ def sentence_position_overlap(a: Tensor, query_pad_mask: Optional[Tensor] = None
     """
     _check(a, "sentence_position_overlap")
     num_heads = a.size(1)
-    per_query = a.double().sum(dim=1).pow(2).sum(dim=-1) / (num_heads * num_heads)  # [B, T]
+    per_query = token_overlap_sums(a, torch.float64) / (num_heads * num_heads)  # [B, T]
     if query_pad_mask is not None:
         per_query = per_query.masked_fill(query_pad_mask.to(torch.bool), 0.0)
     return per_query.sum(dim=-1)  # [B]

@@ -8,7 +8,7 @@ characters with sacrebleu's Chinese tokenizer (``zh_seg="char"``).
 """
 
 import re
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .lines import iter_lines
 
@@ -160,12 +160,3 @@ def clean_pair(src: str, tgt: str, min_len: int, max_len: int, ratio: float) -> 
         return None
     return src, tgt
 
-
-def clean_indices(src_lines: Iterable[str], tgt_lines: Iterable[str], min_len: int, max_len: int,
-                  ratio: float) -> List[int]:
-    """Indices of the pairs :func:`clean_pair` keeps."""
-    kept = []
-    for i, (s, t) in enumerate(zip(src_lines, tgt_lines)):
-        if clean_pair(s, t, min_len, max_len, ratio) is not None:
-            kept.append(i)
-    return kept

@@ -43,6 +43,18 @@ TOKEN_SIDES = {"enc_self": ("source", "source"), "dec_self": ("target", "target"
 TAP_NAMES = frozenset({"v", "a", "o"})
 
 
+def token_side(attention_type: str, term: str) -> str:
+    """``"source"`` or ``"target"``: the tokens over which disagreement term ``term`` of ``attention_type`` runs.
+
+    ``sub`` compares the projected values V [B, H, S, d], one per **key** token; ``pos`` the rows of
+    A [B, H, T, S] and ``out`` the head outputs O [B, H, T, d], one per **query** token (EMNLP 2018 Eqs. 1-3).
+    So encoder self-attention runs over source tokens, decoder self-attention over target tokens, and
+    encoder-decoder attention over the source for ``sub``, the target for ``pos`` and ``out``. The criterion
+    (its padding masks) and the reported scores both ask here."""
+    query, key = TOKEN_SIDES[attention_type]
+    return key if term == "sub" else query
+
+
 @dataclass(frozen=True)
 class AttentionSite:
     """One attention module of a model: its type, 0-based layer (within its stack) and the module (compared
@@ -64,14 +76,6 @@ class AttentionSite:
     @property
     def num_heads(self) -> int:
         return self.module.num_heads
-
-    @property
-    def query_side(self) -> str:
-        return TOKEN_SIDES[self.attention_type][0]
-
-    @property
-    def key_side(self) -> str:
-        return TOKEN_SIDES[self.attention_type][1]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -200,26 +204,21 @@ class Observation:
 
 
 @contextlib.contextmanager
-def observe(sites: Iterable[AttentionSite], taps: Iterable[str] = (),
-            head_masks: Optional[Mapping[AttentionSite, Tensor]] = None) -> Iterator[Observation]:
-    """Record ``taps`` (a subset of {"v", "a", "o"}) of every site, and mask heads, within the block.
+def observe(sites: Iterable[AttentionSite], taps: Iterable[str] = ()) -> Iterator[Observation]:
+    """Record ``taps`` (a subset of {"v", "a", "o"}) of every site within the block; the yielded
+    :class:`Observation` also masks heads (:meth:`Observation.mask_head`, used by the ablation).
 
-    ``head_masks``: ``{site: [H] tensor}`` multiplied into that site's head outputs O before the heads are
-    combined (0 removes a head). Recording or masking sends the forward through the module's own path (fused
-    ``scaled_dot_product_attention`` unless A is recorded); the observers are removed on exit, also after an
-    exception. Under a grad-enabled forward with activation checkpointing the first forward runs without a
-    graph, so recording is refused by the callers that need gradients (:func:`uses_activation_checkpointing`).
+    Recording or masking sends the forward through the module's own path (fused ``scaled_dot_product_attention``
+    unless A is recorded); the observers are removed on exit, also after an exception. Under a grad-enabled
+    forward with activation checkpointing the first forward runs without a graph, so recording is refused by the
+    callers that need gradients (:func:`uses_activation_checkpointing`).
     """
     sites = list(sites)
     taps = frozenset(taps)
     if taps - TAP_NAMES:
         raise ValueError(f"unknown attention taps {sorted(taps - TAP_NAMES)}; choose from {sorted(TAP_NAMES)}")
     require_diverse(sites, "observing attention heads")
-    head_masks = dict(head_masks or {})
-    observers = {s: HeadObserver(taps, head_masks.get(s)) for s in sites}
-    for site in head_masks:
-        if site not in observers:
-            raise ValueError(f"head mask for {site.name}, which is not among the observed sites")
+    observers = {s: HeadObserver(taps) for s in sites}
     busy = [s.name for s in sites if s.module.observer is not None]
     if busy:
         raise RuntimeError(f"attention modules {busy} are already observed (nested observe blocks)")

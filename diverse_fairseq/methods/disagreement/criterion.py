@@ -25,6 +25,7 @@ unregularized modules keep fairseq's path. :class:`DisagreementTerm` holds all o
 names its base criterion and its default attention types.
 """
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -41,8 +42,8 @@ from fairseq.logging import metrics
 from torch import Tensor
 
 from diverse_fairseq.methods.disagreement.similarity import output_similarity, position_similarity, subspace_similarity
-from diverse_fairseq.methods.sites import (ATTENTION_TYPES, AttentionSite, observe, require_diverse, select_sites, unwrap,
-                             uses_activation_checkpointing)
+from diverse_fairseq.methods.sites import (ATTENTION_TYPES, AttentionSite, observe, require_diverse, select_sites,
+                                           token_side, unwrap, uses_activation_checkpointing)
 from diverse_fairseq.methods.options import ALL_LAYERS, attention_types_field, layers_field, parse_layer_spec, parse_names
 
 TERMS = ("sub", "pos", "out")
@@ -113,7 +114,8 @@ class DisagreementTerm:
         self.type_weights = type_weights(self.attention_types, str(disagreement_weighting))
         source = getattr(task, "source_dictionary", None)  # sentence_prediction's target dictionary holds labels
         self.source_padding_idx = source.pad() if source is not None else self.padding_idx
-        self._prepared_for: Optional[int] = None
+        # the model whose sites self._sites holds, weakly referenced (an id() is reused once a model is freed)
+        self._prepared_for: Optional[weakref.ref] = None
         self._sites: List[AttentionSite] = []
 
     # ------------------------------------------------------------------ model set-up
@@ -124,9 +126,10 @@ class DisagreementTerm:
         return frozenset(_TAP_OF_TERM[t] for t in self.terms)
 
     def regularized_sites(self, model) -> List[AttentionSite]:
-        """The attention sites this criterion regularizes in ``model``, checked once per model."""
+        """The attention sites this criterion regularizes in ``model``, checked once per model (the one place
+        where the number of heads is checked for disagreement: at least 2 per regularized module)."""
         core = unwrap(model)
-        if self._prepared_for != id(core):
+        if self._prepared_for is None or self._prepared_for() is not core:
             if uses_activation_checkpointing(core):
                 raise ValueError(
                     f"--criterion {self.name} cannot be used with --checkpoint-activations / "
@@ -139,7 +142,7 @@ class DisagreementTerm:
                 if site.num_heads < 2:
                     raise ValueError(f"--criterion {self.name}: {site.attention_type} attention of layer "
                                      f"{site.layer} has {site.num_heads} head; disagreement needs at least 2")
-            self._sites, self._prepared_for = sites, id(core)
+            self._sites, self._prepared_for = sites, weakref.ref(core)
         return self._sites
 
     # ------------------------------------------------------------------ loss
@@ -148,9 +151,9 @@ class DisagreementTerm:
         """``{"<term>_<type>": 0-dim tensor}``: per term and attention type, the layer mean of the similarity
         of the recorded heads (``heads(site)`` → ``{tap: tensor}``) over the non-padding tokens: the source tokens
         (``net_input.src_tokens``: translation's encoder, RoBERTa) or the target tokens (translation's decoder, and
-        the language model, whose decoder input is padded where its target is)."""
+        the language model, whose decoder input is padded where its target is), as :func:`token_side` says."""
         def side(site: AttentionSite, term: str) -> str:
-            return site.key_side if term == "sub" else site.query_side
+            return token_side(site.attention_type, term)
 
         masks = {"source": lambda: sample["net_input"]["src_tokens"].eq(self.source_padding_idx),  # [B, S]
                  "target": lambda: sample["target"].eq(self.padding_idx)}  # [B, T]

@@ -7,7 +7,9 @@ per-token similarities averaged over the H² head pairs (the diagonal included),
 non-padding tokens of the whole batch. The paper's disagreement D is the negative of these numbers.
 
 All three functions are O(H): for unit vectors ``u_i``,
-``Σ_i Σ_j cos(x_i, x_j) = ‖Σ_i u_i‖²`` and ``Σ_i Σ_j Σ_s A_i[s] A_j[s] = Σ_s (Σ_i A_i[s])²``.
+``Σ_i Σ_j cos(x_i, x_j) = ‖Σ_i u_i‖²`` and ``Σ_i Σ_j Σ_s A_i[s] A_j[s] = Σ_s (Σ_i A_i[s])²``, the per-token sums
+of :func:`token_cosine_sums` and :func:`token_overlap_sums`, which the reported disagreement scores
+(:mod:`diverse_fairseq.analysis.scores`) use too.
 They accumulate in fp32 for fp16/bf16/fp32 inputs (fp64 stays fp64, for gradcheck), floor vector norms at ``eps``
 (zero vectors give 0, never NaN) and use hand-written backward passes that save only their input,
 which the attention computation already keeps alive for its own backward, so a regularized step holds
@@ -19,7 +21,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["subspace_similarity", "position_similarity", "output_similarity"]
+__all__ = ["subspace_similarity", "position_similarity", "output_similarity", "token_cosine_sums",
+           "token_overlap_sums"]
 
 #: floor on vector norms before normalising (the gradient of x / max(‖x‖, eps) is used below it)
 NORM_EPS = 1e-6
@@ -28,6 +31,29 @@ NORM_EPS = 1e-6
 def _acc_dtype(x: Tensor) -> torch.dtype:
     """Accumulation dtype: fp32 for fp16/bf16/fp32 inputs, fp64 for fp64 inputs."""
     return torch.promote_types(x.dtype, torch.float32)
+
+
+def token_cosine_sums(x: Tensor, eps: float = NORM_EPS, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Per token, ``Σ_i Σ_j cos(x_i, x_j)`` over all H² head pairs (self-pairs included): [B, H, N, d] -> [B, N].
+
+    Computed as ``‖Σ_i x_i / max(‖x_i‖, eps)‖²`` in ``dtype`` (default: fp32 for fp16/bf16/fp32, fp64 for fp64),
+    so a vector below the norm floor counts as cosine 0 with every head (never NaN).
+    """
+    assert x.dim() == 4, f"expected per-head vectors [B, H, N, d], got {tuple(x.shape)}"
+    xf = x.to(dtype or _acc_dtype(x))  # no copy when the dtype is already right
+    norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)  # [B, H, N, 1]
+    unit_sum = (xf / norm.clamp_min(eps)).sum(dim=1)  # [B, N, d]
+    return unit_sum.pow(2).sum(dim=-1)  # [B, N]
+
+
+def token_overlap_sums(a: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Per query token, ``Σ_i Σ_j Σ_s A_i[s] A_j[s] = Σ_s (Σ_i A_i[s])²`` over all H² head pairs:
+    [B, H, T, S] -> [B, T].
+
+    Accumulated in ``dtype`` (default: fp32 for fp16/bf16/fp32, fp64 for fp64).
+    """
+    assert a.dim() == 4, f"expected attention probabilities [B, H, T, S], got {tuple(a.shape)}"
+    return a.sum(dim=1, dtype=dtype or _acc_dtype(a)).pow(2).sum(dim=-1)  # [B, T]
 
 
 def _token_weights(pad_mask: Optional[Tensor], x: Tensor, ntok: int, name: str) -> Tensor:
@@ -45,14 +71,14 @@ def _token_weights(pad_mask: Optional[Tensor], x: Tensor, ntok: int, name: str) 
 
 
 def _weights(x: Tensor, pad_mask: Optional[Tensor], name: str, what: str) -> Tensor:
-    """Check ``x`` ([B, H, N, ·], described by ``what``) and return the [B, N] weights of its masked token mean."""
+    """Check ``x`` ([B, H, N, ·], described by ``what``) and return the [B, N] weights of its masked token mean.
+
+    The number of heads is checked where it enters, by the criterion (each regularized attention module) and by
+    the analysis; here it is only asserted."""
     if not isinstance(x, Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"{name}: expected {what}, got shape {shape}")
-    if x.size(1) < 2:
-        raise ValueError(
-            f"{name}: head similarity needs at least 2 heads, got H = {x.size(1)} (shape {tuple(x.shape)})"
-        )
+    assert x.size(1) >= 2, f"{name}: head similarity needs at least 2 heads, got H = {x.size(1)}"
     if not x.is_floating_point():
         raise ValueError(f"{name}: expected a floating-point tensor, got {x.dtype}")
     return _token_weights(pad_mask, x, x.size(2), name)
@@ -64,10 +90,7 @@ class _MeanHeadCosine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, eps: float) -> Tensor:
         num_heads = x.size(1)
-        xf = x.to(_acc_dtype(x))  # no copy for fp32 inputs
-        norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)  # [B, H, N, 1]
-        unit_sum = (xf / norm.clamp_min(eps)).sum(dim=1)  # [B, N, d]
-        per_token = unit_sum.pow(2).sum(dim=-1) / (num_heads * num_heads)  # [B, N]
+        per_token = token_cosine_sums(x, eps) / (num_heads * num_heads)  # [B, N]
         ctx.save_for_backward(x, w)
         ctx.eps = eps
         return (per_token * w).sum()
@@ -95,8 +118,7 @@ class _MeanHeadOverlap(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: Tensor, w: Tensor) -> Tensor:
         num_heads = a.size(1)
-        head_sum = a.sum(dim=1, dtype=_acc_dtype(a))  # [B, T, S]
-        per_token = head_sum.pow(2).sum(dim=-1) / (num_heads * num_heads)  # [B, T]
+        per_token = token_overlap_sums(a) / (num_heads * num_heads)  # [B, T]
         ctx.save_for_backward(a, w)
         return (per_token * w).sum()
 

@@ -4,7 +4,7 @@ Adam whose per-head Q/K/V gradients are replaced by SVGD, SPOS or (for the paper
 math is in :mod:`.svgd`, which parameters are particles in :mod:`.particles` (models are found through
 :mod:`diverse_fairseq.methods.hooks`), the torch optimizer (transform, then Adam) in :mod:`.particle_adam`,
 the fp16/bf16/AMP paths in :mod:`.precision`. Here: the options, their checks, the particle selection, and a ``step()`` that hands
-the true gradient scale to the torch optimizer.
+the true gradient scale to the torch optimizer. The options are checked here, once; :mod:`.svgd` only asserts them.
 """
 
 import logging
@@ -22,9 +22,10 @@ from omegaconf import II
 from diverse_fairseq.methods.options import (ALL_LAYERS, attention_types_field, describe_layers, layers_field, parse_layer_spec,
                                              parse_names, resolve_layers)
 from diverse_fairseq.methods.repulsive.particle_adam import OPTIMIZER_NAME, ParticleAdam, ParticleRule
-from diverse_fairseq.methods.repulsive.particles import ATTENTION_TYPES, PROJECTIONS, ParticleTag, find_particle_tags
+from diverse_fairseq.methods.repulsive.particles import PROJECTIONS, ParticleTag, find_particle_tags
 from diverse_fairseq.methods.repulsive.precision import AmpAwareStep, check_precision_setup, option
 from diverse_fairseq.methods.repulsive.svgd import NOISE_SCALES, parse_bandwidth
+from diverse_fairseq.methods.sites import ATTENTION_TYPES
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +148,9 @@ class RepulsiveAdam(AmpAwareStep, FairseqAdam):
         if method == "sgld" and not rule.beta > 0:
             raise ValueError(f"--repulsive-method sgld needs --repulsive-beta > 0 (with 0 the heads get neither "
                              f"gradient nor noise), got {cfg.repulsive_beta}")
+        if rule.noise_scale not in NOISE_SCALES:
+            raise ValueError(f"--repulsive-noise-scale must be one of {', '.join(NOISE_SCALES)}, got "
+                             f"{rule.noise_scale!r}")
         _refuse_idle_options(cfg, method)
         self.attention_types = parse_names(cfg.repulsive_attention, ATTENTION_TYPES, "--repulsive-attention")
         self.projections = parse_names(cfg.repulsive_projections, PROJECTIONS, "--repulsive-projections")

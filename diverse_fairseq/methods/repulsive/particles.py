@@ -27,13 +27,13 @@ How the optimizer finds them (fairseq hands ``build_optimizer(cfg, params)`` onl
 """
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from diverse_fairseq.methods.hooks import tracked_models
-from diverse_fairseq.methods.sites import ATTENTION_TYPES, attention_sites
+from diverse_fairseq.methods.sites import attention_sites
 
 PROJECTIONS = ("q", "k", "v")
 
@@ -48,13 +48,11 @@ class ParticleTag:
     num_heads: int  # M: the weight's rows split into M blocks of d = rows / M
 
 
-
-
 def particle_weights(model: nn.Module) -> Iterator[Tuple[torch.Tensor, ParticleTag]]:
     """Every q/k/v projection weight of every attention module of ``model`` with its tag."""
     try:
         sites = attention_sites(model)
-    except ValueError:  # not an encoder-decoder model: no particles
+    except ValueError:  # not a fairseq Transformer model (no attention sites): no particles
         return
     for site in sites:
         module, attention_type, layer_idx = site.module, site.attention_type, site.layer

@@ -51,6 +51,8 @@ identical particles and suffer less cancellation; no Python loop runs over parti
 :func:`svgd_direction` / :func:`spos_direction` / :func:`sgld_direction` are the functional API;
 :func:`svgd_update_` / :func:`spos_update_` / :func:`sgld_update_` write into caller-owned buffers (the
 optimizer reuses them every step: on CPU a fresh allocation of that size costs more than the whole update).
+The options (α, ε, β, bandwidth, noise scale) are checked with messages naming their flags by
+``--optimizer repulsive_adam`` (:mod:`.optimizer`); here β and the noise scale are only asserted.
 """
 
 import math
@@ -187,13 +189,6 @@ def svgd_update_(
     return out
 
 
-def _check_noise_options(beta: float, noise_scale: str, method: str) -> None:
-    if beta < 0:
-        raise ValueError(f"{method} needs beta >= 0, got {beta}")
-    if noise_scale not in NOISE_SCALES:
-        raise ValueError(f"noise_scale must be one of {', '.join(NOISE_SCALES)}, got {noise_scale!r}")
-
-
 def _add_langevin_(
     grad: Tensor,
     out: Tensor,
@@ -209,6 +204,7 @@ def _add_langevin_(
     ξ is drawn into ``scratch`` [G, M, D] in one ``randn`` call from ``generator``; with
     ``noise_scale="grad_median"`` it is multiplied by the median |g| of each set. Nothing is added for β = 0.
     """
+    assert noise_scale in NOISE_SCALES, f"noise_scale must be one of {', '.join(NOISE_SCALES)}, got {noise_scale!r}"
     if beta > 0:
         if grad_scale is None:
             out.add_(grad, alpha=stepsize * beta)
@@ -242,7 +238,7 @@ def spos_update_(
     Same buffers as :func:`svgd_update_`; ``theta`` is reused for the noise ξ, drawn from
     ``generator`` in one ``randn`` call over all [G, M, D] entries.
     """
-    _check_noise_options(beta, noise_scale, "SPOS")
+    assert beta >= 0, f"SPOS needs beta >= 0, got {beta}"
     svgd_update_(theta, grad, out, alpha, stepsize, bandwidth, grad_scale)
     return _add_langevin_(grad, out, theta, stepsize, beta, generator, noise_scale, grad_scale)
 
@@ -264,9 +260,7 @@ def sgld_update_(
     exactly as :func:`spos_update_` draws it (same call, same shape, same dtype), so for the same
     generator state SGLD and SPOS inject the same noise. β must be > 0 (β = 0 would freeze the particles).
     """
-    _check_noise_options(beta, noise_scale, "SGLD")
-    if beta == 0:
-        raise ValueError("SGLD needs beta > 0 (with beta = 0 the particles get no gradient and no noise)")
+    assert beta > 0, f"SGLD needs beta > 0 (with beta = 0 the particles get no gradient and no noise), got {beta}"
     out.zero_()
     return _add_langevin_(grad, out, scratch, stepsize, beta, generator, noise_scale, grad_scale)
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from diverse_fairseq.methods.routing.algorithms import ROUTING_TYPES, _check_iterations, get_routing_function
+from diverse_fairseq.methods.routing.algorithms import get_routing_function, valid_iterations
 
 __all__ = ["RoutingAggregation"]
 
@@ -40,8 +40,11 @@ class RoutingAggregation(nn.Module):
         num_capsules: N output capsules, must divide E; default E (capsule width 1).
         iterations: routing iterations T (default 3).
         eps: EM variance floor ε (at most 1e-4).
-        compile: run the routing core through ``torch.compile``; ``None`` reads the environment
-            variable ``DIVERSE_FAIRSEQ_COMPILE_ROUTING``.
+        compile: run the routing core through ``torch.compile`` (``--routing-compile``).
+
+    ``routing``, ``num_capsules`` and ``iterations`` are the ``--routing-*`` options, validated with messages
+    naming the flags by :func:`~diverse_fairseq.methods.routing.options.routing_plan`; here (and in
+    ``get_routing_function``) they are only asserted. ``eps`` (no command-line option) is checked here.
 
     Initialisation: W1, W2 Xavier-uniform with zero biases (as fairseq's ``out_proj``); LayerNorm with
     unit gain and zero bias; β_A = β_μ = 0. Hinton et al. (2018) learn β_a and β_u discriminatively
@@ -57,21 +60,17 @@ class RoutingAggregation(nn.Module):
         num_capsules: Optional[int] = None,
         iterations: int = 3,
         eps: float = 1e-6,
-        compile: Optional[bool] = None,
+        compile: bool = False,
     ):
         super().__init__()
-        if routing not in ROUTING_TYPES:
-            raise ValueError(f"unknown routing type {routing!r}; expected one of {ROUTING_TYPES}")
         if embed_dim < 1 or num_heads < 1:
             raise ValueError(f"embed_dim and num_heads must be >= 1, got {embed_dim} and {num_heads}")
         if num_capsules is None:
             num_capsules = embed_dim
-        if num_capsules < 1 or embed_dim % num_capsules != 0:
-            raise ValueError(
-                f"num_capsules (routing output capsules, N={num_capsules}) must be >= 1 and divide "
-                f"embed_dim (E={embed_dim})"
-            )
-        _check_iterations(iterations)
+        assert num_capsules >= 1 and embed_dim % num_capsules == 0, (
+            f"num_capsules (routing output capsules, N={num_capsules}) must be >= 1 and divide "
+            f"embed_dim (E={embed_dim})")
+        assert valid_iterations(iterations), f"routing iterations must be an integer >= 1, got {iterations!r}"
         if not 0.0 < eps <= 1e-4:
             raise ValueError(f"the EM variance floor eps must lie in (0, 1e-4], got {eps}")
 

@@ -19,7 +19,10 @@ paper's, computed without 0/0.
 Speed. With capsule width 1 (N = E, the paper's setting and the default) :func:`em_routing` runs the fused
 core of :mod:`~diverse_fairseq.methods.routing.fast` (hand-derived backward, same values);
 ``em_routing(..., fused=False)`` runs the generic code here. :func:`get_routing_function` can wrap either
-algorithm in ``torch.compile`` (``routing_fast.compile_requested``).
+algorithm in ``torch.compile``.
+
+Options are validated where they enter (:func:`~diverse_fairseq.methods.routing.options.routing_plan` for the
+``--routing-*`` flags); the functions here only assert what they rely on.
 """
 
 import math
@@ -29,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diverse_fairseq.methods.routing.fast import compile_requested, compiled, em_routing_width1
+from diverse_fairseq.methods.routing.fast import compiled, em_routing_width1
 
 __all__ = ["ROUTING_TYPES", "em_routing", "get_routing_function", "simple_routing", "squash"]
 
@@ -38,9 +41,9 @@ ROUTING_TYPES = ("simple", "em")
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
-def _check_iterations(iterations: int) -> None:
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"routing iterations must be an integer >= 1, got {iterations!r}")
+def valid_iterations(iterations) -> bool:
+    """Whether ``iterations`` is a routing iteration count T: an integer >= 1 (``bool`` excluded)."""
+    return isinstance(iterations, int) and not isinstance(iterations, bool) and iterations >= 1
 
 
 def _check_votes(votes: Tensor) -> None:
@@ -103,7 +106,7 @@ def simple_routing(votes: Tensor, iterations: int = 3) -> Tensor:
     not affect the output
     and is skipped.
     """
-    _check_iterations(iterations)
+    assert valid_iterations(iterations), f"routing iterations must be an integer >= 1, got {iterations!r}"
     _check_votes(votes)
     in_dtype = votes.dtype
     with torch.autocast(device_type=votes.device.type, enabled=False):
@@ -189,10 +192,9 @@ def em_routing(
       - ½ ln(2π σ²_{n,i})]``; ``C_{h,n} = softmax_n(ln A_n + ln p_{h,n})`` (Eq. 12 in log space,
       ``ln A_n = logsigmoid(.)``).
     """
-    _check_iterations(iterations)
+    assert valid_iterations(iterations), f"routing iterations must be an integer >= 1, got {iterations!r}"
+    assert eps > 0, f"the EM variance floor eps must be > 0, got {eps}"
     _check_votes(votes)
-    if not eps > 0:
-        raise ValueError(f"the EM variance floor eps must be > 0, got {eps}")
     schedule = _inverse_temperature_schedule(inverse_temperatures, iterations)
     in_dtype = votes.dtype
     num_heads, num_capsules, width = votes.shape[-3:]
@@ -243,14 +245,13 @@ def em_routing(
     return out.to(in_dtype)
 
 
-def get_routing_function(routing: str, compile: Optional[bool] = None) -> Callable[..., Tensor]:
-    """Return :func:`simple_routing` or :func:`em_routing`, wrapped in ``torch.compile`` if requested.
+def get_routing_function(routing: str, compile: bool = False) -> Callable[..., Tensor]:
+    """Return :func:`simple_routing` or :func:`em_routing`, wrapped in ``torch.compile`` if ``compile``.
 
     Args:
-        routing: ``"simple"`` or ``"em"``.
-        compile: ``True``/``False``; ``None`` reads ``DIVERSE_FAIRSEQ_COMPILE_ROUTING``.
+        routing: ``"simple"`` or ``"em"`` (one of :data:`ROUTING_TYPES`).
+        compile: run the routing core through ``torch.compile`` (``--routing-compile``).
     """
     functions = {"simple": simple_routing, "em": em_routing}
-    if routing not in functions:
-        raise ValueError(f"unknown routing type {routing!r}; expected one of {ROUTING_TYPES}")
-    return compiled(functions[routing]) if compile_requested(compile) else functions[routing]
+    assert routing in functions, f"unknown routing type {routing!r}; expected one of {ROUTING_TYPES}"
+    return compiled(functions[routing]) if compile else functions[routing]

@@ -8,19 +8,16 @@ fewer saved tensors. The tokens go in chunks of about ``_CHUNK_ELEMENTS`` votes 
 cache), most [.., H, N] updates in place. Checked against autograd through the generic code and against finite
 differences (tests/test_routing_model.py).
 
-``torch.compile`` of the routing cores (off by default): ``compile=True`` to ``routing.get_routing_function`` or
-``DIVERSE_FAIRSEQ_COMPILE_ROUTING=1`` (:func:`compile_requested`; on CPU slower than the fused eager core).
+``torch.compile`` of the routing cores (off by default; on CPU slower than the fused eager core): :func:`compiled`,
+used by ``algorithms.get_routing_function(..., compile=True)`` when ``--routing-compile`` is given.
 """
 
 import math
-import os
 from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-COMPILE_ENV_VAR = "DIVERSE_FAIRSEQ_COMPILE_ROUTING"
 
 # Notation per token (h: head, n: output capsule), iteration t = 1..T with weights W^t = C/R (softmax over
 # h of log C), R^t = Σ_h C (W^1 = 1/H, R^1 = H/N):
@@ -233,21 +230,6 @@ def em_routing_width1(v: Tensor, b_a: Tensor, b_mu: Tensor, schedule, eps: float
 
 
 _COMPILED = {}
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
-
-
-def compile_requested(compile: Optional[bool] = None) -> bool:
-    """``compile`` if given, else whether ``DIVERSE_FAIRSEQ_COMPILE_ROUTING`` is set to a true value
-    (``1``, ``true``, ``yes``, ``on``; unset, empty, ``0``, ``false``, ``no``, ``off``: no). Any other value of the
-    variable is a ``ValueError`` naming it (checked when a routed model is built, before training)."""
-    if compile is not None:
-        return bool(compile)
-    value = os.environ.get(COMPILE_ENV_VAR, "").strip().lower()
-    if value not in _TRUE + _FALSE:
-        raise ValueError(f"{COMPILE_ENV_VAR}={os.environ[COMPILE_ENV_VAR]!r} is not valid: use 1 (or true, yes, on) "
-                         f"to compile the routing loop, 0 (or false, no, off) or unset not to")
-    return value in _TRUE
 
 
 def compiled(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:

@@ -9,9 +9,8 @@ applies. Models with one stack pass their placements: ``diverse_transformer_lm``
 
 from typing import Dict, Tuple
 
-from diverse_fairseq.methods.routing.algorithms import ROUTING_TYPES
-from diverse_fairseq.methods.routing.fast import compile_requested
 from diverse_fairseq.methods.options import parse_layers
+from diverse_fairseq.methods.routing.algorithms import ROUTING_TYPES, valid_iterations
 
 # (flag destination, attention type, stack whose depth bounds the indices)
 ROUTING_PLACEMENTS = (
@@ -64,6 +63,10 @@ def _depth(args, stack: str) -> int:
 def routing_plan(args, placements=ROUTING_PLACEMENTS) -> Dict[Tuple[str, int], dict]:
     """Validate the routing options of ``args`` and return ``{(attention_type, layer): aggregator kwargs}``.
 
+    This is where the ``--routing-*`` options are checked, once, when the model is built; the aggregator and
+    the routing functions only assert them. ``--routing-compile`` is the one compile switch (no environment
+    variable), resolved here into each aggregator's ``compile``.
+
     Errors (``ValueError``) name the flag: an unknown ``--routing-type``, a layer index out of range, a
     ``--routing-iterations`` below 1, a ``--routing-capsules`` that does not divide the width of a
     routed attention module, and a ``--routing-type`` / ``--routing-iterations`` / ``--routing-capsules`` /
@@ -78,7 +81,7 @@ def routing_plan(args, placements=ROUTING_PLACEMENTS) -> Dict[Tuple[str, int], d
             f"--routing-type: unknown routing type {args.routing_type!r}; choose from {', '.join(ROUTING_TYPES)}"
         )
     iterations = args.routing_iterations
-    if not _is_int(iterations) or iterations < 1:
+    if not valid_iterations(iterations):
         raise ValueError(f"--routing-iterations must be an integer >= 1, got {iterations!r}")
     capsules = args.routing_capsules
     if capsules is not None and (not _is_int(capsules) or capsules < 1):
@@ -97,7 +100,7 @@ def routing_plan(args, placements=ROUTING_PLACEMENTS) -> Dict[Tuple[str, int], d
                 routing=routing,
                 num_capsules=None if capsules is None else int(capsules),
                 iterations=iterations,
-                compile=True if args.routing_compile else None,  # None: the environment variable decides
+                compile=bool(args.routing_compile),
             )
     if not plan:
         idle = [_flag(dest) + ("" if isinstance(getattr(args, dest), bool) else f" {getattr(args, dest)}")
@@ -108,8 +111,6 @@ def routing_plan(args, placements=ROUTING_PLACEMENTS) -> Dict[Tuple[str, int], d
                 f"{', '.join(idle)} would do nothing: no attention module routes ({', '.join(flags)} select "
                 f"none). Choose layers to route, e.g. {flags[0]} 0,1"
                 + (" (or --arch routing_transformer_*)" if len(flags) > 1 else "") + ", or drop the option")
-    else:
-        compile_requested()  # a bad DIVERSE_FAIRSEQ_COMPILE_ROUTING is refused before training
     return plan
 
 
@@ -139,4 +140,4 @@ def add_routing_args(parser, placements=ROUTING_PLACEMENTS) -> None:
                              "(capsule width E/N); default E, i.e. capsules of width 1 as in the paper")
     parser.add_argument("--routing-compile", action="store_true",
                         help="run the routing iterations through torch.compile (needs a working "
-                             "TorchInductor toolchain; also DIVERSE_FAIRSEQ_COMPILE_ROUTING=1)")
+                             "TorchInductor toolchain)")
