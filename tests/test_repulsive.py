@@ -565,8 +565,7 @@ def _particle_state(model):
 
 def test_sgld_step_is_the_formula_with_the_seeded_noise(monkeypatch):
     """The optimizer hands Adam ε (β g − √(2β/ε) ξ), ξ from the generator seeded by (--seed, step count)."""
-    cfg = _cfg("--repulsive-method", "sgld", "--repulsive-beta", "0.01", "--repulsive-noise-scale", "unit",
-               "--seed", "3")
+    cfg = _cfg("--repulsive-method", "sgld", "--repulsive-beta", "0.01", "--seed", "3")  # default noise scale
     model = _model(cfg)
     opt = _build(cfg, list(model.parameters()))
     for _ in range(2):
