@@ -8,7 +8,7 @@ import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from diverse_fairseq.methods import attention as diverse_attention
-from diverse_fairseq.methods.attention import DiverseMultiheadAttention
+from diverse_fairseq.methods.attention import DiverseMultiheadAttention, ReplacedOutProj
 from diverse_fairseq.methods.sites import AttentionSite, observe
 
 E, H, T, S, B = 32, 4, 6, 9, 3
@@ -208,7 +208,7 @@ def test_aggregator_replaces_out_proj():
     torch.manual_seed(0)
     ours = DiverseMultiheadAttention(E, H, self_attention=True, aggregator=_Doubler())
     ours.load_state_dict(stock.state_dict(), strict=False)
-    assert not hasattr(ours, "out_proj")
+    assert isinstance(ours.out_proj, ReplacedOutProj)  # no parameters, raises if called
     assert not any(n.startswith("out_proj") for n, _ in ours.named_parameters())
     args = inputs("self")
     y, _ = ours(**args, need_weights=False)

@@ -26,7 +26,19 @@ from fairseq import utils
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
 
+from diverse_fairseq.methods.scripting import inherited_as
+
 logger = logging.getLogger(__name__)
+
+
+class ReplacedOutProj(nn.Module):
+    """The ``out_proj`` of an attention whose heads a routing aggregator combines: no parameters, never called.
+
+    It exists because fairseq's ``MultiheadAttention.forward``, which the incremental path runs up to the
+    attention logits, names ``self.out_proj`` (after its early return), and TorchScript compiles that line."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        raise RuntimeError("out_proj is replaced by the routing aggregator of this attention module")
 
 
 class DiverseMultiheadAttention(MultiheadAttention):
@@ -44,23 +56,28 @@ class DiverseMultiheadAttention(MultiheadAttention):
         Other arguments: as fairseq's ``MultiheadAttention``.
     """
 
+    #: [B, T] query padding of an encoder-decoder attention with an aggregator, which fairseq's decoder layer
+    #: cannot pass as an argument: set by DiverseTransformerDecoderLayer.forward right before the call and
+    #: cleared by the forward that reads it (self-attention uses its key padding, which is its query padding).
+    #: Declared here so that TorchScript types the attribute as assignable.
+    query_padding_mask: Optional[Tensor]
+
     def __init__(self, *args, aggregator: Optional[nn.Module] = None, **kwargs):
         super().__init__(*args, **kwargs)
+        # fairseq's name, which --retain-dropout-modules matches (FairseqDropout names itself after its owner's class)
+        self.dropout_module.module_name = "MultiheadAttention"
         self.observer = None
         self.aggregator: Optional[nn.Module] = None
-        #: [B, T] query padding of an encoder-decoder attention with an aggregator, which fairseq's decoder layer
-        #: cannot pass as an argument: set by DiverseTransformerDecoderLayer.forward only (self-attention uses
-        #: its key padding, which is its query padding)
-        self.query_padding_mask: Optional[Tensor] = None
+        self.query_padding_mask = None
         if aggregator is not None:
             self.set_aggregator(aggregator)
 
     # ------------------------------------------------------------------ configuration
 
     def set_aggregator(self, aggregator: nn.Module) -> None:
-        """Combine heads with ``aggregator`` ([T, B, E] -> [T, B, E]) instead of ``out_proj``."""
-        if hasattr(self, "out_proj"):
-            del self.out_proj
+        """Combine heads with ``aggregator`` ([T, B, E] -> [T, B, E]) instead of ``out_proj``, whose parameters
+        are dropped (see :class:`ReplacedOutProj`)."""
+        self.out_proj = ReplacedOutProj()
         self.aggregator = aggregator
 
     def reset_parameters(self):
@@ -123,12 +140,14 @@ class DiverseMultiheadAttention(MultiheadAttention):
         before_softmax: bool = False,
         need_head_weights: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        if self.observer is not None and torch.compiler.is_compiling():
-            raise RuntimeError("attention heads cannot be observed inside torch.compile; observe the uncompiled model")
+        if self.observer is not None:
+            if torch.compiler.is_compiling():
+                raise RuntimeError("attention heads cannot be observed inside torch.compile; observe the uncompiled "
+                                   "model")
         if (self.observer is None and self.aggregator is None) or before_softmax or self.onnx_trace:
             if self.aggregator is not None and not before_softmax:
                 raise RuntimeError("DiverseMultiheadAttention with an aggregator cannot be ONNX-traced")
-            return super().forward(
+            return self._stock_forward(
                 query, key, value, key_padding_mask=key_padding_mask,
                 incremental_state=incremental_state, need_weights=need_weights, static_kv=static_kv,
                 attn_mask=attn_mask, before_softmax=before_softmax, need_head_weights=need_head_weights,
@@ -161,6 +180,7 @@ class DiverseMultiheadAttention(MultiheadAttention):
         tgt_len, bsz, _ = query.size()
         # padded query positions [B, T] need not be routed; in self-attention the queries are the keys
         query_padding = key_padding_mask if self.self_attention else self.query_padding_mask
+        self.query_padding_mask = None  # used once: no tensor outlives the call
         if self.self_attention:
             key = value = query
         elif self.encoder_decoder_attention:
@@ -176,10 +196,10 @@ class DiverseMultiheadAttention(MultiheadAttention):
         if self.bias_k is not None:
             k, v, key_padding_mask, attn_mask = self._add_bias(k, v, key_padding_mask, attn_mask, bsz)
 
-        def split_heads(x: Tensor) -> Tensor:  # [L, B, E] -> [B, H, L, d]
-            return x.view(x.size(0), bsz, num_heads, head_dim).permute(1, 2, 0, 3)
-
-        q, k, v = split_heads(q), split_heads(k), split_heads(v)
+        # [L, B, E] -> [B, H, L, d]
+        q = q.view(q.size(0), bsz, num_heads, head_dim).permute(1, 2, 0, 3)
+        k = k.view(k.size(0), bsz, num_heads, head_dim).permute(1, 2, 0, 3)
+        v = v.view(v.size(0), bsz, num_heads, head_dim).permute(1, 2, 0, 3)
         if self.add_zero_attn:
             k, v, key_padding_mask, attn_mask = self._append_zero_attn(k, v, key_padding_mask, attn_mask)
         src_len = k.size(2)
@@ -201,14 +221,17 @@ class DiverseMultiheadAttention(MultiheadAttention):
 
         dropout_p = self._dropout_p()
         weights: Optional[Tensor] = None
-        record_a = self.observer is not None and "a" in self.observer.taps
+        record_a = False
+        if self.observer is not None:  # (a plain None test, which TorchScript resolves for an unobserved module)
+            record_a = "a" in self.observer.taps
         if record_a or need_weights:
             logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # [B, H, T, S]
             if mask is not None:
                 logits = logits + mask
             probs = utils.softmax(logits, dim=-1)  # fp32, as fairseq
-            if record_a:
-                self.observer.record("a", probs)
+            if self.observer is not None:
+                if record_a:
+                    self.observer.record("a", probs)
             weights = probs
             probs = self.dropout_module(probs.type_as(logits))
             o = torch.matmul(probs, v)  # [B, H, T, d]
@@ -232,10 +255,11 @@ class DiverseMultiheadAttention(MultiheadAttention):
         tgt_len, bsz, _ = query.size()
         num_heads, head_dim = self.num_heads, self.head_dim
         # fairseq's cached projection path (never the fused one: incremental_state is set)
-        logits, v = super().forward(
+        logits, v = self._stock_forward(
             query, key, value, key_padding_mask=key_padding_mask, incremental_state=incremental_state,
             need_weights=False, static_kv=static_kv, attn_mask=attn_mask, before_softmax=True,
         )  # logits [B*H, T, S] (scaled, masked), v [kv_B*H, S, d]
+        assert v is not None  # before_softmax returns the values
         src_len = logits.size(-1)
         kv_bsz = v.size(0) // num_heads
         probs_f = utils.softmax(logits, dim=-1)  # fp32
@@ -264,3 +288,8 @@ class DiverseMultiheadAttention(MultiheadAttention):
             return None
         weights = weights.transpose(1, 0)  # [H, B, T, S]
         return weights if need_head_weights else weights.mean(dim=0)
+
+
+#: fairseq's ``MultiheadAttention.forward``, for the paths that keep it (TorchScript compiles no ``super()``)
+DiverseMultiheadAttention._stock_forward = inherited_as(MultiheadAttention.forward, "_stock_forward",
+                                                        DiverseMultiheadAttention)

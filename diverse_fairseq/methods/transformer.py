@@ -14,7 +14,7 @@ architectures route the encoder self-attention of layers 0 and 1 with EM routing
 """
 
 from argparse import Namespace
-from typing import Dict, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
@@ -32,9 +32,11 @@ from fairseq.models.transformer.transformer_legacy import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
 
 from diverse_fairseq.methods.routing.aggregation import RoutingAggregation
 from diverse_fairseq.methods.attention import DiverseMultiheadAttention
+from diverse_fairseq.methods.scripting import inherited_as
 from diverse_fairseq.methods.sites import attention_sites
 from diverse_fairseq.methods.routing.options import add_routing_args, routing_architecture, routing_plan
 
@@ -47,8 +49,21 @@ def diverse_attention(layer, embed_dim, cfg, side, **kwargs) -> DiverseMultihead
                                      q_noise=layer.quant_noise, qn_block_size=layer.quant_noise_block_size, **kwargs)
 
 
+def keep_dropout_names(module, name: str) -> None:
+    """Name ``module``'s dropout modules ``name``, the name fairseq gives them in the stock class: fairseq's
+    ``FairseqDropout`` takes its owner's class name, and ``--retain-dropout-modules`` matches that name, so that
+    fairseq's names select our modules too (docs/fairseq-notes.md#retain-dropout-modules)."""
+    for dropout in (module.dropout_module, getattr(module, "activation_dropout_module", None)):
+        if dropout is not None:
+            dropout.module_name = name
+
+
 class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer with a :class:`DiverseMultiheadAttention` self-attention."""
+
+    def __init__(self, cfg, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        keep_dropout_names(self, "TransformerEncoderLayerBase")
 
     def build_self_attention(self, embed_dim, cfg):
         return diverse_attention(self, embed_dim, cfg, cfg.encoder, self_attention=True)
@@ -57,21 +72,32 @@ class DiverseTransformerEncoderLayer(TransformerEncoderLayerBase):
 class DiverseTransformerDecoderLayer(TransformerDecoderLayerBase):
     """fairseq's decoder layer with :class:`DiverseMultiheadAttention` self- and cross-attention."""
 
-    def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
-                prev_self_attn_state=None, prev_attn_state=None, self_attn_mask=None, self_attn_padding_mask=None,
-                need_attn=False, need_head_weights=False):
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
+        keep_dropout_names(self, "TransformerDecoderLayerBase")
+
+    def forward(
+        self,
+        x: Tensor,
+        encoder_out: Optional[Tensor] = None,
+        encoder_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        prev_self_attn_state: Optional[List[Tensor]] = None,
+        prev_attn_state: Optional[List[Tensor]] = None,
+        self_attn_mask: Optional[Tensor] = None,
+        self_attn_padding_mask: Optional[Tensor] = None,
+        need_attn: bool = False,
+        need_head_weights: bool = False,
+    ):
         """fairseq's forward. A routed encoder-decoder attention also gets the target padding (its query padding,
-        which fairseq's layer does not pass it) for this call, so that its aggregator skips padded positions."""
-        args = (x, encoder_out, encoder_padding_mask, incremental_state, prev_self_attn_state, prev_attn_state,
-                self_attn_mask, self_attn_padding_mask, need_attn, need_head_weights)
+        which fairseq's layer does not pass it) for this call, so that its aggregator skips padded positions; the
+        attention clears it when it reads it. (TorchScript-compatible: no ``super()``, ``*args`` or ``try``.)"""
         cross = self.encoder_attn
-        if cross is None or cross.aggregator is None:
-            return super().forward(*args)
-        cross.query_padding_mask = self_attn_padding_mask
-        try:
-            return super().forward(*args)
-        finally:
-            cross.query_padding_mask = None
+        if cross is not None and cross.aggregator is not None:
+            cross.query_padding_mask = self_attn_padding_mask
+        return self._stock_forward(x, encoder_out, encoder_padding_mask, incremental_state, prev_self_attn_state,
+                                   prev_attn_state, self_attn_mask, self_attn_padding_mask, need_attn,
+                                   need_head_weights)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return diverse_attention(self, embed_dim, cfg, cfg.decoder, add_bias_kv=add_bias_kv,
@@ -81,6 +107,11 @@ class DiverseTransformerDecoderLayer(TransformerDecoderLayerBase):
         return diverse_attention(self, embed_dim, cfg, cfg.decoder, kdim=cfg.encoder.embed_dim,
                                  vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True,
                                  xformers_att_config=cfg.encoder.xformers_att_config)
+
+
+#: fairseq's ``TransformerDecoderLayerBase.forward`` (TorchScript compiles no ``super()``)
+DiverseTransformerDecoderLayer._stock_forward = inherited_as(TransformerDecoderLayerBase.forward, "_stock_forward",
+                                                             DiverseTransformerDecoderLayer)
 
 
 def as_namespace(args):
@@ -115,11 +146,24 @@ def _wrap_layer(layer, cfg):
 
 
 class DiverseTransformerEncoder(TransformerEncoderBase):
+    """fairseq's encoder with :class:`DiverseTransformerEncoderLayer` layers."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        keep_dropout_names(self, "TransformerEncoder")
+
     def build_encoder_layer(self, cfg):
         return _wrap_layer(DiverseTransformerEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
 
 class DiverseTransformerDecoder(TransformerDecoderBase):
+    """fairseq's decoder with :class:`DiverseTransformerDecoderLayer` layers."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+        keep_dropout_names(self, "TransformerDecoder")
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap_layer(DiverseTransformerDecoderLayer(cfg, no_encoder_attn), cfg)
 

@@ -5,7 +5,7 @@ Routing-by-Agreement*. NAACL 2019, §4.1 (Eqs. 5-7) and §4.2; the authors' fuse
 (docs/methods.md#routing-by-agreement-aggregation).
 """
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -15,6 +15,21 @@ from torch import Tensor
 from diverse_fairseq.methods.routing.algorithms import get_routing_function, valid_iterations
 
 __all__ = ["RoutingAggregation"]
+
+
+@torch.jit.ignore
+def route(routing: str, compile: bool, votes: Tensor, beta_a: Optional[Tensor], beta_mu: Optional[Tensor],
+          iterations: int, eps: float) -> Tensor:
+    """The output capsules [..., N, E/N] of ``votes`` [..., H, N, E/N] by ``routing`` (``"em"`` with the learned
+    costs β_A, β_μ and the variance floor ``eps``, or ``"simple"``), through ``torch.compile`` if ``compile``.
+
+    Under ``torch.jit.script`` this stays a Python call (the routing cores are autograd Functions, optionally
+    compiled): a scripted routed model runs with the eager values in Python, and cannot be saved for a runtime
+    without Python (docs/fairseq-notes.md#torchscript)."""
+    function = get_routing_function(routing, compile)
+    if routing == "em":
+        return function(votes, beta_a, beta_mu, iterations, None, eps)
+    return function(votes, iterations)
 
 
 class RoutingAggregation(nn.Module):
@@ -81,7 +96,7 @@ class RoutingAggregation(nn.Module):
         self.capsule_dim = embed_dim // num_capsules
         self.iterations = iterations
         self.eps = eps
-        self._route = get_routing_function(routing, compile)
+        self.compile = bool(compile)
 
         self.layer_norm = nn.LayerNorm(embed_dim)
         self.fc1 = nn.Linear(embed_dim, embed_dim)  # W1: input capsules, Eq. 5
@@ -93,6 +108,14 @@ class RoutingAggregation(nn.Module):
             self.register_parameter("beta_a", None)
             self.register_parameter("beta_mu", None)
         self.reset_parameters()
+
+    #: ``_route`` is Python-only (TorchScript skips it)
+    __jit_unused_properties__ = ["_route"]
+
+    @property
+    def _route(self) -> Callable[..., Tensor]:
+        """The routing function :func:`route` applies (``torch.compile``d if ``compile``)."""
+        return get_routing_function(self.routing, self.compile)
 
     def reset_parameters(self) -> None:
         self.layer_norm.reset_parameters()
@@ -107,7 +130,7 @@ class RoutingAggregation(nn.Module):
         """The vote vectors V_{h→n}: [..., E] -> [..., H, N, E/N]."""
         u = F.relu(self.fc1(self.layer_norm(x)))  # [..., E]
         v = self.fc2(u)  # [..., H·E]
-        return v.view(*x.shape[:-1], self.num_heads, self.num_capsules, self.capsule_dim)
+        return v.view(list(x.shape[:-1]) + [self.num_heads, self.num_capsules, self.capsule_dim])
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
         """x: concatenated head outputs Ô [..., E] (e.g. [T, B, E]) -> aggregated output [..., E].
@@ -119,7 +142,8 @@ class RoutingAggregation(nn.Module):
         """
         if x.shape[-1] != self.embed_dim:
             raise ValueError(f"expected input width {self.embed_dim}, got {x.shape[-1]}")
-        if (padding_mask is not None and x.dim() == 3 and tuple(padding_mask.shape) == (x.shape[1], x.shape[0])
+        if (padding_mask is not None and x.dim() == 3 and padding_mask.dim() == 2
+                and padding_mask.size(0) == x.size(1) and padding_mask.size(1) == x.size(0)
                 and bool(padding_mask.any())):
             keep = ~padding_mask.t().to(torch.bool)  # [T, B]
             routed = self._aggregate(x[keep])  # [K, E]
@@ -130,11 +154,8 @@ class RoutingAggregation(nn.Module):
 
     def _aggregate(self, x: Tensor) -> Tensor:
         votes = self.votes(x)  # [..., H, N, E/N]
-        if self.routing == "em":
-            out = self._route(votes, self.beta_a, self.beta_mu, self.iterations, None, self.eps)
-        else:
-            out = self._route(votes, self.iterations)
-        return out.reshape(*x.shape[:-1], self.embed_dim)  # [..., N, E/N] -> [..., E]
+        out = route(self.routing, self.compile, votes, self.beta_a, self.beta_mu, self.iterations, self.eps)
+        return out.reshape(list(x.shape[:-1]) + [self.embed_dim])  # [..., N, E/N] -> [..., E]
 
     def extra_repr(self) -> str:
         return (
