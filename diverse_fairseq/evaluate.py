@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import env_checks
+from .checkpoint_file import check_dataset, read_checkpoint
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 _TRANSLATED = re.compile(
     r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
@@ -174,8 +175,8 @@ def main(argv=None):
     meta = load_meta(data_dir)
     src, tgt = meta["source_lang"], meta["target_lang"]
     ckpt = Path(args.checkpoint)
-    if not ckpt.exists():
-        raise SystemExit(f"error: checkpoint {ckpt} not found")
+    # before any output: a truncated file, one that is not a checkpoint, or a model of another dataset
+    check_dataset(read_checkpoint(ckpt), ckpt, data_dir, src, tgt)
     out = Path(args.out or ckpt.parent / f"eval-{meta['dataset']}-{args.subset}-{ckpt.stem}")
     out.mkdir(parents=True, exist_ok=True)
     beam = args.beam or meta.get("beam", 5)

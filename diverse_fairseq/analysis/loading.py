@@ -18,6 +18,8 @@ from fairseq import checkpoint_utils, utils
 from fairseq.data import data_utils
 from fairseq.dataclass.utils import overwrite_args_by_name
 
+from ..checkpoint_file import check_dataset, read_checkpoint, stored_task
+
 
 @dataclass
 class LoadedModel:
@@ -50,17 +52,14 @@ def _resolve_data(stored: Optional[str], checkpoint: Path) -> Path:
 def load_checkpoint(checkpoint: str, data: Optional[str] = None, device: str = "cpu") -> LoadedModel:
     """The first model of ``checkpoint`` in eval mode on ``device``, with its task set up on ``data``."""
     path = Path(checkpoint)
-    if not path.is_file():
-        raise SystemExit(f"error: checkpoint {path} not found")
-    state = checkpoint_utils.load_checkpoint_to_cpu(str(path))  # read once, used for the data dir and the model
+    state = read_checkpoint(path)  # read once, used for the data dir and the model; clear errors for bad files
     args = state.get("args")
-    if data is None:
-        stored = getattr(args, "data", None) if args is not None else state["cfg"]["task"].get("data")
-        data_dir = _resolve_data(stored, path)
-    else:
-        data_dir = Path(data)
+    task = stored_task(state)
+    data_dir = _resolve_data(task["data"], path) if data is None else Path(data)
     if not data_dir.is_dir():
         raise SystemExit(f"error: data directory {data_dir} not found")
+    if task["source_lang"] and task["target_lang"]:
+        check_dataset(state, path, data_dir, task["source_lang"], task["target_lang"])
     if args is not None:  # argparse-era checkpoint
         args.data = str(data_dir)
     else:
