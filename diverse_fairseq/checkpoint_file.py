@@ -88,6 +88,25 @@ def stored_task(state: Dict) -> Dict[str, Optional[str]]:
     return {key: task.get(key) for key in ("data", "source_lang", "target_lang")}
 
 
+def stored_data_dir(state: Dict, checkpoint) -> Path:
+    """The checkpoint's training data directory, tried as stored, then relative to the checkpoint's ancestors
+    (a run moved together with its data)."""
+    stored = stored_task(state)["data"]
+    if not stored:
+        raise SystemExit(f"error: {checkpoint} names no data directory; give the data directory "
+                         "explicitly (--data DIR for the analysis, DATASET for the interactive command)")
+    first = str(stored).split(":")[0]
+    path = Path(first)
+    if path.is_dir() or path.is_absolute():
+        return path
+    for ancestor in Path(checkpoint).resolve().parents:
+        if (ancestor / path).is_dir():
+            return ancestor / path
+    raise SystemExit(f"error: data directory {first!r} stored in {checkpoint} not found (relative to the current "
+                     "directory or the checkpoint's ancestors); give the data directory "
+                     "explicitly (--data DIR for the analysis, DATASET for the interactive command)")
+
+
 def check_dataset(state: Dict, checkpoint, data_dir, src: str, tgt: str):
     """SystemExit unless the checkpoint translates ``src`` → ``tgt`` with the dictionaries of ``data_dir``
     (``dict.SRC.txt``, ``dict.TGT.txt``): one embedding row per symbol on each side."""

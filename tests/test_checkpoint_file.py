@@ -15,6 +15,7 @@ from diverse_fairseq.checkpoint_file import read_checkpoint
 from diverse_fairseq.evaluate import main as evaluate
 from diverse_fairseq.user_dir import USER_DIR
 
+pytestmark = pytest.mark.slow  # every test here uses a model trained by fairseq-train
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"
 ENV_KEYS = ("DATA_BIN", "SUBSET", "BEAM", "LENPEN", "BATCH_SIZE", "OUT", "CPU", "PRECISION")
