@@ -35,8 +35,10 @@ with different weights would otherwise stop at different lengths and the ratio w
 
 Memory of the benchmark itself. Each case is measured against its baseline and then freed before the next
 case is built, so that the process holds the baselines and one case at a time (the rounds interleave the
-case with its baseline only). The RoBERTa-base cases (four models of 12 layers, 768 wide) run only with
-``--large`` (or when ``--only`` names them): without them the default run stays small enough for a laptop.
+case with its baseline only; the stock LM and RoBERTa are built for their first case and freed after their
+last). The RoBERTa-base cases (12 layers, 768 wide) and EM routing in every attention module
+(``routing_em_all_train``, about 3 GB for its step alone) run only with ``--large`` (or when ``--only`` names
+them): without them the default run stays small enough for a laptop.
 The line above the table gives the peak resident memory (RSS) of the whole run.
 
 A case is one entry of ``CASES`` in ``scripts/benchlib/cases.py`` (measuring: ``benchlib/measure.py``). The
@@ -77,7 +79,14 @@ from benchlib.measure import (peak_memory, synthetic_batches, synthetic_lm_batch
                               synthetic_roberta_batches, time_rounds, to_device)
 
 ROBERTA_CLASSES = 2
-LARGE_PREFIX = "roberta_"  # the cases that run only with --large (or when --only names them)
+# the cases that run only with --large (or when --only names them): RoBERTa-base, and EM routing in every
+# attention module (its step alone holds about 3 GB at the default batch size on the CPU)
+LARGE_CASES = ("roberta_", "routing_em_all_train")
+LARGE = "the roberta_* cases and routing_em_all_train"
+
+
+def is_large(key: str) -> bool:
+    return key.startswith(LARGE_CASES)
 
 
 def peak_rss_mib() -> float:
@@ -103,9 +112,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=7, help="measured rounds (one step per case each)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per case first")
     parser.add_argument("--only", default=None,
-                        help="comma-separated case keys (default: all, the roberta_* ones only with --large)")
+                        help=f"comma-separated case keys (default: all, {LARGE} only with --large)")
     parser.add_argument("--large", action="store_true",
-                        help=f"also run the {LARGE_PREFIX}* cases (RoBERTa-base: several GB more memory)")
+                        help=f"also run {LARGE} (several GB more memory)")
     parser.add_argument("--tokens", type=int, default=None,
                         help="target tokens per batch (default 1000 on CPU, 4096 on CUDA)")
     parser.add_argument("--batches", type=int, default=4, help="distinct batches, used in turn")
@@ -143,7 +152,7 @@ def main(argv=None) -> dict:
     if threads:
         torch.set_num_threads(threads)
     tokens = args.tokens or (4096 if device.type == "cuda" else 1000)
-    keys = [k for k in CASES if args.large or not k.startswith(LARGE_PREFIX)] if args.only is None else \
+    keys = [k for k in CASES if args.large or not is_large(k)] if args.only is None else \
         [k.strip() for k in args.only.split(",") if k.strip()]
     unknown = [k for k in keys if k not in CASES]
     if unknown:
@@ -172,9 +181,6 @@ def main(argv=None) -> dict:
         case = CASES[key](ctx)
         reference[key] = case.reference
         del case
-    for name in sorted(set(reference.values()) & set(REFERENCES)):  # e.g. the stock LM
-        torch.manual_seed(args.seed)
-        cases[name] = REFERENCES[name](ctx)
     if "baseline_decode" in reference.values():  # the baseline model's beam search, on its own copy
         stock = copy.deepcopy(baseline.model).eval()
         cases["baseline_decode"] = Case(stock, None, None, mode="decode", generator=ctx.generator(stock),
@@ -197,13 +203,17 @@ def main(argv=None) -> dict:
     batch_sets = {kind: [to_device(b, device) for b in sets] for kind, sets in batch_sets.items()}
     print(f"device {device} ({torch.get_num_threads()} threads, {clock_name} clock)  {args.steps} rounds after "
           f"{args.warmup} warm-up steps")
-    for name in (n for n in timed if n in ("baseline", *REFERENCES)):
+
+    def describe(name: str) -> None:
         kind = cases[name].batches
         ntok = statistics.mean(int(b["ntokens"]) for b in batch_sets[kind])
         n_params = sum(p.numel() for p in cases[name].model.parameters())
         arch = args.arch if name == "baseline" else ctx.single_stack_arch(kind)
         print(f"  {name}: stock {arch.replace('diverse_', '')}, params {n_params / 1e6:.1f}M, "
-              f"~{ntok:.0f} {'input' if kind == 'roberta' else 'target'} tokens / batch ({kind})")
+              f"~{ntok:.0f} {'input' if kind == 'roberta' else 'target'} tokens / batch ({kind})", flush=True)
+
+    if "baseline" in cases:
+        describe("baseline")
 
     def data(case: Case, i: int) -> dict:
         sets = batch_sets[case.batches]
@@ -215,9 +225,13 @@ def main(argv=None) -> dict:
     memory: Dict[str, Dict[str, float]] = {}
     done: Dict[str, Case] = {}  # the measured cases, without their models
     for i, key in enumerate(keys):
+        ref = reference[key]
+        if ref not in cases:  # the stock LM or RoBERTa: built for its first case, freed after its last
+            torch.manual_seed(args.seed)
+            cases[ref] = REFERENCES[ref](ctx)
+            describe(ref)
         torch.manual_seed(args.seed)
         cases[key] = CASES[key](ctx)
-        ref = reference[key]
         ratios.update(time_rounds(cases, [key], [ref, key], data, args.steps, args.warmup, clock, device))
         if not args.no_memory:
             for name in (ref, key):
@@ -233,7 +247,7 @@ def main(argv=None) -> dict:
 
     result: Dict[str, float] = {}
     print(f"peak resident memory (RSS) of this run: {peak_rss_mib():.0f} MiB"
-          + ("" if args.large or args.only else f"; the {LARGE_PREFIX}* cases (RoBERTa-base) run with --large"))
+          + ("" if args.large or args.only else f"; {LARGE} run with --large"))
     print(f"{'case':<28}{'median step (s)':>16}{'time ratio':>12}{'peak mem (MiB)':>16}{'mem ratio':>11}"
           f"{'activations (MiB)':>19}{'act. ratio':>12}")
     for name in timed:
