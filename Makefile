@@ -21,7 +21,10 @@ help:
 	@echo "make data DATASET=custom SRC=xx TGT=yy CORPUS_DIR=dir        your own corpus -> data-bin/custom_xx_yy"
 	@echo "make train DATASET=... SETTING=small|base|big|tiny [GPUS=N] [ARGS='...']  train with the papers' settings"
 	@echo "make evaluate CHECKPOINT=... DATASET=...                     BLEU (sacrebleu + tokenized), speed"
+	@echo "make average INPUTS=save_dir N=5 OUTPUT=avg.pt               average the last N update checkpoints"
 	@echo "make significance REF=... BASELINE=... SYSTEM=...            paired bootstrap and sign test"
+	@echo "make clean-demo  delete the demo's prepared data and results (work/demo, data-bin/demo, results/demo)"
+	@echo "make fixtures  rebuild the test fixtures under tests/fixtures"
 
 install: $(STAMP)
 

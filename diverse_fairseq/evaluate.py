@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import env_checks
+from .checkpoint_file import check_dataset, read_checkpoint
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 _TRANSLATED = re.compile(
     r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
@@ -175,8 +176,8 @@ def main(argv=None):
     meta = load_meta(data_dir)
     src, tgt = meta["source_lang"], meta["target_lang"]
     ckpt = Path(args.checkpoint)
-    if not ckpt.exists():
-        raise SystemExit(f"error: checkpoint {ckpt} not found")
+    # before any output: a truncated file, one that is not a checkpoint, or a model of another dataset
+    check_dataset(read_checkpoint(ckpt), ckpt, data_dir, src, tgt)
     out = Path(args.out or ckpt.parent / f"eval-{meta['dataset']}-{args.subset}-{ckpt.stem}")
     out.mkdir(parents=True, exist_ok=True)
     beam = args.beam or meta.get("beam", 5)
@@ -241,7 +242,9 @@ def main(argv=None):
           f"BLEU ({results['tok_bleu_kind']}) = {results['tok_bleu']:.2f}\n" +
           (f"decoding: {speed['sentences']} sentences in {speed['seconds']:.1f}s = "
            f"{speed['sentences_per_second']:.2f} sentences/s ({speed['tokens_per_second']:.1f} tokens/s)\n" if speed else "") +
-          f"outputs and results.json in {out}", flush=True)
+          f"outputs and results.json in {out}\n"
+          f"to translate your own text: python -m diverse_fairseq.interactive_command {ckpt} {data_dir} "
+          f"(prints the fairseq-interactive command; docs/translating.md)", flush=True)
     return results
 
 

@@ -17,6 +17,10 @@ Two tests, both on corpus BLEU:
 Use detokenized outputs with the default ``13a`` tokenization (sacrebleu), or the tokenized,
 compound-split files that ``diverse_fairseq.evaluate`` writes (``hyp.tok.*``/``ref.tok.*``) with
 ``--tokenize none`` to test the papers' tokenized BLEU. Marks: ``**`` p < 0.01, ``*`` p < 0.05.
+
+Each system is labelled by its run: a file in an evaluation folder (``results.json`` beside it) by the
+checkpoint's save dir and name (``transformer_seed1/checkpoint_best``), any other file by its name, and files
+whose labels would be equal by their paths relative to their common folder.
 """
 
 import argparse
@@ -30,9 +34,45 @@ DEFAULT_SAMPLES = 1000
 DEFAULT_SEED = 12345
 
 
-def read_lines(path) -> List[str]:
+def read_lines(path, role: str = "input") -> List[str]:
+    """The lines of ``path``; SystemExit naming ``role`` (the option that gave it) when it is missing."""
+    path = Path(path)
+    if not path.is_file():
+        hint = (" (it is a folder: name the file in it, e.g. hyp.detok.* of an evaluation)" if path.is_dir() else
+                ": check the path; python -m diverse_fairseq.evaluate writes hyp.detok.*, ref.detok.*, hyp.tok.* and "
+                "ref.tok.* into its output folder")
+        raise SystemExit(f"error: {role} file {path} not found{hint}")
     with open(path, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
+
+
+def run_label(path) -> str:
+    """The name of the run behind an output file. In the layout of :mod:`diverse_fairseq.evaluate` (a
+    ``results.json`` beside the file, naming the checkpoint) it is ``<save dir>/<checkpoint name>``, e.g.
+    ``transformer_seed1/checkpoint_best``: every system's file there is called ``hyp.detok.<lang>``. Otherwise
+    it is the file's name."""
+    path = Path(path)
+    results = path.parent / "results.json"
+    if results.is_file():
+        try:
+            checkpoint = json.loads(results.read_text(encoding="utf-8")).get("checkpoint")
+        except (ValueError, AttributeError):
+            checkpoint = None
+        if checkpoint:
+            checkpoint = Path(checkpoint)
+            return f"{checkpoint.parent.name}/{checkpoint.stem}" if checkpoint.parent.name else checkpoint.stem
+    return path.name
+
+
+def system_labels(paths: Sequence) -> List[str]:
+    """One distinct label per file: :func:`run_label`, or, where two would be equal, the files' paths relative
+    to their common folder."""
+    resolved = [str(Path(p).resolve()) for p in paths]
+    labels = {r: run_label(p) for r, p in zip(resolved, paths)}  # a file named twice keeps one label
+    if len(set(labels.values())) < len(labels):
+        common = os.path.commonpath(list(labels)) if len(labels) > 1 else str(Path(resolved[0]).parent)
+        labels = {r: os.path.relpath(r, common) for r in labels}
+    return [labels[r] for r in resolved]
 
 
 def _metric(tokenize: str, lowercase: bool, effective_order: bool = False):
@@ -145,19 +185,24 @@ def mark(p: float) -> str:
 def compare(ref_path, baseline_path, system_paths, tokenize="13a", lowercase=False, samples=DEFAULT_SAMPLES,
             seed=DEFAULT_SEED) -> Dict[str, object]:
     """Both tests for every system against the baseline; the dictionary that ``--json`` prints."""
-    refs = read_lines(ref_path)
-    baseline = read_lines(baseline_path)
-    systems = {str(p): read_lines(p) for p in system_paths}
+    refs = read_lines(ref_path, "reference (--ref)")
+    baseline = read_lines(baseline_path, "baseline (--baseline)")
+    system_paths = [str(p) for p in system_paths]
+    if len(set(system_paths)) != len(system_paths):
+        raise SystemExit(f"error: --system names the same file twice ({', '.join(system_paths)}): name each system once")
+    labels = system_labels([baseline_path, *system_paths])
+    systems = {p: read_lines(p, "system (--system)") for p in system_paths}
     for name, hyps in [(str(baseline_path), baseline)] + list(systems.items()):
         if len(hyps) != len(refs):
             raise SystemExit(f"error: {name} has {len(hyps)} lines but the reference {ref_path} has {len(refs)}")
     signature, boot = paired_bootstrap(baseline, systems, refs, tokenize, lowercase, samples, seed)
     out = {"reference": str(ref_path), "sentences": len(refs), "signature": signature, "samples": samples,
-           "seed": seed, "baseline": {"file": str(baseline_path), **boot["baseline"]}, "systems": []}
-    for name, hyps in systems.items():
+           "seed": seed, "baseline": {"file": str(baseline_path), "label": labels[0], **boot["baseline"]},
+           "systems": []}
+    for (name, hyps), label in zip(systems.items(), labels[1:]):
         sign = sign_test(baseline, hyps, refs, tokenize, lowercase)
         b = boot[name]
-        out["systems"].append({"file": name, **b, "delta": b["bleu"] - boot["baseline"]["bleu"],
+        out["systems"].append({"file": name, "label": label, **b, "delta": b["bleu"] - boot["baseline"]["bleu"],
                                "bootstrap_mark": mark(b["p_value"]), "sign_test": sign,
                                "sign_mark": mark(sign["p_value"])})
     return out
@@ -165,13 +210,14 @@ def compare(ref_path, baseline_path, system_paths, tokenize="13a", lowercase=Fal
 
 def format_report(result: Dict[str, object]) -> str:
     base = result["baseline"]
+    width = max(len("system"), *(len(s["label"]) for s in [base, *result["systems"]]))
     lines = [f"reference {result['reference']} ({result['sentences']} sentences); {result['signature']}",
-             f"{'system':40s} {'BLEU':>6s} {'95% CI':>13s} {'delta':>6s} {'p(boot)':>8s} {'+/-/=':>13s} {'p(sign)':>8s}",
-             f"{Path(base['file']).name[:40]:40s} {base['bleu']:6.2f} {base['mean']:6.2f}±{base['ci95']:5.2f}"
+             f"{'system':{width}s} {'BLEU':>6s} {'95% CI':>13s} {'delta':>6s} {'p(boot)':>8s} {'+/-/=':>13s} {'p(sign)':>8s}",
+             f"{base['label']:{width}s} {base['bleu']:6.2f} {base['mean']:6.2f}±{base['ci95']:5.2f}"
              f" {'':>6s} {'':>8s} {'':>13s} {'':>8s}  (baseline)"]
     for s in result["systems"]:
         sg = s["sign_test"]
-        lines.append(f"{Path(s['file']).name[:40]:40s} {s['bleu']:6.2f} {s['mean']:6.2f}±{s['ci95']:5.2f} "
+        lines.append(f"{s['label']:{width}s} {s['bleu']:6.2f} {s['mean']:6.2f}±{s['ci95']:5.2f} "
                      f"{s['delta']:+6.2f} {s['p_value']:8.4f}{s['bootstrap_mark']:2s}"
                      f"{sg['better']:>5d}/{sg['worse']}/{sg['ties']:<5d} {sg['p_value']:8.4f}{s['sign_mark']}")
     lines.append("** p < 0.01, * p < 0.05 (paired bootstrap: sacrebleu; sign test: exact binomial)")

@@ -33,10 +33,18 @@ round in ABBA order (single decoding times on a shared CPU drift by a few percen
 decoded for exactly ``--decode-len`` steps (EOS barred before, forced at that length): untrained models
 with different weights would otherwise stop at different lengths and the ratio would not compare equal work.
 
+Memory of the benchmark itself. Each case is measured against its baseline and then freed before the next
+case is built, so that the process holds the baselines and one case at a time (the rounds interleave the
+case with its baseline only; the stock LM and RoBERTa are built for their first case and freed after their
+last). The RoBERTa-base cases (12 layers, 768 wide) and EM routing in every attention module
+(``routing_em_all_train``, about 3 GB for its step alone) run only with ``--large`` (or when ``--only`` names
+them): without them the default run stays small enough for a laptop.
+The line above the table gives the peak resident memory (RSS) of the whole run.
+
 A case is one entry of ``CASES`` in ``scripts/benchlib/cases.py`` (measuring: ``benchlib/measure.py``). The
 last line of output is one JSON object ``{case: time ratio, ..., case_peak_mem: memory ratio}``.
 
-Usage: python scripts/benchmark.py [--device cpu|cuda] [--steps N] [--only KEY[,KEY]] [--tokens N]
+Usage: python scripts/benchmark.py [--device cpu|cuda] [--steps N] [--only KEY[,KEY]] [--large] [--tokens N]
        [--beam 5] [--decode-len 30] [--decode-tokens 300] [--model-args '...'] [--lm-length 256]
        [--lm-arch diverse_transformer_lm] [--lm-model-args '...'] [--roberta-length 128]
        [--roberta-arch diverse_roberta] [--roberta-model-args '...']
@@ -44,8 +52,10 @@ Usage: python scripts/benchmark.py [--device cpu|cuda] [--steps N] [--only KEY[,
 
 import argparse
 import copy
+import gc
 import json
 import os
+import resource
 import shlex
 import statistics
 import sys
@@ -69,6 +79,20 @@ from benchlib.measure import (peak_memory, synthetic_batches, synthetic_lm_batch
                               synthetic_roberta_batches, time_rounds, to_device)
 
 ROBERTA_CLASSES = 2
+# the cases that run only with --large (or when --only names them): RoBERTa-base, and EM routing in every
+# attention module (its step alone holds about 3 GB at the default batch size on the CPU)
+LARGE_CASES = ("roberta_", "routing_em_all_train")
+LARGE = "the roberta_* cases and routing_em_all_train"
+
+
+def is_large(key: str) -> bool:
+    return key.startswith(LARGE_CASES)
+
+
+def peak_rss_mib() -> float:
+    """The peak resident memory of this process so far, in MiB (``ru_maxrss`` is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def roberta_task(dictionary: Dictionary, length: int, seed: int) -> SentencePredictionTask:
@@ -87,7 +111,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=7, help="measured rounds (one step per case each)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per case first")
-    parser.add_argument("--only", default=None, help="comma-separated case keys (default: all)")
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated case keys (default: all, {LARGE} only with --large)")
+    parser.add_argument("--large", action="store_true",
+                        help=f"also run {LARGE} (several GB more memory)")
     parser.add_argument("--tokens", type=int, default=None,
                         help="target tokens per batch (default 1000 on CPU, 4096 on CUDA)")
     parser.add_argument("--batches", type=int, default=4, help="distinct batches, used in turn")
@@ -125,7 +152,8 @@ def main(argv=None) -> dict:
     if threads:
         torch.set_num_threads(threads)
     tokens = args.tokens or (4096 if device.type == "cuda" else 1000)
-    keys = list(CASES) if args.only is None else [k.strip() for k in args.only.split(",") if k.strip()]
+    keys = [k for k in CASES if args.large or not is_large(k)] if args.only is None else \
+        [k.strip() for k in args.only.split(",") if k.strip()]
     unknown = [k for k in keys if k not in CASES]
     if unknown:
         parser.error(f"--only: unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
@@ -147,18 +175,24 @@ def main(argv=None) -> dict:
     baseline = build_baseline(ctx)
     ctx.baseline_state = copy.deepcopy(baseline.model.state_dict())
     cases: Dict[str, Case] = {"baseline": baseline}
+    reference = {}  # case key -> the baseline it is measured against (each case is built when its turn comes)
     for key in keys:
         torch.manual_seed(args.seed)
-        cases[key] = CASES[key](ctx)
-    for name in sorted({cases[k].reference for k in keys} & set(REFERENCES)):  # e.g. the stock LM
-        torch.manual_seed(args.seed)
-        cases[name] = REFERENCES[name](ctx)
-    if any(cases[k].mode == "decode" for k in keys):  # the baseline model's beam search, on its own copy
+        case = CASES[key](ctx)
+        reference[key] = case.reference
+        del case
+    if "baseline_decode" in reference.values():  # the baseline model's beam search, on its own copy
         stock = copy.deepcopy(baseline.model).eval()
         cases["baseline_decode"] = Case(stock, None, None, mode="decode", generator=ctx.generator(stock),
                                         batches="test")
-    needed = {cases[k].reference for k in keys}
-    timed = [n for n in ("baseline", *REFERENCES, "baseline_decode") if n in needed] + keys  # references first
+        del stock
+    del baseline  # held by cases["baseline"] alone from here, so that it can be freed
+    needed = set(reference.values())
+    refs = [n for n in ("baseline", *REFERENCES, "baseline_decode") if n in needed]
+    timed = refs + keys  # references first
+    if "baseline" not in needed:  # only the translation cases train against it
+        del cases["baseline"]
+    gc.collect()
     batch_sets = {
         "translation": synthetic_batches(dictionary, args.batches, tokens, args.seed),
         "test": synthetic_batches(dictionary, args.batches, args.decode_tokens, args.seed + 1),
@@ -169,27 +203,51 @@ def main(argv=None) -> dict:
     batch_sets = {kind: [to_device(b, device) for b in sets] for kind, sets in batch_sets.items()}
     print(f"device {device} ({torch.get_num_threads()} threads, {clock_name} clock)  {args.steps} rounds after "
           f"{args.warmup} warm-up steps")
-    for name in (n for n in timed if n in ("baseline", *REFERENCES)):
+
+    def describe(name: str) -> None:
         kind = cases[name].batches
         ntok = statistics.mean(int(b["ntokens"]) for b in batch_sets[kind])
         n_params = sum(p.numel() for p in cases[name].model.parameters())
         arch = args.arch if name == "baseline" else ctx.single_stack_arch(kind)
         print(f"  {name}: stock {arch.replace('diverse_', '')}, params {n_params / 1e6:.1f}M, "
-              f"~{ntok:.0f} {'input' if kind == 'roberta' else 'target'} tokens / batch ({kind})")
+              f"~{ntok:.0f} {'input' if kind == 'roberta' else 'target'} tokens / batch ({kind})", flush=True)
+
+    if "baseline" in cases:
+        describe("baseline")
 
     def data(case: Case, i: int) -> dict:
         sets = batch_sets[case.batches]
         return sets[i % len(sets)]
 
-    ratios = time_rounds(cases, keys, timed, data, args.steps, args.warmup, clock, device)
-
+    # one case at a time against its reference (built, measured, freed), so that the process never holds
+    # more than the references and one case; a reference is freed after the last case that needs it
+    ratios: Dict[str, list] = {}
     memory: Dict[str, Dict[str, float]] = {}
-    if not args.no_memory:
-        for name in timed:
-            if cases[name].mode == "train":
-                memory[name] = peak_memory(cases[name], data(cases[name], 0), device)
+    done: Dict[str, Case] = {}  # the measured cases, without their models
+    for i, key in enumerate(keys):
+        ref = reference[key]
+        if ref not in cases:  # the stock LM or RoBERTa: built for its first case, freed after its last
+            torch.manual_seed(args.seed)
+            cases[ref] = REFERENCES[ref](ctx)
+            describe(ref)
+        torch.manual_seed(args.seed)
+        cases[key] = CASES[key](ctx)
+        ratios.update(time_rounds(cases, [key], [ref, key], data, args.steps, args.warmup, clock, device))
+        if not args.no_memory:
+            for name in (ref, key):
+                if cases[name].mode == "train" and name not in memory:
+                    memory[name] = peak_memory(cases[name], data(cases[name], 0), device)
+        done[key] = cases.pop(key)
+        done[key].model = done[key].criterion = done[key].optimizer = done[key].generator = None
+        if ref not in reference.values() or all(reference[k] != ref for k in keys[i + 1:]):
+            done[ref] = cases.pop(ref)
+            done[ref].model = done[ref].criterion = done[ref].optimizer = done[ref].generator = None
+        gc.collect()
+    cases = done
 
     result: Dict[str, float] = {}
+    print(f"peak resident memory (RSS) of this run: {peak_rss_mib():.0f} MiB"
+          + ("" if args.large or args.only else f"; {LARGE} run with --large"))
     print(f"{'case':<28}{'median step (s)':>16}{'time ratio':>12}{'peak mem (MiB)':>16}{'mem ratio':>11}"
           f"{'activations (MiB)':>19}{'act. ratio':>12}")
     for name in timed:

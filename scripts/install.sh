@@ -135,6 +135,19 @@ fi
 PY="$VENV/bin/python"
 PIP="$PY -m pip install --disable-pip-version-check"
 
+# fairseq-fixed is installed with --no-deps, leaving out its torchaudio pin on purpose (docs/fairseq-notes.md);
+# pip's resolver then reports that pin as an ERROR after every later install. Explain it right where it appears.
+pip_install() {
+    local log rc=0
+    log=$(mktemp)
+    $PIP "$@" 2>&1 | tee "$log" || rc=$?
+    if grep -q "requires torchaudio" "$log"; then
+        say "note: the pip ERROR above, \"fairseq-fixed ... requires torchaudio ..., which is not installed\", is expected and harmless: only fairseq's speech tasks import torchaudio, and this install leaves it out on purpose (its pinned wheel would replace the torch chosen above; docs/fairseq-notes.md). Nothing failed."
+    fi
+    rm -f "$log"
+    return $rc
+}
+
 say "torch: $TORCH_WHY"
 case $TORCH_ACTION in
     *-index) [ "$DRY_RUN" = venv ] && TORCH_ACTION=skip ;;
@@ -161,12 +174,12 @@ if [ "$DRY_RUN" = venv ]; then
 fi
 
 # fairseq's build needs these in the environment because build isolation is off.
-$PIP "setuptools>=68,<81" wheel "cython>=3" "numpy<2.3" packaging
+pip_install "setuptools>=68,<81" wheel "cython>=3" "numpy<2.3" packaging
 if ! "$PY" -c "import fairseq" 2>/dev/null; then
     say "building fairseq-fixed==$FAIRSEQ_VERSION (compiles extensions, ~3 minutes)"
     $PIP --no-build-isolation --no-deps "fairseq-fixed==$FAIRSEQ_VERSION"
 fi
 say "installing diverse-fairseq (editable, with the dev and tensorboard extras)"
-$PIP --no-build-isolation -e ".[dev,tensorboard]"
+pip_install --no-build-isolation -e ".[dev,tensorboard]"
 "$PY" -c "import fairseq, torch, diverse_fairseq; print('[install] ok: torch', torch.__version__, 'fairseq', fairseq.__version__)"
 touch "$STAMP"

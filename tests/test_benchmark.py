@@ -55,3 +55,21 @@ def test_only_the_baselines_that_cases_need_are_timed_and_unknown_cases_are_refu
     assert list(json.loads(run.stdout.strip().splitlines()[-1])) == ["lm_repulsive_svgd_all"]
     run = bench("--only", "lm_nothing")
     assert run.returncode == 2 and "unknown case(s) lm_nothing" in run.stderr and "lm_routing_em_dec2_train" in run.stderr
+
+
+def test_the_default_run_leaves_out_the_roberta_base_cases_and_prints_its_peak_memory():
+    run = bench("--no-memory", "--steps", "1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    from_cases = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'scripts'); "
+                                 "from benchlib.cases import CASES; print(' '.join(CASES))"],
+                                capture_output=True, text=True, cwd=REPO, check=True).stdout.split()
+    assert sorted(result) == sorted(k for k in from_cases if not k.startswith(("roberta_", "routing_em_all_train")))
+    assert "baseline_roberta:" not in run.stdout
+    peak = next(line for line in lines if line.startswith("peak resident memory (RSS) of this run: "))
+    assert int(peak.split(": ")[1].split()[0]) > 100 and "run with --large" in peak
+    run = bench("--no-memory", "--steps", "1", "--large", "--only", "roberta_repulsive_svgd_all,lm_repulsive_svgd_all")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(json.loads(run.stdout.strip().splitlines()[-1])) == ["lm_repulsive_svgd_all",
+                                                                        "roberta_repulsive_svgd_all"]

@@ -186,3 +186,39 @@ def test_custom_prepare_train_evaluate_end_to_end(tmp_path):
     assert results["reference"] == "raw reference test.ref.de"
     assert lines(result_dir / "ref.detok.de") == lines(CORPUS / "test.de")
     assert len(lines(result_dir / "hyp.detok.de")) == 40 and "BLEU (sacrebleu, detokenized) =" in out
+
+
+def _edit_line(path: Path, number: int, text: str):
+    rows = path.read_text(encoding="utf-8").split("\n")
+    rows[number - 1] = text
+    path.write_text("\n".join(rows), encoding="utf-8")
+
+
+def test_crlf_and_empty_training_lines_are_counted_and_empty_pairs_dropped(tmp_path, capsys):
+    def edit(corpus):
+        _edit_line(corpus / "train.de", 5, "  ")  # whitespace only: empty
+        _edit_line(corpus / "train.en", 9, "")
+        (corpus / "train.en").write_bytes((corpus / "train.en").read_bytes().replace(b"\n", b"\r\n"))
+    corpus = _corrupt(tmp_path, edit)
+    prepare(args(tmp_path, corpus))
+    out = capsys.readouterr().out
+    assert "warning: " + str(corpus / "train.en") + ": 300 of 300 lines end in CR LF (Windows line ends)" in out
+    assert "warning: train: 2 of 300 sentence pairs have an empty side (lines 5, 9 of train.en / train.de); " \
+           "they are dropped" in out
+    meta = json.loads((tmp_path / "data-bin" / "custom_en_de" / "prepare.json").read_text())
+    assert meta["sentences"] == {"train": 298, "valid": 40, "test": 40}
+    dictionary, dataset = load_split(tmp_path / "data-bin" / "custom_en_de", "train", "en")
+    assert "\r" not in "".join(dictionary.symbols)  # the CR never reaches the vocabulary
+    raw = lines(CORPUS / "train.en")
+    kept = [s for i, s in enumerate(raw, 1) if i not in (5, 9)]
+    assert dictionary.string(dataset[len(dataset) - 1], "subword_nmt") == tokenize(kept[-1], "en")
+
+
+@pytest.mark.parametrize("name, number, what", [("valid.de", 3, "reference"), ("test.en", 40, "source sentence")])
+def test_an_empty_line_in_valid_or_test_is_refused_naming_file_and_line(tmp_path, name, number, what):
+    corpus = _corrupt(tmp_path, lambda c: _edit_line(c / name, number, ""))
+    split = name.split(".")[0]
+    with pytest.raises(SystemExit, match=rf"corpus/{name} line {number} is empty \(1 empty lines in all: {number}\): "
+                                         rf"an empty {what} in {split} would be scored"):
+        prepare(args(tmp_path, corpus))
+    assert not (tmp_path / "work" / "custom_en_de" / "raw").exists() and not (tmp_path / "data-bin").exists()

@@ -142,3 +142,41 @@ def test_pyproject_python_versions_are_the_scripts():
                   if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
     assert classified == accepted
     assert "%d.%d" % sys.version_info[:2] in accepted  # the interpreter running the tests is one of them
+
+
+PIP_ERROR = ("ERROR: pip's dependency resolver does not currently take into account all the packages that are "
+             "installed. This behaviour is the source of the following dependency conflicts.\n"
+             "fairseq-fixed 0.12.3.1 requires torchaudio>=0.8.0, which is not installed.")
+
+
+def test_the_expected_torchaudio_error_of_pip_is_explained_where_it_is_printed(tmp_path):
+    """A venv whose python stands in for pip: the editable install prints pip's resolver ERROR about fairseq's
+    torchaudio pin, as the real one does; the script's explanation follows it directly, and the install goes on."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    _exe(venv / "bin" / "python", f"""case "$*" in
+  *"import fairseq, torch, diverse_fairseq; print"*) echo "[install] ok: torch 2.13.0 fairseq 0.12.3.1";;
+  *sys.version_info*) echo 3.11;;
+  *torch.__version__*) printf "2.13.0\\t/fake/site-packages\\n";;
+  *"pip install"*" -e "*) printf '%s\\n' "{PIP_ERROR}" >&2;;
+esac
+exit 0""")
+    full = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "TORCH_CPU_INDEX", "TORCH_VERSION", "DRY_RUN")}
+    proc = subprocess.run(["bash", str(SCRIPT)], env=dict(full, VENV=str(venv)), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    out = proc.stdout.splitlines()
+    error = out.index(PIP_ERROR.splitlines()[-1])
+    assert out[error + 1].startswith('[install] note: the pip ERROR above, "fairseq-fixed ... requires torchaudio ..., '
+                                     'which is not installed", is expected and harmless'), out
+    assert sum("[install] note:" in line for line in out) == 1  # only where pip printed it
+    assert (venv / ".diverse-fairseq-installed").exists()
+
+
+def test_make_help_lists_every_target():
+    """Every target of the Makefile's .PHONY line (but help itself) has a line in ``make help``."""
+    makefile = (REPO / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY:(.*)$", makefile, re.M).group(1).split()
+    shown = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    missing = [t for t in phony if t != "help" and not re.search(rf"^make {re.escape(t)}\b", shown, re.M)]
+    assert not missing, f"make help does not list {missing}"

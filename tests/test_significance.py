@@ -81,3 +81,40 @@ def test_command_line_table_and_json(tmp_path, capsys):
     assert data["systems"][0]["sign_test"]["better"] == 20 and data["systems"][0]["bootstrap_mark"] == "**"
     with pytest.raises(SystemExit, match="has 19 lines"):
         main(["--ref", ref_f, "--baseline", a_f, "--system", write(tmp_path / "short", refs[:19])])
+
+
+def _evaluation(root: Path, run: str, refs, hyps) -> str:
+    """An output folder as diverse_fairseq.evaluate writes it: every run's hypotheses are hyp.detok.de."""
+    out = root / "checkpoints" / run / "eval-demo-test-checkpoint_best"
+    out.mkdir(parents=True)
+    (out / "results.json").write_text(json.dumps({"checkpoint": f"checkpoints/{run}/checkpoint_best.pt"}))
+    write(out / "ref.detok.de", refs)
+    return write(out / "hyp.detok.de", hyps)
+
+
+def test_systems_in_the_evaluate_layout_are_labelled_by_their_run(tmp_path, capsys):
+    refs = corpus(20, 8)
+    base = _evaluation(tmp_path, "transformer_seed1", refs, degrade(refs, 9, 0.4))
+    better = _evaluation(tmp_path, "disagreement_seed1", refs, degrade(refs, 10, 0.2))
+    main(["--ref", str(Path(base).parent / "ref.detok.de"), "--baseline", base, "--system", better])
+    table = capsys.readouterr().out.splitlines()
+    assert table[2].startswith("transformer_seed1/checkpoint_best ") and table[2].endswith("(baseline)")
+    assert table[3].startswith("disagreement_seed1/checkpoint_best ")
+    result = compare(str(Path(base).parent / "ref.detok.de"), base, [better])
+    assert (result["baseline"]["label"], result["systems"][0]["label"]) == \
+        ("transformer_seed1/checkpoint_best", "disagreement_seed1/checkpoint_best")
+    # plain files with the same name: their paths from the common folder tell them apart
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    result = compare(write(tmp_path / "ref", refs), write(a / "hyp.txt", refs), [write(b / "hyp.txt", refs)])
+    assert (result["baseline"]["label"], result["systems"][0]["label"]) == ("a/hyp.txt", "b/hyp.txt")
+
+
+@pytest.mark.parametrize("option", ["--ref", "--baseline", "--system"])
+def test_a_missing_file_is_named_with_its_option(tmp_path, option):
+    refs = corpus(5, 11)
+    files = {"--ref": write(tmp_path / "ref", refs), "--baseline": write(tmp_path / "a", refs),
+             "--system": write(tmp_path / "b", refs)}
+    files[option] = str(tmp_path / "missing.txt")
+    with pytest.raises(SystemExit, match=rf"error: \w+ \({option}\) file {tmp_path}/missing\.txt not found: check"):
+        main([arg for pair in files.items() for arg in pair])

@@ -18,6 +18,8 @@ from fairseq import checkpoint_utils, utils
 from fairseq.data import data_utils
 from fairseq.dataclass.utils import overwrite_args_by_name
 
+from ..checkpoint_file import check_dataset, read_checkpoint, stored_data_dir, stored_task
+
 
 @dataclass
 class LoadedModel:
@@ -32,35 +34,17 @@ class LoadedModel:
         return str(getattr(self.cfg.model, "arch", None) or getattr(self.cfg.model, "_name", "?"))
 
 
-def _resolve_data(stored: Optional[str], checkpoint: Path) -> Path:
-    """The checkpoint's training data directory, tried as given, then relative to the checkpoint's ancestors."""
-    if not stored:
-        raise SystemExit(f"error: {checkpoint} names no data directory; pass --data DIR")
-    first = str(stored).split(":")[0]
-    path = Path(first)
-    if path.is_dir() or path.is_absolute():
-        return path
-    for ancestor in checkpoint.resolve().parents:
-        if (ancestor / path).is_dir():
-            return ancestor / path
-    raise SystemExit(f"error: data directory {first!r} stored in {checkpoint} not found (relative to the current "
-                     "directory or the checkpoint's ancestors); pass --data DIR")
-
-
 def load_checkpoint(checkpoint: str, data: Optional[str] = None, device: str = "cpu") -> LoadedModel:
     """The first model of ``checkpoint`` in eval mode on ``device``, with its task set up on ``data``."""
     path = Path(checkpoint)
-    if not path.is_file():
-        raise SystemExit(f"error: checkpoint {path} not found")
-    state = checkpoint_utils.load_checkpoint_to_cpu(str(path))  # read once, used for the data dir and the model
+    state = read_checkpoint(path)  # read once, used for the data dir and the model; clear errors for bad files
     args = state.get("args")
-    if data is None:
-        stored = getattr(args, "data", None) if args is not None else state["cfg"]["task"].get("data")
-        data_dir = _resolve_data(stored, path)
-    else:
-        data_dir = Path(data)
+    task = stored_task(state)
+    data_dir = stored_data_dir(state, path) if data is None else Path(data)
     if not data_dir.is_dir():
         raise SystemExit(f"error: data directory {data_dir} not found")
+    if task["source_lang"] and task["target_lang"]:
+        check_dataset(state, path, data_dir, task["source_lang"], task["target_lang"])
     if args is not None:  # argparse-era checkpoint
         args.data = str(data_dir)
     else:

@@ -100,8 +100,8 @@ def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optiona
     start = time.time()
     _seed_everything(opts.seed)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     loaded, batches, sites, meta = _prepare(checkpoint, opts, label)
+    out.mkdir(parents=True, exist_ok=True)  # after loading: a bad checkpoint leaves no empty folder
     model, task, label = loaded.model, loaded.task, meta["label"]
     pad = task.target_dictionary.pad()
 

@@ -242,28 +242,51 @@ def reused_note(rows: List[Dict]) -> str:
                ". The other runs were trained by this invocation."))
 
 
+# a length-ratio difference (hyp/ref, BLEU's tokens) below this is "nearly equal": it cannot explain the sign test
+LENGTH_RATIO_GAP = 0.01
+
+
+def longer_outputs_explain(sig: Dict) -> bool:
+    """Whether the output lengths account for a sign-test mark without a bootstrap mark: the baseline is shorter
+    than the references (length ratio below 1, where BLEU's brevity penalty applies) and the row's outputs are
+    longer by at least :data:`LENGTH_RATIO_GAP`. Then each of the row's longer sentences put in place of the
+    baseline's softens the brevity penalty, and wins that swap even where its words are not better."""
+    lengths = sig.get("length_ratio")
+    return bool(sig["sign_test"]["mark"] and not sig["bootstrap"]["mark"] and lengths
+                and lengths["baseline"] < 1 and lengths["row"] - lengths["baseline"] >= LENGTH_RATIO_GAP)
+
+
 def split_tests_note(rows: List[Dict], by_id: Dict[str, Dict]) -> str:
-    """Why the two tests disagree, for the rows one test marks and the other does not: their counts and
-    p-values, and the output lengths that the sign test weighs per sentence ("" if they agree everywhere)."""
+    """The rows one test marks and the other does not: what each test measured (counts, p-values, the output
+    lengths), and a reason only where those numbers give one (:func:`longer_outputs_explain`); "" if the two
+    tests agree everywhere."""
     split = [r for r in rows if r.get("significance")
              and bool(r["significance"]["bootstrap"]["mark"]) != bool(r["significance"]["sign_test"]["mark"])]
     if not split:
         return ""
-    parts = []
+    parts, reasons = [], []
     for r in split:
         sig = r["significance"]
         sign, lengths = sig["sign_test"], sig.get("length_ratio")
-        part = (f"{r['label']}: sign test {sign['better']} better / {sign['worse']} worse / {sign['ties']} ties "
-                f"(p = {sign['p_value']:.2g}), bootstrap p = {sig['bootstrap']['p_value']:.2g}")
+        base_label = by_id[r["baseline"]]["label"]
+        marked = "sign test" if sign["mark"] else "bootstrap"
+        part = (f"{r['label']}: sign test {sign['better']} better / {sign['worse']} "
+                f"worse / {sign['ties']} ties (p = {sign['p_value']:.2g}), bootstrap p = "
+                f"{sig['bootstrap']['p_value']:.2g}, BLEU difference {sig['delta']:+.2f}")
         if lengths:
-            part += (f", length ratio (hyp/ref) {lengths['row']:.3f} against {by_id[r['baseline']]['label']}'s "
-                     f"{lengths['baseline']:.3f}")
-        parts.append(part)
+            part += f", length ratio (hyp/ref) {lengths['row']:.3f} against {base_label}'s {lengths['baseline']:.3f}"
+        parts.append(part + f" (only the {marked} marks it)")
+        if longer_outputs_explain(sig):
+            reasons.append(
+                f"{r['label']}'s outputs are longer than {base_label}'s, which are shorter than the references: below "
+                f"a length ratio of 1 each longer sentence softens BLEU's brevity penalty, so it wins its swap even "
+                f"where its words are not better, and the sign test counts these wins where corpus BLEU does not rise "
+                f"significantly")
     return ("The two tests disagree on " + ", ".join(r["label"] for r in split) + ". The sign test counts the "
-            "test sentences whose translation, put in place of the baseline's, raises the baseline's corpus BLEU; "
-            "the bootstrap compares the corpus BLEU of resampled test sets. Below a length ratio of 1 each longer "
-            "sentence softens BLEU's brevity penalty, so a system with longer outputs wins most swaps even where "
-            "its corpus BLEU is no higher: " + "; ".join(parts) + ".")
+            "test sentences whose translation, put in place of the baseline's, raises (or lowers) the baseline's "
+            "corpus BLEU, each sentence one vote whatever the size of its change; the bootstrap compares the corpus "
+            "BLEU of resampled test sets. Measured: " + "; ".join(parts) + "."
+            + ("" if not reasons else " " + " ".join(reason[0].upper() + reason[1:] + "." for reason in reasons)))
 
 
 def to_markdown(summary: Dict) -> str:

@@ -8,7 +8,9 @@ of ``SPLIT.TGT`` (each file may also be gzipped, ``train.xx.gz``)::
     train.xx  train.yy  valid.xx  valid.yy  test.xx  test.yy
 
 The layout is checked before anything is done: a missing file, an empty one, a file that is not UTF-8 or two
-sides of a split with different line counts stop the command with a message naming the file. The text then
+sides of a split with different line counts stop the command with a message naming the file; so does an empty
+line in valid or test (naming the line). Windows line ends (CR LF) are accepted with a warning that counts them,
+and training pairs with an empty side are counted in a warning and dropped. The text then
 goes through the same steps as the paper datasets: training pairs longer than 250 tokens or with a length ratio
 above 9 are removed (valid and test stay whole, so that they align with their references), then either Moses
 tokenization (sacremoses) and subword-nmt BPE (``BPE=subword-nmt``, the default), or sentencepiece on the raw
@@ -21,7 +23,7 @@ import dataclasses
 import gzip
 import re
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from .base import Context, Recipe, concat_parallel
 
@@ -90,26 +92,49 @@ def files(ctx: Context) -> Dict[tuple, Path]:
     return {(split, lang): _file(directory, split, lang, langs) for split in SPLITS for lang in langs}
 
 
-def _count(path: Path) -> int:
-    """The number of lines of ``path``; SystemExit naming the file and line when it is not UTF-8."""
-    n = 0
+@dataclasses.dataclass
+class FileStats:
+    """What :func:`_scan` found in one corpus file."""
+
+    lines: int
+    crlf: int  # lines ending in a Windows line end (CR LF)
+    empty: List[int]  # 1-based numbers of the lines holding nothing but whitespace
+
+
+def _scan(path: Path) -> FileStats:
+    """Count the lines of ``path``, its CRLF line ends and its empty lines; SystemExit naming the file and line
+    when it is not UTF-8."""
+    n = crlf = 0
+    empty = []
     with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
         for n, line in enumerate(f, 1):
             try:
-                line.decode("utf-8")
+                text = line.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise SystemExit(f"error: {path} is not UTF-8 text (line {n}: {e.reason}); convert it, e.g. "
                                  f"iconv -f LATIN1 -t UTF-8 {path.name} > {path.name}.utf8, and replace the file") from None
-    return n
+            if text.endswith("\r\n"):
+                crlf += 1
+            if not text.strip():
+                empty.append(n)
+    return FileStats(n, crlf, empty)
+
+
+def _lines(numbers: List[int], shown: int = 5) -> str:
+    return ", ".join(str(i) for i in numbers[:shown]) + (f" and {len(numbers) - shown:,} more" if len(numbers) > shown else "")
 
 
 def check(ctx: Context):
     """Validate the corpus folder before any work: every file there, not empty, UTF-8, and the two sides of
-    each split with equally many lines."""
+    each split with equally many lines. Windows line ends (CR LF) are read as plain ones, with a warning and
+    their count. An empty line (nothing but whitespace) in valid or test is refused, naming the file and line:
+    an empty reference or source would be scored as if it were a sentence. Training pairs with an empty side
+    are counted in a warning and dropped (by the length cleaning, whose minimum is one token)."""
     found = files(ctx)
     src, tgt = ctx.recipe.langs
     for split in SPLITS:
-        counts = {lang: _count(found[split, lang]) for lang in (src, tgt)}
+        stats = {lang: _scan(found[split, lang]) for lang in (src, tgt)}
+        counts = {lang: s.lines for lang, s in stats.items()}
         for lang, n in counts.items():
             if n == 0:
                 raise SystemExit(f"error: {found[split, lang]} is empty: every split needs sentences "
@@ -119,6 +144,23 @@ def check(ctx: Context):
                 f"error: {found[split, src]} has {counts[src]:,} lines but {found[split, tgt]} has {counts[tgt]:,}: "
                 f"line i of one must be the translation of line i of the other. Fix the alignment (a sentence "
                 f"with a line break inside, or a missing line) so that both have the same number of lines")
+        for lang in (src, tgt):
+            s = stats[lang]
+            if s.crlf:
+                ctx.log(f"  warning: {found[split, lang]}: {s.crlf:,} of {s.lines:,} lines end in CR LF (Windows "
+                        f"line ends); they are read as plain line ends")
+            if s.empty and split != "train":
+                what = "reference" if lang == tgt else "source sentence"
+                raise SystemExit(
+                    f"error: {found[split, lang]} line {s.empty[0]} is empty ({len(s.empty):,} empty lines in all: "
+                    f"{_lines(s.empty)}): an empty {what} in {split} would be scored as if it were a translation. "
+                    f"Remove the pair (line {s.empty[0]} of both {found[split, src].name} and "
+                    f"{found[split, tgt].name}) or fill in the missing sentence")
+        empty_pairs = sorted(set(stats[src].empty) | set(stats[tgt].empty))
+        if empty_pairs:
+            ctx.log(f"  warning: {split}: {len(empty_pairs):,} of {counts[src]:,} sentence pairs have an empty side "
+                    f"(lines {_lines(empty_pairs)} of {found[split, src].name} / {found[split, tgt].name}); "
+                    f"they are dropped")
         ctx.log(f"  {split}: {counts[src]:,} sentence pairs in {found[split, src].name} / {found[split, tgt].name}")
 
 

@@ -1,0 +1,134 @@
+"""Read a fairseq checkpoint file, and check it against a dataset, with one clear error per way it can be wrong.
+
+Used by the evaluation (:mod:`diverse_fairseq.evaluate`, before it starts ``fairseq-generate``) and the analysis
+(:mod:`diverse_fairseq.analysis.loading`). torch's own errors do not say what is wrong with the file: an empty
+file gives a bare ``EOFError``, a file that is not a checkpoint gets the advice to load it with
+``weights_only=False`` (which would run whatever code the file holds), and a checkpoint of another dataset
+fails deep in ``load_state_dict`` with a ``size mismatch`` dump. :func:`read_checkpoint` and
+:func:`check_dataset` turn each of these into a ``SystemExit`` that names the file and what to do:
+
+* *truncated*: empty, or a torch archive (zip) or pickle that ends early (an interrupted save or copy);
+* *not a checkpoint*: anything else torch cannot read, a torch file that is not a fairseq checkpoint, or one
+  that holds Python objects outside the allowlist that :mod:`diverse_fairseq` gives torch's safe loader;
+* *another dataset*: a checkpoint whose embedding tables do not have one row per symbol of the dataset's
+  dictionaries (``trained on a dictionary of N symbols, this dataset has M``), or of other languages.
+"""
+
+import pickle
+from pathlib import Path
+from typing import Dict, Optional
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip archive
+PICKLE_MAGIC = b"\x80"  # the legacy format starts with a pickle protocol opcode
+ANOTHER = ("use another checkpoint of the run (checkpoint_best.pt, checkpoint_last.pt or checkpointN.pt in {dir}) "
+           "or copy the file again")
+
+
+def _truncated(path: Path, size: int, why: str) -> SystemExit:
+    return SystemExit(f"error: {path} is truncated ({size:,} bytes; {why}): its save or copy did not finish; "
+                      + ANOTHER.format(dir=path.parent))
+
+
+def _not_a_checkpoint(path: Path, why: str) -> SystemExit:
+    return SystemExit(f"error: {path} is not a checkpoint ({why}); give a .pt file written by fairseq-train, e.g. "
+                      f"checkpoint_best.pt of a save dir")
+
+
+def read_checkpoint(path) -> Dict:
+    """The state of checkpoint ``path`` as :func:`fairseq.checkpoint_utils.load_checkpoint_to_cpu` returns it
+    (loaded by torch's ``weights_only`` loader, upgraded to the current format); SystemExit saying whether
+    the file is missing, truncated or not a checkpoint."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    import diverse_fairseq  # noqa: F401  (the allowlist of the classes fairseq pickles into checkpoints)
+
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"error: checkpoint {path} not found" + (" (it is a folder: name a .pt file in it)"
+                                                                  if path.is_dir() else ""))
+    size = path.stat().st_size
+    if size == 0:
+        raise _truncated(path, 0, "the file is empty")
+    with open(path, "rb") as f:
+        magic = f.read(len(ZIP_MAGIC))
+    torch_file = magic.startswith(ZIP_MAGIC) or magic.startswith(PICKLE_MAGIC)
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    except pickle.UnpicklingError as e:
+        unsafe = "Unsupported global" in str(e) or "weights_only" in str(e)
+        detail = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), "")
+        if torch_file and unsafe:
+            raise _not_a_checkpoint(path, "it holds Python objects that fairseq checkpoints do not, which loading "
+                                          "would have to execute" + (f": {detail}" if detail else "")) from None
+        raise _not_a_checkpoint(path, "torch cannot read it") from None
+    except EOFError:
+        if torch_file:
+            raise _truncated(path, size, "it ends in the middle of the data") from None
+        raise _not_a_checkpoint(path, "torch cannot read it") from None
+    except RuntimeError as e:
+        if magic.startswith(ZIP_MAGIC) and ("zip archive" in str(e) or "PytorchStreamReader" in str(e)):
+            raise _truncated(path, size, "its zip archive has no end") from None
+        raise _not_a_checkpoint(path, f"torch cannot read it: {str(e).splitlines()[0][:200]}") from None
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as e:
+        what = "a torch file without fairseq's checkpoint fields" if torch_file else "torch cannot read it"
+        raise _not_a_checkpoint(path, f"{what}: {type(e).__name__} {e}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) or \
+            (state.get("cfg") is None and state.get("args") is None):
+        raise _not_a_checkpoint(path, "a torch file without fairseq's model weights and configuration")
+    return state
+
+
+def stored_task(state: Dict) -> Dict[str, Optional[str]]:
+    """The ``data``, ``source_lang`` and ``target_lang`` that the checkpoint's training was given."""
+    args = state.get("args")
+    if args is not None:  # argparse-era checkpoint
+        return {key: getattr(args, key, None) for key in ("data", "source_lang", "target_lang")}
+    task = state["cfg"]["task"]
+    return {key: task.get(key) for key in ("data", "source_lang", "target_lang")}
+
+
+def stored_data_dir(state: Dict, checkpoint) -> Path:
+    """The checkpoint's training data directory, tried as stored, then relative to the checkpoint's ancestors
+    (a run moved together with its data)."""
+    stored = stored_task(state)["data"]
+    if not stored:
+        raise SystemExit(f"error: {checkpoint} names no data directory; give the data directory "
+                         "explicitly (--data DIR for the analysis, DATASET for the interactive command)")
+    first = str(stored).split(":")[0]
+    path = Path(first)
+    if path.is_dir() or path.is_absolute():
+        return path
+    for ancestor in Path(checkpoint).resolve().parents:
+        if (ancestor / path).is_dir():
+            return ancestor / path
+    raise SystemExit(f"error: data directory {first!r} stored in {checkpoint} not found (relative to the current "
+                     "directory or the checkpoint's ancestors); give the data directory "
+                     "explicitly (--data DIR for the analysis, DATASET for the interactive command)")
+
+
+def check_dataset(state: Dict, checkpoint, data_dir, src: str, tgt: str):
+    """SystemExit unless the checkpoint translates ``src`` → ``tgt`` with the dictionaries of ``data_dir``
+    (``dict.SRC.txt``, ``dict.TGT.txt``): one embedding row per symbol on each side."""
+    from fairseq.data import Dictionary
+
+    data_dir = Path(data_dir)
+    stored = stored_task(state)
+    trained_on = f" (it was trained on {stored['data']})" if stored.get("data") else ""
+    langs = (stored.get("source_lang"), stored.get("target_lang"))
+    if all(langs) and langs != (src, tgt):
+        raise SystemExit(f"error: {checkpoint} translates {langs[0]}→{langs[1]}, but {data_dir} is a {src}→{tgt} "
+                         f"dataset{trained_on}: evaluate it on a dataset of its language pair")
+    for side, lang in (("encoder", src), ("decoder", tgt)):
+        weight = state["model"].get(f"{side}.embed_tokens.weight")
+        if weight is None:
+            continue  # a model without this table (e.g. adaptive input) is left to fairseq
+        dict_file = data_dir / f"dict.{lang}.txt"
+        if not dict_file.is_file():
+            raise SystemExit(f"error: {data_dir} has no {dict_file.name}: it is not a prepared {src}→{tgt} dataset")
+        size = len(Dictionary.load(str(dict_file)))
+        if weight.shape[0] != size:
+            raise SystemExit(
+                f"error: {checkpoint} was trained on a dictionary of {weight.shape[0]:,} symbols ({lang}, {side}), "
+                f"this dataset has {size:,} ({dict_file}){trained_on}. A model only reads the dataset it was "
+                f"trained on (the same preparation: BPE model and dictionary): give that dataset")

@@ -1,0 +1,89 @@
+"""The ``fairseq-interactive`` command that translates raw text with a checkpoint, segmenting it as its dataset was.
+
+    python -m diverse_fairseq.interactive_command CHECKPOINT [DATASET] [--data-bin DIR]
+
+prints one command line (and, on stderr, what the command cannot do for this dataset). DATASET is a name under
+DATA_BIN or a prepared dataset's folder; without it, the dataset the checkpoint was trained on. Its
+``prepare.json`` says how the training text was made, and the command repeats that on the input:
+
+* ``BPE=subword-nmt`` (the default recipe): Moses tokenization (``--tokenizer moses``, with
+  ``--moses-no-dash-splits`` unless the recipe split hyphens) and then the dataset's BPE codes. Without the
+  tokenizer, ``--bpe subword_nmt`` alone segments ``file:`` as ``fi@@ le@@ :`` where training saw ``file :``.
+* ``BPE=sentencepiece``: the dataset's sentencepiece model on the raw text, no tokenizer.
+
+Both undo their segmentation on the output. Decoding uses the recipe's beam, length penalty and length limit,
+as the evaluation does. A checkpoint of another dataset is refused (:mod:`diverse_fairseq.checkpoint_file`).
+See docs/translating.md.
+"""
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from .checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
+from .evaluate import load_meta, resolve_data
+from .user_dir import USER_DIR
+
+
+def segmentation_options(data_dir: Path, meta: Dict[str, object]) -> List[str]:
+    """The tokenizer and BPE options that repeat the dataset's preparation on the source text."""
+    src = meta["source_lang"]
+    model = Path(data_dir) / meta["bpe_models"][src]
+    if meta["bpe"] == "sentencepiece":
+        return ["--bpe", "sentencepiece", "--sentencepiece-model", str(model)]
+    if meta["bpe"] != "subword-nmt":
+        raise SystemExit(f"error: {data_dir}/prepare.json names the segmentation {meta['bpe']!r}; this command knows "
+                         "subword-nmt and sentencepiece")
+    # fairseq's Moses tokenizer escapes like ours; it splits hyphens unless told not to, which the recipes
+    # other than WMT14 (aggressive_dash) do not do
+    moses = ["--tokenizer", "moses"] + ([] if meta.get("aggressive_dash") else ["--moses-no-dash-splits"])
+    return moses + ["--bpe", "subword_nmt", "--bpe-codes", str(model)]
+
+
+def build_command(checkpoint, data_dir, meta: Dict[str, object]) -> List[str]:
+    """``fairseq-interactive`` with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
+    decoding settings."""
+    return ["fairseq-interactive", str(data_dir), "--path", str(checkpoint), "--user-dir", USER_DIR,
+            "--task", "translation", "--source-lang", meta["source_lang"], "--target-lang", meta["target_lang"],
+            *segmentation_options(data_dir, meta),
+            "--beam", str(meta.get("beam", 5)), "--lenpen", str(meta.get("lenpen", 1.0)),
+            "--max-len-a", str(meta.get("max_len_a", 0)), "--max-len-b", str(meta.get("max_len_b", 200))]
+
+
+def caveats(meta: Dict[str, object]) -> List[str]:
+    """What the command does not repeat of the dataset's preparation, for the user to do on the input."""
+    notes = []
+    if meta.get("lowercase"):
+        notes.append("the dataset was lowercased: give lowercase input (fairseq-interactive does not lowercase); "
+                     "the output is lowercase too")
+    if meta["source_lang"] == "zh" and meta.get("moses_tokenized"):
+        seg = meta.get("zh_seg") or "jieba"
+        notes.append(f"the Chinese source was segmented ({seg}) before Moses tokenization: give input segmented "
+                     f"the same way (words separated by spaces" + (", characters" if seg == "char" else "") + ")")
+    return notes
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m diverse_fairseq.interactive_command", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="checkpoint file (.pt)")
+    p.add_argument("dataset", nargs="?", help="dataset name under --data-bin, or a prepared dataset folder "
+                                              "(default: the one the checkpoint was trained on)")
+    p.add_argument("--data-bin", default=os.environ.get("DATA_BIN") or "data-bin", help="[DATA_BIN]")
+    args = p.parse_args(argv)
+    checkpoint = Path(args.checkpoint)
+    state = read_checkpoint(checkpoint)
+    data_dir = resolve_data(args.dataset, args.data_bin) if args.dataset else stored_data_dir(state, checkpoint)
+    meta = load_meta(data_dir)
+    check_dataset(state, checkpoint, data_dir, meta["source_lang"], meta["target_lang"])
+    for note in caveats(meta):
+        print(f"note: {note}", file=sys.stderr)
+    print(shlex.join(build_command(checkpoint, data_dir, meta)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

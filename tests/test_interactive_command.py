@@ -1,0 +1,121 @@
+"""The fairseq-interactive command printed for a checkpoint segments raw input exactly as the data preparation
+segmented the dataset, on both recipes (subword-nmt after Moses tokenization, and sentencepiece): the fixture
+corpus prepared, a tiny model trained one update, the printed command parsed by fairseq and run."""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import lines, run_cli
+from diverse_fairseq.data.prepare import main as prepare
+from diverse_fairseq.interactive_command import main as interactive_command
+from diverse_fairseq.user_dir import USER_DIR
+
+pytestmark = pytest.mark.slow  # every test here uses a model trained by fairseq-train
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"
+ENV_KEYS = ("BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "WORKERS", "SRC", "TGT", "CORPUS_DIR", "DATASET_NAME",
+            "SEPARATE_VOCAB", "PROGRESS_INTERVAL", "STOP_AFTER")
+RECIPES = {"subword-nmt": "200", "sentencepiece": "300"}  # BPE and BPE_SIZE
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """{bpe: (dataset folder, checkpoint)}: the fixture corpus prepared with each segmentation, and a tiny model
+    trained one update on it."""
+    out = {}
+    for bpe, size in RECIPES.items():
+        root = tmp_path_factory.mktemp(bpe)
+        prepare(["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--work-dir", str(root / "work"),
+                 "--data-bin", str(root / "data-bin"), "--bpe", bpe, "--bpe-size", size, "--workers", "1"])
+        data = root / "data-bin" / "custom_en_de"
+        run_cli("train", [data, "--user-dir", USER_DIR, "--cpu", "--task", "translation", "--source-lang", "en",
+                          "--target-lang", "de", "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers",
+                          "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim",
+                          "16", "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2",
+                          "--decoder-attention-heads", "2", "--share-all-embeddings", "--optimizer", "adam", "--lr",
+                          "0.001", "--max-tokens", "1000", "--max-update", "1", "--save-dir", root / "run",
+                          "--no-epoch-checkpoints", "--num-workers", "0", "--criterion", "cross_entropy"])
+        out[bpe] = data, root / "run" / "checkpoint_last.pt"
+    return out
+
+
+def printed_command(checkpoint, *dataset):
+    """The command line ``python -m diverse_fairseq.interactive_command`` prints, split into arguments."""
+    proc = subprocess.run([sys.executable, "-m", "diverse_fairseq.interactive_command", str(checkpoint), *dataset],
+                          capture_output=True, text=True, check=True)
+    return shlex.split(proc.stdout)
+
+
+def encoder(cmd):
+    """fairseq's own reading of ``cmd``: its task (with the dataset's test split loaded) and the function that
+    fairseq-interactive applies to every input line (tokenizer, then BPE)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_interactive_generation_parser(), input_args=cmd[1:])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("test")
+    tokenizer, bpe = task.build_tokenizer(cfg.tokenizer), task.build_bpe(cfg.bpe)
+
+    def encode(line):
+        if tokenizer is not None:
+            line = tokenizer.encode(line)
+        return bpe.encode(line) if bpe is not None else line
+    return task, encode
+
+
+@pytest.mark.parametrize("bpe", list(RECIPES))
+def test_the_printed_command_segments_input_as_the_data_preparation_did(trained, bpe):
+    data, checkpoint = trained[bpe]
+    cmd = printed_command(checkpoint)  # the dataset is the one stored in the checkpoint
+    assert cmd[:2] == ["fairseq-interactive", str(data)] and cmd == printed_command(checkpoint, str(data))
+    task, encode = encoder(cmd)
+    test, dictionary = task.dataset("test"), task.source_dictionary
+    raw = lines(CORPUS / "test.en")
+    # the symbols fairseq-interactive gives the model (its encode_line of the encoded input) are the prepared ones
+    prepared = [test.src[i].tolist() for i in range(len(test))]
+    assert [dictionary.encode_line(encode(line), add_if_not_exist=False).tolist() for line in raw] == prepared
+    prepared = [dictionary.string(test.src[i]) for i in range(len(test))]  # as text, unknown pieces as <unk>
+    if bpe == "subword-nmt":
+        assert cmd[cmd.index("--tokenizer") + 1] == "moses" and "--moses-no-dash-splits" in cmd
+        # the mistake this command prevents: BPE without the tokenizer sees "file:" as one word
+        assert encode("file:").replace("@@ ", "") == "file :"
+        no_moses = [a for a in cmd if a not in ("--tokenizer", "moses", "--moses-no-dash-splits")]
+        _, bpe_only = encoder(no_moses)
+        assert bpe_only("file:").replace("@@ ", "") == "file:"
+        assert sum(dictionary.string(dictionary.encode_line(bpe_only(line), add_if_not_exist=False)) != piece
+                   for line, piece in zip(raw, prepared)) >= 8
+    else:
+        assert "--tokenizer" not in cmd and cmd[cmd.index("--sentencepiece-model") + 1] == str(data / "spm.model")
+
+
+@pytest.mark.parametrize("bpe", list(RECIPES))
+def test_the_printed_command_runs_and_reads_input_as_prepared(trained, bpe):
+    data, checkpoint = trained[bpe]
+    cmd = printed_command(checkpoint)
+    raw = lines(CORPUS / "test.en")[:6]
+    proc = subprocess.run([sys.executable, "-m", "fairseq_cli.interactive", *cmd[1:], "--beam", "1", "--max-len-b", "3",
+                           "--cpu"], input="\n".join(raw) + "\n", capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    task, encode = encoder(cmd)
+    shown = {int(k[2:]): v for k, v in (line.split("\t", 1) for line in proc.stdout.splitlines() if line.startswith("S-"))}
+    dictionary = task.source_dictionary
+    assert shown == {i: dictionary.string(dictionary.encode_line(encode(line), add_if_not_exist=False))
+                     for i, line in enumerate(raw)}
+    test = task.dataset("test")
+    assert list(shown.values()) == [dictionary.string(test.src[i]) for i in range(len(raw))]
+    assert sum(line.startswith("D-") for line in proc.stdout.splitlines()) == len(raw)  # a detokenized output each
+
+
+def test_a_checkpoint_is_refused_for_another_dataset(trained):
+    (data_a, ckpt_a), (data_b, _) = trained["subword-nmt"], trained["sentencepiece"]
+    with pytest.raises(SystemExit, match=r"was trained on a dictionary of [\d,]+ symbols \(en, encoder\), this dataset "
+                                         r"has [\d,]+"):
+        interactive_command([str(ckpt_a), str(data_b)])
