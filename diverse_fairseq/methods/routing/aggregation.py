@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from diverse_fairseq.methods.routing.algorithms import get_routing_function, valid_iterations
+from diverse_fairseq.methods.routing.algorithms import ROUTING_TYPES, get_routing_function, valid_iterations
 
 __all__ = ["RoutingAggregation"]
 
@@ -82,6 +82,7 @@ class RoutingAggregation(nn.Module):
             raise ValueError(f"embed_dim and num_heads must be >= 1, got {embed_dim} and {num_heads}")
         if num_capsules is None:
             num_capsules = embed_dim
+        assert routing in ROUTING_TYPES, f"unknown routing type {routing!r}; expected one of {ROUTING_TYPES}"
         assert num_capsules >= 1 and embed_dim % num_capsules == 0, (
             f"num_capsules (routing output capsules, N={num_capsules}) must be >= 1 and divide "
             f"embed_dim (E={embed_dim})")
