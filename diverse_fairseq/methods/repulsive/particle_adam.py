@@ -19,7 +19,7 @@ is saved in checkpoints and resuming continues the noise sequence.
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from fairseq.optim.adam import Adam
