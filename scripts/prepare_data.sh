@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Prepare a dataset from its public download to a binarized fairseq dataset (resumable).
 #
-#   scripts/prepare_data.sh DATASET [options]     DATASET: demo | iwslt14_de_en | wmt14_en_de | wmt17_zh_en | custom
+#   scripts/prepare_data.sh DATASET [options]
+#     DATASET: demo | iwslt14_de_en | wmt14_en_de | wmt14_en_de_joined | wmt17_zh_en | custom
+#     (wmt14_en_de: one dictionary per language; wmt14_en_de_joined: the same text, one joined dictionary)
 #   SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom   your own corpus: dir/{train,valid,test}.{xx,yy}
 #                                                                  -> DATA_BIN/custom_xx_yy (or DATA_BIN/DATASET_NAME)
 #
