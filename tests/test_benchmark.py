@@ -38,7 +38,7 @@ def test_every_kind_of_case_against_its_own_baseline():
     assert sorted(result) == sorted(keys + [f"{k}_peak_mem" for k in memory_keys])
     assert all(math.isfinite(v) and v > 0 for v in result.values())
     # one row per case and per baseline, the baselines first, each baseline described once
-    table = [line.split()[0] for line in lines[lines.index(next(l for l in lines if l.startswith("case"))) + 1:-1]]
+    table = [line.split()[0] for line in lines[lines.index(next(row for row in lines if row.startswith("case"))) + 1:-1]]
     assert table == ["baseline", "baseline_lm", "baseline_roberta", "baseline_decode", *keys]
     assert any("baseline_lm: stock transformer_lm" in line for line in lines)
     assert any("baseline_roberta: stock roberta" in line and "(roberta)" in line for line in lines)

@@ -17,7 +17,7 @@ def test_paper_table4_is_the_geometric_mean_of_table5():
     table = load_table("emnlp18_t4_5")
     assert [r.id for r in table.rows] == ["none", "sub", "pos", "out"]
     for row in table.rows:
-        layers = [row.paper[f"pos_score_layer{l}"] for l in range(1, LAYERS + 1)]
+        layers = [row.paper[f"pos_score_layer{layer}"] for layer in range(1, LAYERS + 1)]
         assert all(0 < row.paper[k] <= 1 for k in ("sub_score", "pos_score", "out_score"))
         low = math.exp(sum(math.log(v - 5e-4) for v in layers) / LAYERS)
         high = math.exp(sum(math.log(v + 5e-4) for v in layers) / LAYERS)
@@ -27,8 +27,8 @@ def test_paper_table4_is_the_geometric_mean_of_table5():
 
 
 def _scores(shift):
-    layers = [{"layer": l, "heads": 4, "sub": 0.70 + shift + l / 100, "pos": 0.20 + l / 100, "out": 0.75 + shift}
-              for l in (1, 2)]
+    layers = [{"layer": layer, "heads": 4, "sub": 0.70 + shift + layer / 100, "pos": 0.20 + layer / 100, "out": 0.75 + shift}
+              for layer in (1, 2)]
     per_type = {"sub": 0.7 + shift, "pos": 0.2, "out": 0.75 + shift, "layers": layers}
     return {"enc_self": per_type, "dec_self": dict(per_type)}
 
@@ -72,7 +72,7 @@ def test_section_puts_ours_beside_the_papers_table4_and_table5():
     assert table4[0] == ["Regularization", "Sub.", "Pos.", "Out.", "paper Sub.", "paper Pos.", "paper Out."]
     assert table4[2] == ["n/a (no regularization)", "0.710", "0.200", "0.760", "0.882", "0.007", "0.881"]
     assert table4[5][0] == "Output regularization" and table4[5][4:] == ["0.989", "0.006", "0.997"]
-    assert table5[0] == ["Regularization", "1", "2", *(f"paper {l}" for l in range(1, 7))]
+    assert table5[0] == ["Regularization", "1", "2", *(f"paper {layer}" for layer in range(1, 7))]
     assert table5[4] == ["Position regularization", "0.210", "0.220", "0.217", "0.167", "0.219", "0.242",
                          "0.233", "0.249"]
     assert sub_out[0] == ["Regularization", "Sub. 1", "Sub. 2", "Out. 1", "Out. 2"]

@@ -152,9 +152,9 @@ def _plot_one(out: Path, label: str, scores: Dict, imp: Optional[Dict], head_mea
         layers = sorted(layer for (t, layer) in head_means if t == atype)
         if not layers:
             continue
-        groups = {f"layer {l + 1}": (head_means[(atype, l)].numpy(), [f"h{h + 1}" for h in range(head_means[(atype, l)].shape[0])])
-                  for l in layers}
-        mean = torch.stack([head_means[(atype, l)] for l in layers]).mean(0).numpy()
+        groups = {f"layer {layer + 1}": (head_means[(atype, layer)].numpy(), [f"h{h + 1}" for h in range(head_means[(atype, layer)].shape[0])])
+                  for layer in layers}
+        mean = torch.stack([head_means[(atype, layer)] for layer in layers]).mean(0).numpy()
         groups["mean over layers"] = (mean, [f"h{h + 1}" for h in range(mean.shape[0])])
         panels[atype] = groups
     plots.plot_tsne(panels, out / "tsne.png", seed,
@@ -192,7 +192,7 @@ def compare(analyses: Sequence[Analysis], out: Path, seed: int) -> None:
         for a in analyses:
             layers = sorted(layer for (t, layer) in a.head_means if t == atype)
             if layers:
-                mean = torch.stack([a.head_means[(atype, l)] for l in layers]).mean(0).numpy()  # [H, d]
+                mean = torch.stack([a.head_means[(atype, layer)] for layer in layers]).mean(0).numpy()  # [H, d]
                 groups[a.label] = (mean, [f"h{h + 1}" for h in range(mean.shape[0])])
         if len(groups) == len(analyses) and len({g[0].shape[1] for g in groups.values()}) == 1:
             panels[atype] = groups

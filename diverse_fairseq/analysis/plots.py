@@ -193,7 +193,7 @@ def plot_importance_grid(grids: Mapping[str, np.ndarray], path: Path, title: str
         ax.set_xticks(range(grid.shape[1]))
         ax.set_xticklabels([str(h + 1) for h in range(grid.shape[1])], fontsize=7)
         ax.set_yticks(range(grid.shape[0]))
-        ax.set_yticklabels([str(l + 1) for l in range(grid.shape[0])], fontsize=7)
+        ax.set_yticklabels([str(layer + 1) for layer in range(grid.shape[0])], fontsize=7)
         ax.set_xlabel("head", fontsize=8)
         ax.set_ylabel("layer", fontsize=8)
     fig.colorbar(image, ax=list(axes), shrink=0.8, label="Δ NLL (nats/token)")

@@ -117,8 +117,8 @@ def layer_tables(payload: Mapping) -> List[str]:
         rows = []
         for atype, entries in payload["by_layer"].items():
             values = {e["layer"]: e[score] for e in entries}
-            rows.append([atype, *(fmt(values.get(l)) for l in range(1, depth + 1))])
-        lines += _table(["attention", *(str(l) for l in range(1, depth + 1))], rows)
+            rows.append([atype, *(fmt(values.get(layer)) for layer in range(1, depth + 1))])
+        lines += _table(["attention", *(str(layer) for layer in range(1, depth + 1))], rows)
     return lines
 
 
@@ -204,8 +204,8 @@ def comparison_markdown(payloads: Mapping[str, Mapping], importances: Mapping[st
             rows = []
             for label, p in payloads.items():
                 values = {e["layer"]: e[score] for e in p["by_layer"].get(atype, [])}
-                rows.append([label, *(fmt(values.get(l)) for l in range(1, depth + 1))])
-            lines += _table(["model", *(str(l) for l in range(1, depth + 1))], rows)
+                rows.append([label, *(fmt(values.get(layer)) for layer in range(1, depth + 1))])
+            lines += _table(["model", *(str(layer) for layer in range(1, depth + 1))], rows)
     if any(i is not None for i in importances.values()):
         lines += ["", "## Head importance (Δ NLL when one head is masked)", ""]
         rows = []

@@ -164,7 +164,7 @@ class Preparer:
                       [self.ctx.extracted(archive.name)],
                       {"parts": [(f.name, f.stat().st_size if f.exists() else None) for f in files]},
                       functools.partial(extract, files, self.ctx.extracted(archive.name), archive.wanted, self.log))
-        raw_outputs = [self.ctx.raw_path(s, l) for s in self.splits_from_raw() for l in r.langs]
+        raw_outputs = [self.ctx.raw_path(s, lang) for s in self.splits_from_raw() for lang in r.langs]
         pipe.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
                   r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
         self._text_steps(pipe)
@@ -182,22 +182,22 @@ class Preparer:
     def _text_steps(self, pipe: Pipeline):
         r = self.r
         splits = self.splits_from_raw()
-        norm_out = [self.path("norm", s, l) for s in splits for l in r.langs]
+        norm_out = [self.path("norm", s, lang) for s in splits for lang in r.langs]
         pipe.step("normalize", "normalize" + (" punctuation" if r.punct_norm else "") +
                   (", remove non-printing characters" if r.non_printing else "") +
                   (", ’ -> '" if r.apostrophe_splits else "") if (r.punct_norm or r.non_printing or r.apostrophe_splits)
                   else "normalize (nothing to do: copy)", norm_out,
                   {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
                    "apostrophe": r.apostrophe_splits}, self._normalize)
-        tok_pairs = [(s, l) for s in splits for l in r.langs if self.needs_tok(s, l)]
+        tok_pairs = [(s, lang) for s in splits for lang in r.langs if self.needs_tok(s, lang)]
         pipe.step("tokenize", f"tokenize with sacremoses ({'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
                   f"{'lowercase, ' if r.lowercase else ''}{len(tok_pairs)} files)",
-                  [self.path("tok", s, l) for s, l in tok_pairs],
+                  [self.path("tok", s, lang) for s, lang in tok_pairs],
                   {"pairs": tok_pairs, "aggressive": r.aggressive_dash, "lowercase": r.lowercase,
                    "zh_seg": self.args.zh_seg if "zh" in r.langs else None},
                   functools.partial(self._tokenize, tok_pairs))
         out_splits = list(SPLITS)
-        clean_out = [self.path("clean", s, l, "txt") for s in out_splits for l in r.langs]
+        clean_out = [self.path("clean", s, lang, "txt") for s in out_splits for lang in r.langs]
         before = not r.clean_after_bpe
         what = (f"clean (ratio {r.clean_ratio}, {r.clean_min}-{r.clean_max} tokens) " if before else "") + \
                (f"and split valid = every {r.valid_every}-th line " if r.valid_every else "")
@@ -235,7 +235,7 @@ class Preparer:
                 if self.path("tok", split, lang).exists() and self.needs_tok(split, lang):
                     streams[(lang, "tok")] = iter_lines(self.path("tok", split, lang))
             do_clean = (not r.clean_after_bpe) and (split in r.clean_splits)
-            if do_clean and not all((l, "tok") in streams for l in r.langs):
+            if do_clean and not all((lang, "tok") in streams for lang in r.langs):
                 raise RuntimeError(f"cleaning {split} needs tokenized text for both languages (a bug)")
             targets = ["train", "valid"] if (split == "train" and r.valid_every) else [split]
             keys = list(streams)
@@ -278,17 +278,17 @@ class Preparer:
         models = bpe_mod.model_files(self.kind, model_dir, list(r.langs), r.joint_bpe)
         pipe.step("learn-bpe", f"learn {self.kind} ({self.size}, {'joint' if r.joint_bpe else 'per language'})",
                   sorted(set(models.values())), {"kind": self.kind, "size": self.size, "joint": r.joint_bpe},
-                  lambda: bpe_mod.learn(self.kind, {l: self._bpe_input("train", l) for l in r.langs}, model_dir,
+                  lambda: bpe_mod.learn(self.kind, {lang: self._bpe_input("train", lang) for lang in r.langs}, model_dir,
                                         self.size, r.joint_bpe, self.workers, log=self.log))
         self.models = models
         pipe.step("apply-bpe", f"apply {self.kind} to train, valid, test",
-                  [self.path("bpe", s, l) for s in SPLITS for l in r.langs], {},
-                  lambda: [bpe_mod.apply(self.kind, models[l], self._bpe_input(s, l), self.path("bpe", s, l),
-                                         self.workers) for s in SPLITS for l in r.langs])
+                  [self.path("bpe", s, lang) for s in SPLITS for lang in r.langs], {},
+                  lambda: [bpe_mod.apply(self.kind, models[lang], self._bpe_input(s, lang), self.path("bpe", s, lang),
+                                         self.workers) for s in SPLITS for lang in r.langs])
         if r.clean_after_bpe:
             pipe.step("clean-bpe", f"clean after BPE ({', '.join(r.clean_splits)}: ratio {r.clean_ratio}, "
                       f"{r.clean_min}-{r.clean_max} tokens)",
-                      [self.path("final", s, l) for s in SPLITS for l in r.langs],
+                      [self.path("final", s, lang) for s in SPLITS for lang in r.langs],
                       {"max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio, "splits": r.clean_splits},
                       self._clean_after_bpe)
 
