@@ -87,10 +87,10 @@ def check_settings(args) -> dict:
                 "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1),
                 "train_args": env_checks.parse_words("TRAIN_ARGS (--train-args)", args.train_args),
                 "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args),
-                "dry_run": env_checks.parse_flag("DRY_RUN (--dry-run)", args.dry_run)}
+                "dry_run": env_checks.parse_flag("DRY_RUN (--dry-run)", args.dry_run),
+                # scripts/train.sh's launch variables (MAX_UPDATE, PRECISION, ...) apply to every row's training
+                "train_options": training.options_from_env(os.environ)}
     if settings["gpus"]:  # more GPUs than are visible: stop now, not when the first row starts training
-        from .. import training
-
         training.select_gpus(settings["gpus"], os.environ, training.visible_gpus())
     taken = [a for a in settings["train_args"] if a.split("=", 1)[0] in RUNNER_FLAGS]
     if taken:
@@ -179,7 +179,8 @@ def main(argv: Optional[List[str]] = None):
                     out_dir=out / f"{dataset}-{scale}", data_bin=Path(args.data_bin).resolve(),
                     train_args=settings["train_args"], generate_args=settings["generate_args"],
                     threads=settings["threads"], jobs=min(settings["jobs"] or default_jobs(n_jobs, settings["gpus"]),
-                                                          n_jobs), dry_run=settings["dry_run"])
+                                                          n_jobs), dry_run=settings["dry_run"],
+                    train_options=settings["train_options"])
     if run.dry_run:
         dry_run(table, run, args)  # ends the process (exit 0)
     if table.probing:

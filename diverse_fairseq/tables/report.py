@@ -126,7 +126,7 @@ def averaged_checkpoints(record: Dict) -> int:
 
 def embedding_setup(record: Dict) -> Dict:
     """How the run's embeddings are shared (from its command) and its dictionary sizes (from the data)."""
-    command = record.get("command") or []
+    command = record.get("train_args") or record.get("command") or []  # "command": records of older runners
     sharing = ("all" if "--share-all-embeddings" in command else
                "decoder" if "--share-decoder-input-output-embed" in command else "none")
     data = Path(record["eval"].get("data", "")) if record.get("eval") else None

@@ -69,7 +69,7 @@ def kernel_stats(theta, grad, alpha, bandwidth, grad_scale=None):
 
 def main():
     dataset, setting, *extra = sys.argv[1:]
-    args, _, info = training.build_command(dataset, setting, extra)
+    args, _, info = training.command_from_env(dataset, setting, extra)
     out = Path(info["save_dir"])
     out.mkdir(parents=True, exist_ok=True)
     every = int(os.environ.get("PROBE_EVERY", "20"))
