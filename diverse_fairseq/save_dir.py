@@ -27,9 +27,11 @@ from typing import Dict, List, Optional
 
 ARGS_FILE = "train_args.json"
 RESUME_ENV = "RESUME_ANYWAY"
+#: where and how fairseq-train logs: the table runner sets these itself and leaves them out of its cache key
+LOG_OPTIONS = ("--log-format", "--log-file")
 # options that may change between a run and its resumption (see the module docstring)
 RESUMABLE_OPTIONS = frozenset({
-    "--max-update", "--save-dir", "--tensorboard-logdir", "--user-dir", "--log-file", "--log-format",
+    *LOG_OPTIONS, "--max-update", "--save-dir", "--tensorboard-logdir", "--user-dir",
     "--log-interval", "--no-progress-bar", "--num-workers", "--keep-interval-updates", "--keep-last-epochs",
     "--keep-best-checkpoints", "--save-interval", "--save-interval-updates", "--no-epoch-checkpoints",
     "--no-last-checkpoints", "--wandb-project", "--azureml-logging",

@@ -377,7 +377,8 @@ def test_rows_with_one_demo_model_are_trained_once(tmp_path, monkeypatch):
 def _settings(monkeypatch, **env):
     for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS", "DRY_RUN", "MAX_TOKENS",
                  "UPDATE_FREQ", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "NNODES", "NODE_RANK", "MASTER_ADDR",
-                 "MASTER_PORT", "SLURM_NNODES", "SLURM_JOB_ID", "SLURM_NODEID", "CHECKPOINTS", "RESUME_ANYWAY"):
+                 "MASTER_PORT", "SLURM_NNODES", "SLURM_JOB_ID", "SLURM_NODEID", "CHECKPOINTS", "RESUME_ANYWAY", "ROWS",
+                 "SUBSETS", "TRAIN_HOOK"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -419,7 +420,7 @@ def test_good_environment(monkeypatch):
                          TRAIN_ARGS="--lr '1e-3'")
     assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
                         "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False,
-                        "train_options": training.TrainOptions()}
+                        "train_options": training.TrainOptions(), "subsets": ["test"], "train_hook": None}
     assert _settings(monkeypatch, MAX_UPDATE="7")["train_options"] == training.TrainOptions(max_update=7)
     assert _settings(monkeypatch, DRY_RUN="1")["dry_run"]
     assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
@@ -638,3 +639,22 @@ def test_a_row_launched_through_torchrun_records_its_fairseq_train_arguments(pre
                                          "--log-format", "json"]
     assert json.loads((run.run_dir(row, 1) / "train.json").read_text())["train_args"] == record["train_args"]
     assert record["updates"] == 3 and record["train_loss"] == 5.5
+
+
+def test_rows_and_subsets_are_chosen_on_the_command_line(capsys):
+    from diverse_fairseq.tables.__main__ import parse_hook, parse_subsets, select_rows
+    from diverse_fairseq.tables.spec import load_table
+
+    table = load_table(str(REPO / "configs" / "experiments" / "repulsive_diagnosis.yaml"))
+    chosen = select_rows(table, "drive_only,authors_bw")
+    assert [r.id for r in chosen.rows] == ["svgd", "drive_only", "authors_bw"]  # the baseline runs too
+    assert "also running svgd, the baseline" in capsys.readouterr().out
+    assert select_rows(table, "") is table
+    with pytest.raises(SystemExit, match=r"ROWS \(--rows\)='svdg' is not valid: svdg not in table"):
+        select_rows(table, "svdg")
+    assert parse_subsets("valid,test") == ["valid", "test"] and parse_subsets("valid") == ["valid"]
+    with pytest.raises(SystemExit, match=r"SUBSETS \(--subsets\)='dev' is not valid: use valid, test"):
+        parse_subsets("dev")
+    assert parse_hook(str(REPO / "scripts" / "experiments" / "kernel_probe.py")).endswith("kernel_probe.py")
+    with pytest.raises(SystemExit, match=r"TRAIN_HOOK \(--train-hook\)='nope.py' is not valid"):
+        parse_hook("nope.py")

@@ -49,7 +49,7 @@ def test_settings_and_architecture_names():
 def test_command_on_gpus_with_passthrough(data_bin):
     env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
     args, launcher, info = command_from_env("wmt14_en_de", "big", ["--criterion", "x", "--lr", "1e-3"], env=env, gpus=2)
-    assert launcher == [] and info["update_freq"] == 4 and info["tokens_per_update"] == 8 * 4096
+    assert launcher == [sys.executable, "-m", "fairseq_cli.train"] and info["update_freq"] == 4 and info["tokens_per_update"] == 8 * 4096
     assert value(args, "--arch") == ["transformer_vaswani_wmt_en_de_big"] and "--fp16" in args
     # the papers' big setting: dropout 0.1 and lr 5e-4 (journal §4.1.1), single models (no averaging)
     assert value(args, "--dropout") == ["0.1"] and value(args, "--lr")[0] == "0.0005"

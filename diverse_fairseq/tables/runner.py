@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .. import training
+from .. import save_dir as save_dirs, training
 from . import logs, scale
 from .spec import REPO, Row, Table
 
@@ -65,6 +65,11 @@ class RunConfig:
     dry_run: bool = False  # print every job's commands, run and write nothing (DRY_RUN=1)
     # launch options of every training (MAX_UPDATE, PRECISION, NNODES, ...: the CLI reads them from the environment)
     train_options: training.TrainOptions = field(default_factory=training.TrainOptions)
+    # a script started in place of ``-m fairseq_cli.train`` with the same arguments, watching every training
+    # (e.g. scripts/experiments/kernel_probe.py); not in the cache key: it must not change what is trained
+    train_hook: Optional[str] = None
+    # subsets decoded after training; the first is the one the report's BLEU and significance use
+    subsets: List[str] = field(default_factory=lambda: ["test"])
 
     def run_dir(self, row: Row, seed: int) -> Path:
         return self.out_dir / "runs" / row.id / f"seed{seed}"
@@ -113,7 +118,7 @@ def cache_key(run: RunConfig, request: training.TrainRequest) -> Dict:
 
 #: fairseq-train flags (each with one value) that the runner sets itself for every run (TRAIN_ARGS must not contain
 #: them); they change the log, not the model, so they are left out when keys are compared
-RUNNER_FLAGS = ("--log-format", "--log-file")
+RUNNER_FLAGS = save_dirs.LOG_OPTIONS  # one list with the save directory's resumable options
 LOG_FORMAT_ARGS = ["--log-format", "json"]  # every run logs JSON records (read by logs.py); check.py builds the same
 
 
@@ -206,7 +211,8 @@ def job_request(row: Row, run: RunConfig, seed: int) -> Tuple[str, List[str], tr
     request = training.TrainRequest(
         dataset=run.dataset, setting=setting, extra=tuple(extra), seed=seed, save_dir=run_dir,
         data_bin=run.data_bin, gpus=run.gpus,
-        options=replace(run.train_options, dry_run=False))  # the runner's own dry run never calls training.run
+        options=replace(run.train_options, dry_run=False),  # the runner's own dry run never calls training.run
+        entry=run.train_hook)
     return arch, row_args, request
 
 
@@ -269,14 +275,21 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     return dict(record, reused=False)
 
 
-def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
-    """Decode and score the test set with one row/seed's checkpoint (cached in eval/results.json while
-    eval/key.json matches: the checkpoint's name and contents (:func:`checkpoint_identity`), the decoding flags)."""
+def eval_dir(run: RunConfig, row: Row, seed: int, subset: str) -> Path:
+    """Where a run's ``subset`` is decoded: ``eval/`` for the test set, ``eval-<subset>/`` for another."""
+    return run.run_dir(row, seed) / ("eval" if subset == "test" else f"eval-{subset}")
+
+
+def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: str = "test") -> Dict:
+    """Decode and score ``subset`` with one row/seed's checkpoint (cached in results.json of :func:`eval_dir`
+    while key.json there matches: the checkpoint's name and contents (:func:`checkpoint_identity`), the
+    decoding flags)."""
     from ..evaluate import load_meta, main as evaluate_main
 
     data = run.data_bin / run.dataset
-    out = run.run_dir(row, seed) / "eval"
-    args = [checkpoint, str(data), "--out", str(out), *run.generate_args]
+    out = eval_dir(run, row, seed, subset)
+    args = [checkpoint, str(data), "--out", str(out), *(["--subset", subset] if subset != "test" else []),
+            *run.generate_args]
     if run.gpus == 0:
         args.append("--cpu")
     key = {"checkpoint": Path(checkpoint).name, "checkpoint_identity": checkpoint_identity(checkpoint),
@@ -285,7 +298,7 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
             json.loads((out / "key.json").read_text()) == key:
         results = json.loads((out / "results.json").read_text())
     else:
-        print(f"  [{row.id} seed {seed}] evaluating {checkpoint}", flush=True)
+        print(f"  [{row.id} seed {seed}] evaluating {checkpoint} on {subset}", flush=True)
         if out.exists():
             shutil.rmtree(out)  # made with other decoding flags
         results = evaluate_main(args)
@@ -363,7 +376,9 @@ def run_job(row: Row, run: RunConfig, seed: int) -> Dict:
     """One row and seed: train (or reuse), evaluate, measure head disagreement (and probe, for tables that ask
     for it); the per-seed record."""
     record = train_row(row, run, seed)
-    record["eval"] = evaluate_row(row, run, seed, record["checkpoint"])
+    evals = {subset: evaluate_row(row, run, seed, record["checkpoint"], subset) for subset in run.subsets}
+    record["eval"] = evals[run.subsets[0]]  # the report's BLEU
+    record["evals"] = evals
     record["disagreement"] = disagreement_scores(row, run, seed, record["checkpoint"])
     if record["disagreement"]:  # None for a single-head model
         record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
@@ -533,15 +548,17 @@ def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
             state = "interrupted: training would resume it, or start afresh if its options changed"
         else:
             state = "would be trained"
-        checkpoint = run_dir / (f"checkpoint_avg_last{info['average']}.pt" if info["average"] else "checkpoint_last.pt")
-        eval_cmd = [sys.executable, "-m", "diverse_fairseq.evaluate", str(checkpoint),
-                    str(run.data_bin / run.dataset), "--out", str(run_dir / "eval"), *run.generate_args,
-                    *(["--cpu"] if run.gpus == 0 else [])]
+        checkpoint = run_dir / (f"checkpoint_avg_last{info['average']}.pt" if info["average"]
+                                else info["single_checkpoint"])
+        eval_cmds = [[sys.executable, "-m", "diverse_fairseq.evaluate", str(checkpoint),
+                      str(run.data_bin / run.dataset), "--out", str(eval_dir(run, row, seed, subset)),
+                      *(["--subset", subset] if subset != "test" else []), *run.generate_args,
+                      *(["--cpu"] if run.gpus == 0 else [])] for subset in run.subsets]
         threads = "".join(f"{k}={v} " for k, v in run.thread_env().items())
         device = "CUDA_VISIBLE_DEVICES='' " if run.gpus == 0 else ""
         print(f"  {row.id} seed {seed} ({arch}, {setting}; {state}):\n"
-              f"    train:    {threads}{device}{shlex.join(train_cmd)}\n"
-              f"    evaluate: {threads}{shlex.join(eval_cmd)}", flush=True)
+              f"    train:    {threads}{device}{shlex.join(train_cmd)}"
+              + "".join(f"\n    evaluate: {threads}{shlex.join(cmd)}" for cmd in eval_cmds), flush=True)
     print(f"[{table.table}] then head-diversity scores{' and probing' if run.probing_tasks else ''} of each "
           f"checkpoint, and the report in {run.out_dir.parent}", flush=True)
 
