@@ -27,9 +27,11 @@ from typing import Dict, List, Optional
 
 ARGS_FILE = "train_args.json"
 RESUME_ENV = "RESUME_ANYWAY"
+#: where and how fairseq-train logs: the table runner sets these itself and leaves them out of its cache key
+LOG_OPTIONS = ("--log-format", "--log-file")
 # options that may change between a run and its resumption (see the module docstring)
 RESUMABLE_OPTIONS = frozenset({
-    "--max-update", "--save-dir", "--tensorboard-logdir", "--user-dir", "--log-file", "--log-format",
+    *LOG_OPTIONS, "--max-update", "--save-dir", "--tensorboard-logdir", "--user-dir",
     "--log-interval", "--no-progress-bar", "--num-workers", "--keep-interval-updates", "--keep-last-epochs",
     "--keep-best-checkpoints", "--save-interval", "--save-interval-updates", "--no-epoch-checkpoints",
     "--no-last-checkpoints", "--wandb-project", "--azureml-logging",
@@ -93,9 +95,10 @@ def differences(old: Dict, new: Dict) -> List[str]:
     return lines
 
 
-def check_resume(save_dir: Path, args: List[str], data_meta: Dict, env: Dict[str, str]) -> Optional[str]:
-    """Refuse (``SystemExit``) to resume ``save_dir`` when it was trained with other options; return a
-    warning to print, or ``None``. Called before training, also by a dry run."""
+def check_resume(save_dir: Path, args: List[str], data_meta: Dict, resume_anyway: bool = False) -> Optional[str]:
+    """Refuse (``SystemExit``) to resume ``save_dir`` when it was trained with other options, unless
+    ``resume_anyway`` (``RESUME_ANYWAY=1``); return a warning to print, or ``None``. Called before training, also
+    by a dry run."""
     save_dir = Path(save_dir)
     if not (save_dir / "checkpoint_last.pt").exists():
         return None
@@ -108,7 +111,7 @@ def check_resume(save_dir: Path, args: List[str], data_meta: Dict, env: Dict[str
     if not changed:
         return None
     listing = "\n  ".join(changed)
-    if env.get(RESUME_ENV) == "1":
+    if resume_anyway:
         return f"{RESUME_ENV}=1: resuming {save_dir} although these options changed:\n  {listing}"
     raise SystemExit(
         f"error: {save_dir}/checkpoint_last.pt was trained with other options than the ones requested; "

@@ -51,9 +51,9 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from . import env_checks
 from . import save_dir as save_dirs
@@ -281,24 +281,94 @@ def _int(env, name, default, minimum, maximum=None):
     return default if value is None else env_checks.parse_int(name, value, minimum, maximum)
 
 
-def check_env(env) -> Dict:
-    """The validated numeric and choice settings of the environment (SystemExit naming a bad variable)."""
+@dataclass(frozen=True)
+class TrainOptions:
+    """The launch options of one training besides its dataset, setting, seed and directories: what
+    ``scripts/train.sh`` reads from ``MAX_TOKENS``, ``UPDATE_FREQ``, ... (:func:`options_from_env`); None: the
+    setting's value (or, for ``precision``, fp16 on GPUs and fp32 on the CPU)."""
+
+    max_tokens: Optional[int] = None
+    update_freq: Optional[int] = None
+    max_update: Optional[int] = None
+    average: Optional[int] = None  # average the last N checkpoints (None: the setting's, 0: off)
+    precision: Optional[str] = None  # one of PRECISIONS
+    embeddings: Optional[str] = None  # one of EMBEDDINGS
+    nnodes: Optional[int] = None  # set: launch through torchrun on NNODES nodes
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None
+    slurm_nnodes: int = 1  # > 1: a SLURM job over several nodes (fairseq reads the SLURM variables itself)
+    slurm_job_id: int = 0
+    slurm_node_id: int = 0
+    checkpoints: str = "checkpoints"  # parent of the default save directory (when no save_dir is given)
+    resume_anyway: bool = False  # resume a directory trained with other options (RESUME_ANYWAY=1)
+    dry_run: bool = False  # print the command, train and write nothing (DRY_RUN=1)
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """One training: what :func:`build_command` makes a command of and :func:`run` trains. The table runner
+    builds it directly; ``scripts/train.sh`` from the environment (:func:`request_from_env`)."""
+
+    dataset: str
+    setting: str  # a setting name or a registered architecture (:func:`resolve_setting`)
+    extra: Tuple[str, ...] = ()  # fairseq-train options after ours (they override them)
+    seed: int = 1
+    save_dir: Optional[Path] = None  # None: a --save-dir among ``extra``, else CHECKPOINTS/<name>-<hash>
+    data_bin: Path = Path("data-bin")
+    gpus: Optional[int] = None  # GPUs per node: None every visible one, 0 the CPU, N the first N visible
+    options: TrainOptions = TrainOptions()
+    # a Python script started in place of ``-m fairseq_cli.train`` with the same arguments: a per-run hook that
+    # watches training (e.g. scripts/experiments/kernel_probe.py); it is not part of the command's identity
+    entry: Optional[str] = None
+
+
+def options_from_env(env) -> TrainOptions:
+    """The validated launch options of the environment (SystemExit naming a bad variable)."""
     nnodes = _int(env, "NNODES", None, 1)
-    settings = {
-        "nnodes": nnodes, "slurm_nnodes": _int(env, "SLURM_NNODES", 1, 1),
-        "max_tokens": _int(env, "MAX_TOKENS", None, 1), "update_freq": _int(env, "UPDATE_FREQ", None, 1),
-        "max_update": _int(env, "MAX_UPDATE", None, 1), "average": _int(env, "AVERAGE", None, 0),
-        "seed": _int(env, "SEED", 1, 0), "node_rank": _int(env, "NODE_RANK", 0, 0, (nnodes or 1) - 1),
-        "master_port": _int(env, "MASTER_PORT", None, 1, 65535), "slurm_job_id": _int(env, "SLURM_JOB_ID", 0, 0),
-        "slurm_node_id": _int(env, "SLURM_NODEID", 0, 0),
-        "precision": None if env_checks.get(env, "PRECISION") is None
+    return TrainOptions(
+        nnodes=nnodes, slurm_nnodes=_int(env, "SLURM_NNODES", 1, 1),
+        max_tokens=_int(env, "MAX_TOKENS", None, 1), update_freq=_int(env, "UPDATE_FREQ", None, 1),
+        max_update=_int(env, "MAX_UPDATE", None, 1), average=_int(env, "AVERAGE", None, 0),
+        node_rank=_int(env, "NODE_RANK", 0, 0, (nnodes or 1) - 1),
+        master_addr=_env(env, "MASTER_ADDR", "127.0.0.1"),
+        master_port=_int(env, "MASTER_PORT", None, 1, 65535), slurm_job_id=_int(env, "SLURM_JOB_ID", 0, 0),
+        slurm_node_id=_int(env, "SLURM_NODEID", 0, 0),
+        precision=None if env_checks.get(env, "PRECISION") is None
         else env_checks.parse_choice("PRECISION", env["PRECISION"], PRECISIONS),
-        "dry_run": env_checks.parse_flag("DRY_RUN", env.get("DRY_RUN")),
-        "resume_anyway": env_checks.parse_flag(save_dirs.RESUME_ENV, env.get(save_dirs.RESUME_ENV)),
-        "embeddings": None if env_checks.get(env, "EMBEDDINGS") is None
+        dry_run=env_checks.parse_flag("DRY_RUN", env.get("DRY_RUN")),
+        resume_anyway=env_checks.parse_flag(save_dirs.RESUME_ENV, env.get(save_dirs.RESUME_ENV)),
+        embeddings=None if env_checks.get(env, "EMBEDDINGS") is None
         else env_checks.parse_choice("EMBEDDINGS", env["EMBEDDINGS"], EMBEDDINGS),
-    }
-    return settings
+        checkpoints=_env(env, "CHECKPOINTS", "checkpoints"),
+    )
+
+
+def request_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=None,
+                     gpus: Optional[int] = None) -> TrainRequest:
+    """The request of ``scripts/train.sh DATASET SETTING EXTRA...``: every variable of ``env`` (default: this
+    process's environment) checked before anything runs. ``gpus`` overrides ``GPUS``; a ``GPUS`` above the
+    visible devices is an error here."""
+    env = dict(os.environ if env is None else env)
+    options = options_from_env(env)  # every variable, before anything else
+    seed = _int(env, "SEED", 1, 0)
+    if gpus is None:
+        gpus = parse_gpus(env.get("GPUS"))
+        select_gpus(gpus, env, visible_gpus())  # more than are visible: stop now
+    save_dir = _env(env, "SAVE_DIR")
+    return TrainRequest(dataset=dataset, setting=setting_or_arch, extra=tuple(extra), seed=seed,
+                        save_dir=Path(save_dir) if save_dir else None,
+                        data_bin=Path(_env(env, "DATA_BIN", "data-bin")), gpus=gpus, options=options)
+
+
+def command_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None):
+    """:func:`build_command` of :func:`request_from_env`'s request."""
+    return build_command(request_from_env(dataset, setting_or_arch, extra, env=env, gpus=gpus))
+
+
+def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None) -> Dict:
+    """:func:`run` of :func:`request_from_env`'s request, ``env`` also being the training processes' environment."""
+    return run(request_from_env(dataset, setting_or_arch, extra, env=env, gpus=gpus), env=env)
 
 
 def tensorboard_available() -> bool:
@@ -345,46 +415,44 @@ def eval_bleu_args(meta: Dict) -> List[str]:
     return args + ["--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
-def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None):
-    """Return (fairseq-train arguments, launcher prefix, info dict) for this run.
+def build_command(request: TrainRequest):
+    """Return (fairseq-train arguments, launcher prefix, info dict) for ``request``.
 
-    The save directory is ``SAVE_DIR`` when given (or a ``--save-dir`` among the extra options), else
+    The save directory is ``request.save_dir`` when given (or a ``--save-dir`` among the extra options), else
     ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the effective options>`` (:mod:`diverse_fairseq.save_dir`).
-    ``gpus`` is the number of GPUs per node the command is made for; None: ``GPUS`` from ``env`` (checked
-    against the visible devices), or every visible GPU when it is unset."""
-    env = dict(os.environ if env is None else env)
-    checked = check_env(env)  # every variable, before anything else
-    if gpus is None:
-        gpus, _ = select_gpus(parse_gpus(env.get("GPUS")), env, visible_gpus())
+    The launcher runs ``-m fairseq_cli.train`` (or ``request.entry``) with the arguments: torchrun when
+    ``options.nnodes`` is set, else this Python; ``info["args"]`` are the arguments, ``info["launcher"]`` the prefix."""
+    o, dataset, setting_or_arch, extra = request.options, request.dataset, request.setting, list(request.extra)
+    gpus = visible_gpus() if request.gpus is None else request.gpus
     key, s, arch = resolve_setting(setting_or_arch)
-    data = Path(_env(env, "DATA_BIN", "data-bin")) / dataset
+    data = Path(request.data_bin) / dataset
     meta_file = data / "prepare.json"
     if not meta_file.exists():
         raise SystemExit(f"error: {meta_file} not found; prepare the data first: scripts/prepare_data.sh {dataset}")
     meta = json.loads(meta_file.read_text())
-    nnodes = checked["nnodes"] or checked["slurm_nnodes"]
+    nnodes = o.nnodes or o.slurm_nnodes
     world = max(1, gpus) * nnodes
-    max_tokens = checked["max_tokens"] or s.max_tokens
-    freq = checked["update_freq"] or update_freq(s.batch_tokens, world, max_tokens)
+    max_tokens = o.max_tokens or s.max_tokens
+    freq = o.update_freq or update_freq(s.batch_tokens, world, max_tokens)
     name = f"{dataset}_{setting_or_arch}"
     placeholder = "\0SAVE_DIR\0"  # replaced below: the default save directory depends on the other options
     args = [
         str(data), "--user-dir", USER_DIR, "--task", "translation",
         "--source-lang", meta["source_lang"], "--target-lang", meta["target_lang"],
         "--arch", arch, *s.extra,
-        *embedding_args(checked["embeddings"] or s.embeddings, bool(meta.get("joined_dictionary"))),
+        *embedding_args(o.embeddings or s.embeddings, bool(meta.get("joined_dictionary"))),
         *model_args(s),
         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", f"{s.adam_eps:g}", "--clip-norm", "0.0",
         "--lr", str(s.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
         "--warmup-init-lr", "1e-07", "--dropout", str(s.dropout), "--weight-decay", str(s.weight_decay),
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", str(max_tokens), "--update-freq", str(freq),
-        "--max-update", str(checked["max_update"] or s.max_update),
+        "--max-update", str(o.max_update or s.max_update),
         "--save-dir", placeholder,
         *(["--tensorboard-logdir", placeholder + "/tensorboard"] if tensorboard_available() else []),
-        "--log-format", "simple", "--log-interval", str(s.log_interval), "--seed", str(checked["seed"]),
+        "--log-format", "simple", "--log-interval", str(s.log_interval), "--seed", str(request.seed),
     ]
-    average = s.average if checked["average"] is None else checked["average"]
+    average = s.average if o.average is None else o.average
     keep = max(s.keep_checkpoints, average)  # AVERAGE=N needs the last N checkpoints
     if s.save_interval_updates:
         args += ["--save-interval-updates", str(s.save_interval_updates),
@@ -393,7 +461,7 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
         args += ["--keep-last-epochs", str(keep)]
     if s.best_by_bleu:
         args += eval_bleu_args(meta) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
-    precision = checked["precision"] or ("fp16" if gpus else "fp32")
+    precision = o.precision or ("fp16" if gpus else "fp32")
     if gpus == 0:
         args.append("--cpu")
         if precision != "fp32":
@@ -406,36 +474,35 @@ def build_command(dataset: str, setting_or_arch: str, extra: List[str], env=None
             args.append("--fp16-no-flatten-grads")
     if world > 1:
         args.append("--load-checkpoint-on-all-dp-ranks")  # resuming under torch >= 2.6 (docs/fairseq-notes.md)
-    launcher = []
-    rank = checked["node_rank"]
-    if checked["nnodes"]:
+    entry = [request.entry] if request.entry else ["-m", "fairseq_cli.train"]
+    launcher = [sys.executable, *entry]
+    if o.nnodes:
         args += ["--distributed-world-size", str(world)]
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
-                    "--node-rank", str(rank), "--nproc-per-node", str(max(1, gpus)),
-                    "--master-addr", _env(env, "MASTER_ADDR", "127.0.0.1"),
-                    "--master-port", str(checked["master_port"] or 29500), "-m", "fairseq_cli.train"]
+                    "--node-rank", str(o.node_rank), "--nproc-per-node", str(max(1, gpus)),
+                    "--master-addr", o.master_addr, "--master-port", str(o.master_port or 29500), *entry]
     elif nnodes > 1:  # SLURM: fairseq derives ranks and the master from the SLURM variables
         args += ["--distributed-world-size", str(world),
-                 "--distributed-port", str(checked["master_port"] or 12000 + checked["slurm_job_id"] % 20000)]
-    extra = list(extra)
-    explicit = _env(env, "SAVE_DIR") or save_dirs.effective_options(extra).get("--save-dir")
+                 "--distributed-port", str(o.master_port or 12000 + o.slurm_job_id % 20000)]
+    explicit = request.save_dir or save_dirs.effective_options(extra).get("--save-dir")
     if explicit:
         save_dir = Path(explicit)
     else:
-        checkpoints = Path(_env(env, "CHECKPOINTS", "checkpoints"))
-        save_dir = save_dirs.default_save_dir(checkpoints, name, args + extra, meta)
+        save_dir = save_dirs.default_save_dir(Path(o.checkpoints), name, args + extra, meta)
     args = [a.replace(placeholder, str(save_dir)) for a in args]
     info = {"setting": key, "arch": arch, "gpus": gpus, "nodes": nnodes, "world": world, "max_tokens": max_tokens,
             "update_freq": freq, "tokens_per_update": world * max_tokens * freq, "paper_tokens_per_update": s.batch_tokens,
             "save_dir": str(save_dir), "average": average, "update_based": bool(s.save_interval_updates),
-            "rank0": rank == 0 and checked["slurm_node_id"] == 0, "data_meta": meta,
+            "rank0": o.node_rank == 0 and o.slurm_node_id == 0, "data_meta": meta,
             # the checkpoint a single model is evaluated from: the best by validation BLEU where the setting
             # keeps it (the THUMT papers' choice), else the last
             "single_checkpoint": "checkpoint_best.pt" if s.best_by_bleu else "checkpoint_last.pt"}
-    return args + extra, launcher, info
+    args = args + extra
+    info["args"], info["launcher"] = args, launcher
+    return args, launcher, info
 
 
-def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Optional[int] = None) -> Dict:
+def run(request: TrainRequest, env=None) -> Dict:
     """Train (resuming from SAVE_DIR/checkpoint_last.pt if present), then average; return the run's info.
 
     A finished run, whose ``checkpoint_last.pt`` has reached ``--max-update`` (``MAX_UPDATE``), is left alone
@@ -448,15 +515,17 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
     ``info["checkpoint"]`` is the checkpoint to evaluate: the average of the last N checkpoints when
     ``AVERAGE=N`` asks for one and enough checkpoints exist, else ``checkpoint_last.pt``;
     ``info["averaged"]`` is the number of checkpoints averaged into it (0: a single model, as the journal
-    version reports). ``gpus`` (default: ``GPUS`` from ``env``, or every visible GPU) restricts training to the
-    first ``gpus`` visible devices (:func:`select_gpus`).
+    version reports). ``request.gpus`` (None: every visible GPU) restricts training to the first ``gpus``
+    visible devices (:func:`select_gpus`). ``env`` is the training processes' environment (default: this
+    process's), their ``CUDA_VISIBLE_DEVICES`` set to the chosen devices; no training option is read from it.
     """
     env = dict(os.environ if env is None else env)
-    requested = gpus if gpus is not None else parse_gpus(env.get("GPUS"))
-    gpus, device_env = select_gpus(requested, env, visible_gpus())
+    gpus, device_env = select_gpus(request.gpus, env, visible_gpus())
     env.update(device_env)
-    args, launcher, info = build_command(dataset, setting_or_arch, extra, env=env, gpus=gpus)
-    cmd = (launcher or [sys.executable, "-m", "fairseq_cli.train"]) + args
+    request = replace(request, gpus=gpus)
+    dataset, setting_or_arch = request.dataset, request.setting
+    args, launcher, info = build_command(request)
+    cmd = launcher + args
     device = f"{info['world']} GPU(s)" if info["gpus"] else "the CPU"
     print(f"[train] {dataset} {setting_or_arch}: {info['arch']} on {device}, "
           f"{info['max_tokens']} tokens x {info['world']} x update-freq {info['update_freq']} = "
@@ -473,7 +542,8 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
     info["averaged"] = 0
     info["finished_earlier"] = False
     check_model_options(args)  # e.g. --routing-* without a routing architecture: before anything runs
-    warning = save_dirs.check_resume(save_dir, args, info["data_meta"], env)  # refuses a different run
+    warning = save_dirs.check_resume(save_dir, args, info["data_meta"],
+                                     resume_anyway=request.options.resume_anyway)  # refuses a different run
     if warning:
         print(f"[train] warning: {warning}", flush=True)
     max_update = int(save_dirs.effective_options(args).get("--max-update") or 0)
@@ -484,13 +554,13 @@ def run(dataset: str, setting_or_arch: str, extra: List[str], env=None, gpus: Op
               f"To train further, raise MAX_UPDATE (e.g. MAX_UPDATE={2 * max_update}: the run resumes in the same "
               f"directory); to train afresh, delete it or give another SAVE_DIR. Evaluate with: "
               f"scripts/evaluate.sh {save_dir}/checkpoint_last.pt {dataset}", flush=True)
-        if not env_checks.parse_flag("DRY_RUN", env.get("DRY_RUN")):
+        if not request.options.dry_run:
             _average(info, save_dir, reuse=True)
         return info
     resume = "resuming from" if (save_dir / "checkpoint_last.pt").exists() else "new run in"
     print(f"[train] {resume} {save_dir}; evaluate with: scripts/evaluate.sh {save_dir}/checkpoint_last.pt {dataset}",
           flush=True)
-    if env_checks.parse_flag("DRY_RUN", env.get("DRY_RUN")):
+    if request.options.dry_run:
         return info
     save_dir.mkdir(parents=True, exist_ok=True)
     save_dirs.write_args(save_dir, args, info["data_meta"], cmd)
@@ -593,7 +663,7 @@ def main(argv=None):
         setting, extra = default_setting(dataset, os.environ.get("DATA_BIN") or "data-bin"), rest
         print(f"[train] no setting given: {dataset} trains with {setting!r} (name one to choose: "
               f"{', '.join(SETTINGS)})", flush=True)
-    run(dataset, setting, extra)
+    run_from_env(dataset, setting, extra)
     return 0
 
 

@@ -89,7 +89,7 @@ def differences(cfg: dict, path: Path, tmp_path: Path):
     arch = cfg["model"]["_name"]
     setting = training.resolve_setting(arch)[1]
     gpus = setting.batch_tokens // setting.max_tokens  # the GPUs the papers' batch is made of
-    args, _, _ = training.build_command(dataset, arch, method_flags(cfg), gpus=gpus,
+    args, _, _ = training.command_from_env(dataset, arch, method_flags(cfg), gpus=gpus,
                                         env={"DATA_BIN": str(data_bin), "PRECISION": "fp32"})
     data, flags = hydra_flags(cfg)
     assert data == "???", f"{path.name}: task.data must be left to the command line"

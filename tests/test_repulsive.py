@@ -276,17 +276,18 @@ def _update(optimizer, model, clip=0.5, call_clip=True, sample_size=30.0):
 
 
 @pytest.fixture
-def seen(monkeypatch):
-    """The gradients handed to the SVGD transform, one [G, M, D] tensor per group and step."""
+def seen():
+    """The gradients handed to the SVGD transform, one [G, M, D] tensor per group and step, as the documented
+    observer hook (``add_svgd_observer``, the kernel probe's) sees them."""
     calls = []
-    real = particle_adam_module.svgd_update_
 
-    def spy(theta, grad, out, alpha, stepsize, bandwidth, grad_scale=None):
+    def observer(theta, grad, rule, grad_scale):
         calls.append(grad.detach().clone() * (1.0 if grad_scale is None else grad_scale))
-        return real(theta, grad, out, alpha, stepsize, bandwidth, grad_scale=grad_scale)
 
-    monkeypatch.setattr(particle_adam_module, "svgd_update_", spy)
-    return calls
+    remove = particle_adam_module.add_svgd_observer(observer)
+    yield calls
+    remove()
+    assert observer not in particle_adam_module.SVGD_OBSERVERS
 
 
 def _build(cfg, params):

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import fake_prepared
 from diverse_fairseq import save_dir as save_dirs
-from diverse_fairseq.training import build_command, run
+from diverse_fairseq.training import command_from_env, run_from_env
 
 REPO = Path(__file__).resolve().parents[1]
 DISAGREEMENT = ["--arch", "diverse_transformer", "--criterion", "label_smoothed_cross_entropy_with_disagreement",
@@ -25,7 +25,7 @@ def env(tmp_path):
 
 
 def save_dir(env, extra, **more):
-    return build_command("demo", "tiny", extra, env=dict(env, **more), gpus=0)[2]["save_dir"]
+    return command_from_env("demo", "tiny", extra, env=dict(env, **more), gpus=0)[2]["save_dir"]
 
 
 def test_every_variant_gets_its_own_directory(env):
@@ -45,13 +45,13 @@ def test_every_variant_gets_its_own_directory(env):
 
 def test_explicit_save_dir_wins(env, tmp_path):
     assert save_dir(env, DISAGREEMENT, SAVE_DIR=str(tmp_path / "mine")) == str(tmp_path / "mine")
-    args, _, info = build_command("demo", "tiny", ["--save-dir", str(tmp_path / "flag")], env=env, gpus=0)
+    args, _, info = command_from_env("demo", "tiny", ["--save-dir", str(tmp_path / "flag")], env=env, gpus=0)
     assert info["save_dir"] == str(tmp_path / "flag") and args[-2:] == ["--save-dir", str(tmp_path / "flag")]
 
 
 def fake_trained(env, extra, where):
     """A save directory as a finished (or interrupted) run with ``extra`` leaves it."""
-    args, _, info = build_command("demo", "tiny", extra, env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    args, _, info = command_from_env("demo", "tiny", extra, env=dict(env, SAVE_DIR=str(where)), gpus=0)
     where.mkdir(parents=True)
     save_dirs.write_args(where, args, info["data_meta"], args)
     (where / "checkpoint_last.pt").write_bytes(b"not a real checkpoint")
@@ -60,7 +60,7 @@ def fake_trained(env, extra, where):
 def test_the_same_options_resume(env, tmp_path, capsys):
     where = tmp_path / "run"
     fake_trained(env, DISAGREEMENT, where)
-    info = run("demo", "tiny", DISAGREEMENT + ["--log-interval", "7"],
+    info = run_from_env("demo", "tiny", DISAGREEMENT + ["--log-interval", "7"],
                env=dict(env, SAVE_DIR=str(where), DRY_RUN="1", MAX_UPDATE="2000"), gpus=0)
     assert info["save_dir"] == str(where) and f"resuming from {where}" in capsys.readouterr().out
 
@@ -69,7 +69,7 @@ def test_other_options_are_refused_naming_them(env, tmp_path):
     where = tmp_path / "run"
     fake_trained(env, DISAGREEMENT, where)
     with pytest.raises(SystemExit) as err:
-        run("demo", "tiny", ["--arch", "diverse_transformer", "--lr", "1e-3"],
+        run_from_env("demo", "tiny", ["--arch", "diverse_transformer", "--lr", "1e-3"],
             env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
     message = str(err.value)
     assert "--criterion label_smoothed_cross_entropy_with_disagreement → label_smoothed_cross_entropy" in message
@@ -83,18 +83,18 @@ def test_changed_data_is_refused_and_resume_anyway_overrides(env, tmp_path, caps
     meta = Path(env["DATA_BIN"]) / "demo" / "prepare.json"
     meta.write_text(json.dumps(dict(json.loads(meta.read_text()), bpe_size=999)))
     with pytest.raises(SystemExit, match=r"the prepared data \(prepare.json"):
-        run("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
-    run("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), DRY_RUN="1", RESUME_ANYWAY="1"), gpus=0)
+        run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
+    run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), DRY_RUN="1", RESUME_ANYWAY="1"), gpus=0)
     assert "RESUME_ANYWAY=1: resuming" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="RESUME_ANYWAY='yes' is not valid"):
-        run("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), DRY_RUN="1", RESUME_ANYWAY="yes"), gpus=0)
+        run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), DRY_RUN="1", RESUME_ANYWAY="yes"), gpus=0)
 
 
 def test_a_directory_without_stored_options_resumes_with_a_warning(env, tmp_path, capsys):
     where = tmp_path / "old"
     where.mkdir()
     (where / "checkpoint_last.pt").write_bytes(b"x")
-    run("demo", "tiny", DISAGREEMENT, env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
+    run_from_env("demo", "tiny", DISAGREEMENT, env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
     assert "no train_args.json (trained by an older version)" in capsys.readouterr().out
 
 

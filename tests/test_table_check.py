@@ -88,8 +88,8 @@ def test_runner_trains_with_the_checked_command(table, row_id, scale_name, tmp_p
     (data_bin / dataset / "prepare.json").write_text('{"source_lang": "en", "target_lang": "de"}')
     seen = {}
 
-    def fake_run(dataset, setting, extra, env=None, gpus=None):
-        seen["args"] = training.build_command(dataset, setting, extra, env=env, gpus=gpus)[0]
+    def fake_run(request, env=None):
+        seen["args"] = training.build_command(request)[0]
         raise _Captured
 
     monkeypatch.setattr(runner.training, "run", fake_run)
@@ -192,10 +192,10 @@ def test_the_shared_embedding_model_stays_available_and_is_not_the_papers(tmp_pa
     data_bin = tmp_path / "data-bin"
     check.write_synthetic_data(data_bin, "wmt14_en_de")
     env = {"DATA_BIN": str(data_bin), "SAVE_DIR": str(tmp_path / "run"), "PRECISION": "fp32"}
-    args, _, _ = training.build_command("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="shared"), gpus=8)
+    args, _, _ = training.command_from_env("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="shared"), gpus=8)
     assert "--share-decoder-input-output-embed" in args
     built = check.count_parameters(args)
-    untied, _, _ = training.build_command("wmt14_en_de", "base", [], env=env, gpus=8)
+    untied, _, _ = training.command_from_env("wmt14_en_de", "base", [], env=env, gpus=8)
     assert check.count_parameters(untied) - built == 28_544 * 512  # the output matrix of the German dictionary
     assert not check.compare_parameters(built, 88.0)[0]
 

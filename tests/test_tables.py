@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diverse_fairseq import training
 from diverse_fairseq.tables import report, runner
 from diverse_fairseq.env_checks import parse_seeds
 from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs
@@ -108,7 +109,7 @@ def _fake_run(root: Path, row_id: str, seed: int, hyps, refs, **record):
     bleu = _bleu(sum(_bleu_stats(h, r) for h, r in zip(hyps, refs)))
     base = {"seed": seed, "parameters": 1_440_000, "train_steps_per_second": 5.0, "updates": 3,
             "checkpoint": str(root / row_id / f"seed{seed}" / "checkpoint_last.pt"),
-            "command": ["data", "--share-all-embeddings"], "averaged_checkpoints": 0, "reused": False,
+            "train_args": ["data", "--share-all-embeddings"], "averaged_checkpoints": 0, "reused": False,
             "trained_at": "2024-01-01 00:00:00",
             "eval": {"out": str(out), "target_lang": "de", "bleu": bleu, "tok_bleu": bleu,
                      "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:x",
@@ -254,9 +255,10 @@ def _key(root: Path, out="results", seed=1, args=(), env=None, train_args=()):
                            data_bin=root / "data-bin", train_args=list(train_args))
     row = runner.Row(id="r", label="R", family="transformer", args=list(args))
     run_dir = run.run_dir(row, seed)
-    full_env = dict(env or {}, SAVE_DIR=str(run_dir), SEED=str(seed), DATA_BIN=str(run.data_bin))
     extra = ["--arch", "transformer", *args, "--log-file", str(run_dir / "train.log"), *run.train_args]
-    return runner.cache_key(run, seed, "tiny", extra, full_env)
+    request = training.TrainRequest("demo", "tiny", tuple(extra), seed=seed, save_dir=run_dir, data_bin=run.data_bin,
+                                    gpus=0, options=training.options_from_env(env or {}))
+    return runner.cache_key(run, request)
 
 
 def test_cache_key_is_the_effective_command(prepared):
@@ -323,11 +325,11 @@ def test_training_without_a_tensorboard_writer_leaves_the_flag_out(prepared, mon
 
     env = {"DATA_BIN": str(prepared / "data-bin"), "SAVE_DIR": str(prepared / "run"), "DRY_RUN": "1"}
     monkeypatch.setattr(training, "tensorboard_available", lambda: True)
-    args, _, _ = training.build_command("demo", "tiny", [], env=env, gpus=0)
+    args, _, _ = training.command_from_env("demo", "tiny", [], env=env, gpus=0)
     assert args[args.index("--tensorboard-logdir") + 1] == str(prepared / "run" / "tensorboard")
     monkeypatch.setattr(training, "tensorboard_available", lambda: False)
-    training.run("demo", "tiny", [], env=env, gpus=0)
-    assert "--tensorboard-logdir" not in training.build_command("demo", "tiny", [], env=env, gpus=0)[0]
+    training.run_from_env("demo", "tiny", [], env=env, gpus=0)
+    assert "--tensorboard-logdir" not in training.command_from_env("demo", "tiny", [], env=env, gpus=0)[0]
     assert "no tensorboard logs: neither tensorboardX nor tensorboard is installed" in capsys.readouterr().out
 
 
@@ -373,7 +375,10 @@ def test_rows_with_one_demo_model_are_trained_once(tmp_path, monkeypatch):
 
 
 def _settings(monkeypatch, **env):
-    for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS", "DRY_RUN"):
+    for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS", "DRY_RUN", "MAX_TOKENS",
+                 "UPDATE_FREQ", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "NNODES", "NODE_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "SLURM_NNODES", "SLURM_JOB_ID", "SLURM_NODEID", "CHECKPOINTS", "RESUME_ANYWAY", "ROWS",
+                 "SUBSETS", "TRAIN_HOOK"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -414,7 +419,9 @@ def test_good_environment(monkeypatch):
     settings = _settings(monkeypatch, SCALE="paper", SEEDS="3", GPUS="0", THREADS="2", JOBS="4",
                          TRAIN_ARGS="--lr '1e-3'")
     assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
-                        "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False}
+                        "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False,
+                        "train_options": training.TrainOptions(), "subsets": ["test"], "train_hook": None}
+    assert _settings(monkeypatch, MAX_UPDATE="7")["train_options"] == training.TrainOptions(max_update=7)
     assert _settings(monkeypatch, DRY_RUN="1")["dry_run"]
     assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
     assert parse_seeds("SEEDS", "5,2") == [5, 2]
@@ -605,3 +612,49 @@ def test_evaluation_cache_sees_a_changed_checkpoint(prepared, monkeypatch):
     run.out_dir = moved
     assert runner.evaluate_row(row, run, 1, str(run.run_dir(row, 1) / "checkpoint_last.pt"))["bleu"] == 2.0
     assert len(calls) == 2
+
+
+def test_a_row_launched_through_torchrun_records_its_fairseq_train_arguments(prepared, monkeypatch):
+    """NNODES=1 makes training start fairseq through torchrun (``training.build_command``): the run record keeps
+    fairseq-train's own arguments, not a slice of the launcher's command line."""
+    started = []
+
+    def fake_fairseq(cmd, env):  # writes the log a real run's record is read from
+        started.append(cmd)
+        save_dir = Path(cmd[cmd.index("--save-dir") + 1])
+        (save_dir / "train.log").write_text('{"epoch": 1, "train_loss": "5.5", "train_num_updates": "3"}\n')
+        return 0, ""
+
+    monkeypatch.setattr(training, "call_keeping_error", fake_fairseq)
+    run = runner.RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
+                           data_bin=prepared / "data-bin", train_options=training.options_from_env({"NNODES": "1"}))
+    row = runner.Row(id="r", label="R", family="transformer", args=["--dropout", "0.2"])
+    record = runner.train_row(row, run, 1)
+    [cmd] = started
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[cmd.index("--nnodes") + 1] == "1"
+    entry = cmd.index("fairseq_cli.train")
+    assert cmd[entry - 1] == "-m" and record["train_args"] == cmd[entry + 1:]
+    assert record["train_args"][0] == str(prepared / "data-bin" / "demo")
+    assert record["train_args"][-6:] == ["--dropout", "0.2", "--log-file", str(run.run_dir(row, 1) / "train.log"),
+                                         "--log-format", "json"]
+    assert json.loads((run.run_dir(row, 1) / "train.json").read_text())["train_args"] == record["train_args"]
+    assert record["updates"] == 3 and record["train_loss"] == 5.5
+
+
+def test_rows_and_subsets_are_chosen_on_the_command_line(capsys):
+    from diverse_fairseq.tables.__main__ import parse_hook, parse_subsets, select_rows
+    from diverse_fairseq.tables.spec import load_table
+
+    table = load_table(str(REPO / "configs" / "experiments" / "repulsive_diagnosis.yaml"))
+    chosen = select_rows(table, "drive_only,authors_bw")
+    assert [r.id for r in chosen.rows] == ["svgd", "drive_only", "authors_bw"]  # the baseline runs too
+    assert "also running svgd, the baseline" in capsys.readouterr().out
+    assert select_rows(table, "") is table
+    with pytest.raises(SystemExit, match=r"ROWS \(--rows\)='svdg' is not valid: svdg not in table"):
+        select_rows(table, "svdg")
+    assert parse_subsets("valid,test") == ["valid", "test"] and parse_subsets("valid") == ["valid"]
+    with pytest.raises(SystemExit, match=r"SUBSETS \(--subsets\)='dev' is not valid: use valid, test"):
+        parse_subsets("dev")
+    assert parse_hook(str(REPO / "scripts" / "experiments" / "kernel_probe.py")).endswith("kernel_probe.py")
+    with pytest.raises(SystemExit, match=r"TRAIN_HOOK \(--train-hook\)='nope.py' is not valid"):
+        parse_hook("nope.py")

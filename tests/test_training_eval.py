@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from conftest import fake_prepared, lines
 from diverse_fairseq.average_checkpoints import average_checkpoints, last_n_checkpoints
 from diverse_fairseq.evaluate import parse_generate_output, parse_generate_speed
-from diverse_fairseq.training import build_command, resolve_setting, update_freq
+from diverse_fairseq.training import command_from_env, resolve_setting, update_freq
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -47,8 +48,8 @@ def test_settings_and_architecture_names():
 
 def test_command_on_gpus_with_passthrough(data_bin):
     env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
-    args, launcher, info = build_command("wmt14_en_de", "big", ["--criterion", "x", "--lr", "1e-3"], env=env, gpus=2)
-    assert launcher == [] and info["update_freq"] == 4 and info["tokens_per_update"] == 8 * 4096
+    args, launcher, info = command_from_env("wmt14_en_de", "big", ["--criterion", "x", "--lr", "1e-3"], env=env, gpus=2)
+    assert launcher == [sys.executable, "-m", "fairseq_cli.train"] and info["update_freq"] == 4 and info["tokens_per_update"] == 8 * 4096
     assert value(args, "--arch") == ["transformer_vaswani_wmt_en_de_big"] and "--fp16" in args
     # the papers' big setting: dropout 0.1 and lr 5e-4 (journal §4.1.1), single models (no averaging)
     assert value(args, "--dropout") == ["0.1"] and value(args, "--lr")[0] == "0.0005"
@@ -66,7 +67,7 @@ def test_command_on_gpus_with_passthrough(data_bin):
     assert value(args, "--tensorboard-logdir") == [save + "/tensorboard"] and info["save_dir"] == save
     assert info["average"] == 0 and info["update_based"]
     # averaging stays an option: AVERAGE=N keeps at least the last N checkpoints
-    args, _, info = build_command("wmt14_en_de", "big", [], env=dict(env, AVERAGE="30"), gpus=2)
+    args, _, info = command_from_env("wmt14_en_de", "big", [], env=dict(env, AVERAGE="30"), gpus=2)
     assert info["average"] == 30 and value(args, "--keep-interval-updates") == ["30"]
 
 
@@ -74,22 +75,22 @@ def test_embeddings_choice(data_bin):
     """EMBEDDINGS=shared gives fairseq's standard model on the THUMT settings; a bad value names the choices;
     the EMNLP 2020 settings (fairseq's) share, with Adam's eps 1e-8 and the last checkpoint."""
     env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
-    args, _, _ = build_command("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="shared"), gpus=8)
+    args, _, _ = command_from_env("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="shared"), gpus=8)
     assert "--share-all-embeddings" in args  # the fixture's dictionary is joined
     with pytest.raises(SystemExit, match="EMBEDDINGS"):
-        build_command("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="tied"), gpus=8)
-    args, _, info = build_command("wmt14_en_de", "fairseq_base", [], env=env, gpus=8)
+        command_from_env("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="tied"), gpus=8)
+    args, _, info = command_from_env("wmt14_en_de", "fairseq_base", [], env=env, gpus=8)
     assert "--share-all-embeddings" in args and "--encoder-normalize-before" not in args and "--eval-bleu" not in args
     assert value(args, "--adam-eps") == ["1e-08"] and value(args, "--warmup-updates") == ["8000"]
     assert info["single_checkpoint"] == "checkpoint_last.pt"
-    args, _, _ = build_command("wmt14_en_de", "small", [], env=env, gpus=1)
+    args, _, _ = command_from_env("wmt14_en_de", "small", [], env=env, gpus=1)
     assert value(args, "--adam-eps") == ["1e-08"] and "--share-all-embeddings" in args
 
 
 def test_the_demo_command_is_unchanged(tmp_path):
     """The demo scale's command (its results are cached under its full command) is exactly what it was."""
     data_bin = fake_prepared(tmp_path / "data-bin", "demo")
-    args, _, _ = build_command("demo", "tiny", [], env={"DATA_BIN": str(data_bin), "SAVE_DIR": "/s"}, gpus=0)
+    args, _, _ = command_from_env("demo", "tiny", [], env={"DATA_BIN": str(data_bin), "SAVE_DIR": "/s"}, gpus=0)
     start = args.index("--arch")
     assert args[start:args.index("--criterion")] == [
         "--arch", "transformer", "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128",
@@ -103,28 +104,26 @@ def test_the_demo_command_is_unchanged(tmp_path):
 
 def test_run_records_whether_checkpoints_were_averaged(data_bin, monkeypatch):
     from diverse_fairseq import training
-    from diverse_fairseq.training import run
-
     monkeypatch.setattr(training, "visible_gpus", lambda: 8)
-    info = run("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "DRY_RUN": "1"}, gpus=8)
+    info = training.run_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "DRY_RUN": "1"}, gpus=8)
     assert info["averaged"] == 0 and info["checkpoint"].endswith("checkpoint_last.pt")
 
 
 def test_command_multi_node_and_cpu(data_bin):
     env = {"DATA_BIN": str(data_bin), "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "2222"}
-    args, launcher, info = build_command("wmt14_en_de", "base", [], env=env, gpus=8)
+    args, launcher, info = command_from_env("wmt14_en_de", "base", [], env=env, gpus=8)
     assert launcher[1:4] == ["-m", "torch.distributed.run", "--nnodes"] and "fairseq_cli.train" in launcher
     assert value(launcher, "--nproc-per-node") == ["8"] and value(launcher, "--master-addr") == ["10.0.0.1"]
     assert value(args, "--distributed-world-size") == ["16"] and info["update_freq"] == 1 and not info["rank0"]
     slurm = {"DATA_BIN": str(data_bin), "SLURM_NNODES": "2", "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
-    args, launcher, info = build_command("wmt14_en_de", "base", [], env=slurm, gpus=4)
-    assert launcher == [] and value(args, "--distributed-port") == ["12077"] and info["world"] == 8
-    args, _, info = build_command("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin)}, gpus=0)
+    args, launcher, info = command_from_env("wmt14_en_de", "base", [], env=slurm, gpus=4)
+    assert launcher == [sys.executable, "-m", "fairseq_cli.train"] and value(args, "--distributed-port") == ["12077"] and info["world"] == 8
+    args, _, info = command_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin)}, gpus=0)
     assert "--cpu" in args and "--fp16" not in args and info["update_freq"] == 8
     with pytest.raises(SystemExit, match="only PRECISION=fp32"):
-        build_command("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "PRECISION": "fp16"}, gpus=0)
+        command_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "PRECISION": "fp16"}, gpus=0)
     with pytest.raises(SystemExit, match="prepare the data first"):
-        build_command("iwslt14_de_en", "small", [], env={"DATA_BIN": str(data_bin)}, gpus=0)
+        command_from_env("iwslt14_de_en", "small", [], env={"DATA_BIN": str(data_bin)}, gpus=0)
 
 
 def _dry_run(monkeypatch, capsys, data_bin, visible, **env):

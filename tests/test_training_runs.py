@@ -25,7 +25,7 @@ def env(tmp_path):
 def trained(env, where: Path, updates: int, extra=()):
     """``where`` as a run of ``extra`` leaves it after ``updates`` updates: its train_args.json and a
     checkpoint_last.pt that records ``updates`` where fairseq does (optimizer_history[-1]["num_updates"])."""
-    args, _, info = training.build_command("demo", "tiny", list(extra), env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    args, _, info = training.command_from_env("demo", "tiny", list(extra), env=dict(env, SAVE_DIR=str(where)), gpus=0)
     where.mkdir(parents=True)
     save_dirs.write_args(where, args, info["data_meta"], args)
     torch.save({"optimizer_history": [{"num_updates": updates - 1}, {"num_updates": updates}],
@@ -43,14 +43,14 @@ def test_a_finished_run_is_left_alone(env, tmp_path, monkeypatch, capsys):
     before = (where / "checkpoint_last.pt").read_bytes()
     monkeypatch.setattr(subprocess, "Popen", no_training)
     monkeypatch.setattr(subprocess, "call", no_training)
-    info = training.run("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="150"), gpus=0)
+    info = training.run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="150"), gpus=0)
     out = capsys.readouterr().out
     assert f"already trained to 150 updates (--max-update 150): {where}; left as it is" in out
     assert "raise MAX_UPDATE (e.g. MAX_UPDATE=300" in out and "resuming from" not in out
     assert info["finished_earlier"] and info["checkpoint"] == str(where / "checkpoint_last.pt")
     assert (where / "checkpoint_last.pt").read_bytes() == before
     # the same through an extra --max-update (the last one counts), and in a dry run
-    training.run("demo", "tiny", ["--max-update", "100"], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="900",
+    training.run_from_env("demo", "tiny", ["--max-update", "100"], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="900",
                                                                   DRY_RUN="1"), gpus=0)
     assert "already trained to 150 updates (--max-update 100)" in capsys.readouterr().out
 
@@ -60,7 +60,7 @@ def test_a_run_short_of_max_update_resumes(env, tmp_path, monkeypatch, capsys):
     trained(env, where, 150)
     started = []
     monkeypatch.setattr(training, "call_keeping_error", lambda cmd, env: started.append(cmd) or (0, ""))
-    info = training.run("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="300"), gpus=0)
+    info = training.run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="300"), gpus=0)
     assert len(started) == 1 and not info["finished_earlier"] and f"resuming from {where}" in capsys.readouterr().out
 
 
@@ -97,7 +97,7 @@ def test_a_variable_of_the_table_runner_is_named(env, monkeypatch, capsys):
 def test_a_configuration_error_offers_no_resume_and_leaves_no_folder(env, tmp_path, capfd):
     where = tmp_path / "ck" / "new-run"
     with pytest.raises(SystemExit) as err:
-        training.run("demo", "tiny", ["--no-such-option"], env=dict(env, SAVE_DIR=str(where)), gpus=0)
+        training.run_from_env("demo", "tiny", ["--no-such-option"], env=dict(env, SAVE_DIR=str(where)), gpus=0)
     message = str(err.value)
     assert message.startswith("error: fairseq-train failed (exit 2): it wrote no checkpoint, so there is nothing "
                               f"to resume; removed the unused {where}")
@@ -131,7 +131,7 @@ def test_a_misspelled_setting_is_refused_with_the_nearest(env):
                                          r"architecture \(--arch\): did you mean the setting 'tiny'\?"):
         training.resolve_setting("tinny")
     with pytest.raises(SystemExit, match="did you mean the setting 'base'"):
-        training.build_command("demo", "bsae", [], env=env, gpus=0)
+        training.command_from_env("demo", "bsae", [], env=env, gpus=0)
     assert training.resolve_setting("transformer_tiny")[2] == "transformer_tiny"  # fairseq's own: accepted
     assert training.resolve_setting("routing_transformer_wmt_en_de")[:1] == ("base",)
 
@@ -146,11 +146,11 @@ def test_routing_flags_need_a_routing_architecture(env, monkeypatch, setting, ex
     monkeypatch.setattr(subprocess, "Popen", no_training)
     with pytest.raises(SystemExit, match=rf"--routing-.*: routing-by-agreement options, which --arch \S+ does not "
                                          rf"accept: add --arch {suggested} \(the same sizes"):
-        training.run("demo", setting, extra, env=dict(env, DRY_RUN="1"), gpus=0)
+        training.run_from_env("demo", setting, extra, env=dict(env, DRY_RUN="1"), gpus=0)
 
 
 def test_routing_flags_with_a_routing_architecture_pass(env):
     for extra in (["--arch", "diverse_transformer", "--routing-encoder-layers", "0"],
                   ["--arch", "routing_transformer_wmt_en_de", "--routing-iterations", "2"]):
-        info = training.run("demo", "tiny", extra, env=dict(env, DRY_RUN="1"), gpus=0)
+        info = training.run_from_env("demo", "tiny", extra, env=dict(env, DRY_RUN="1"), gpus=0)
         assert info["command"][-len(extra):] == extra

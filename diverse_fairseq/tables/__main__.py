@@ -1,5 +1,8 @@
 """``python -m diverse_fairseq.tables TABLE [--dataset D] [--scale demo|paper] [--seeds 1,2] [--gpus N]
-[--threads N] [--jobs N] [--dry-run 1]``.
+[--threads N] [--jobs N] [--rows a,b] [--subsets valid,test] [--train-hook SCRIPT] [--dry-run 1]``.
+
+TABLE is a table of ``configs/tables/`` or any table YAML, such as the diagnosis experiments of
+``configs/experiments/`` (docs/demo-findings.md).
 
 Every option defaults to an environment variable (in brackets), as the make targets pass them. The values
 are checked before any work starts; a bad one stops the run with a message naming the variable.
@@ -21,6 +24,7 @@ from .runner import RUNNER_FLAGS, RunConfig, run_table
 from .spec import REPO, TableSpecError, load_table
 
 SCALES = ("demo", "paper")
+SUBSETS = ("valid", "test")
 
 
 def build_parser():
@@ -48,6 +52,15 @@ def build_parser():
                         "downloaded there [PROBING_DATA] (default work/senteval_probing)")
     p.add_argument("--generate-args", default=env("GENERATE_ARGS", ""),
                    help="extra fairseq-generate flags for every row, e.g. '--beam 1' [GENERATE_ARGS]")
+    p.add_argument("--rows", default=env("ROWS", ""),
+                   help="comma-separated row ids to run (default: all); a chosen row's baseline runs too [ROWS]")
+    p.add_argument("--subsets", default=env("SUBSETS", "test"),
+                   help="comma-separated subsets to decode, valid and/or test; the first is the report's BLEU "
+                        "[SUBSETS] (default test)")
+    p.add_argument("--train-hook", default=env("TRAIN_HOOK"),
+                   help="a Python script started in place of 'python -m fairseq_cli.train' with the same arguments, "
+                        "to watch each training, e.g. scripts/experiments/kernel_probe.py (records the SVGD kernel); "
+                        "not part of the cache key, so a finished run is reused without it [TRAIN_HOOK]")
     p.add_argument("--dry-run", default=env("DRY_RUN", ""),
                    help="1: print every row's training and evaluation commands, run and write nothing [DRY_RUN]")
     return p
@@ -79,6 +92,43 @@ def default_jobs(jobs: int, gpus: int) -> int:
     return max(1, min(cores, jobs))
 
 
+def parse_subsets(text) -> List[str]:
+    """``SUBSETS``: distinct names among valid and test, comma-separated."""
+    subsets = [s.strip() for s in str(text).split(",")]
+    if not all(s in SUBSETS for s in subsets) or len(set(subsets)) != len(subsets):
+        raise env_checks.bad("SUBSETS (--subsets)", text, f"use {', '.join(SUBSETS)} or both, comma-separated")
+    return subsets
+
+
+def parse_hook(text) -> Optional[str]:
+    """``TRAIN_HOOK``: an existing Python script (absolute path), or None."""
+    if text in (None, ""):
+        return None
+    path = Path(text)
+    if not path.is_file() or path.suffix != ".py":
+        raise env_checks.bad("TRAIN_HOOK (--train-hook)", text, "name a Python script that exists, e.g. "
+                             "scripts/experiments/kernel_probe.py")
+    return str(path.resolve())
+
+
+def select_rows(table, text: str):
+    """``table`` with only the rows named in ``text`` (comma-separated ids) and their baselines; all when empty."""
+    from dataclasses import replace
+
+    wanted = [r.strip() for r in str(text or "").split(",") if r.strip()]
+    if not wanted:
+        return table
+    ids = [r.id for r in table.rows]
+    unknown = [r for r in wanted if r not in ids]
+    if unknown:
+        raise env_checks.bad("ROWS (--rows)", text, f"{', '.join(unknown)} not in table {table.table}: use ids among "
+                             f"{', '.join(ids)}")
+    keep = set(wanted) | {table.row(r).baseline for r in wanted}
+    for base in sorted(keep - set(wanted), key=ids.index):
+        print(f"[{table.table}] --rows: also running {base}, the baseline of the chosen rows", flush=True)
+    return replace(table, rows=[r for r in table.rows if r.id in keep])
+
+
 def check_settings(args) -> dict:
     """The validated run settings; raises SystemExit naming the first bad variable."""
     parse_int = env_checks.parse_int
@@ -87,10 +137,11 @@ def check_settings(args) -> dict:
                 "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1),
                 "train_args": env_checks.parse_words("TRAIN_ARGS (--train-args)", args.train_args),
                 "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args),
-                "dry_run": env_checks.parse_flag("DRY_RUN (--dry-run)", args.dry_run)}
+                "dry_run": env_checks.parse_flag("DRY_RUN (--dry-run)", args.dry_run),
+                "subsets": parse_subsets(args.subsets), "train_hook": parse_hook(args.train_hook),
+                # scripts/train.sh's launch variables (MAX_UPDATE, PRECISION, ...) apply to every row's training
+                "train_options": training.options_from_env(os.environ)}
     if settings["gpus"]:  # more GPUs than are visible: stop now, not when the first row starts training
-        from .. import training
-
         training.select_gpus(settings["gpus"], os.environ, training.visible_gpus())
     taken = [a for a in settings["train_args"] if a.split("=", 1)[0] in RUNNER_FLAGS]
     if taken:
@@ -164,7 +215,7 @@ def main(argv: Optional[List[str]] = None):
         print(f"[tables] warning: {warning}", flush=True)
     scale = settings["scale"]
     try:
-        table = load_table(args.table)
+        table = select_rows(load_table(args.table), args.rows)
         dataset = args.dataset or (table.paper_dataset if scale == "paper" else "demo")
         if not dataset:
             raise SystemExit("error: this table names no paper dataset; pass --dataset / DATASET")
@@ -179,7 +230,9 @@ def main(argv: Optional[List[str]] = None):
                     out_dir=out / f"{dataset}-{scale}", data_bin=Path(args.data_bin).resolve(),
                     train_args=settings["train_args"], generate_args=settings["generate_args"],
                     threads=settings["threads"], jobs=min(settings["jobs"] or default_jobs(n_jobs, settings["gpus"]),
-                                                          n_jobs), dry_run=settings["dry_run"])
+                                                          n_jobs), dry_run=settings["dry_run"],
+                    train_options=settings["train_options"], train_hook=settings["train_hook"],
+                    subsets=settings["subsets"])
     if run.dry_run:
         dry_run(table, run, args)  # ends the process (exit 0)
     if table.probing:
@@ -187,7 +240,7 @@ def main(argv: Optional[List[str]] = None):
     if dataset == "demo":
         ensure_demo_data(run.data_bin / dataset)
     results = run_table(table, run)
-    summary = summarise(table, results, dataset, scale)
+    summary = summarise(table, results, dataset, scale, subset=run.subsets[0])
     md = write_report(summary, out)
     print("\n" + md.read_text(encoding="utf-8"))
     print(f"written: {md}, {md.with_suffix('.json')} and {md.with_suffix('.png')}")

@@ -139,8 +139,10 @@ def row_command(row: Row, dataset: str, scale: str, data_bin: Path, gpus: int, p
     setting = run.setting(row)
     arch = row.arch(training.SETTINGS[setting].arch)
     extra = ["--arch", arch, *scale_mod.row_args(row.args, setting), *run.train_args, *LOG_FORMAT_ARGS]
-    env = {"DATA_BIN": str(data_bin), "SAVE_DIR": str(data_bin.parent / "checkpoints"), "PRECISION": precision}
-    args, _, _ = training.build_command(dataset, setting, extra, env=env, gpus=gpus)
+    request = training.TrainRequest(dataset=dataset, setting=setting, extra=tuple(extra), save_dir=data_bin.parent /
+                                    "checkpoints", data_bin=data_bin, gpus=gpus,
+                                    options=training.TrainOptions(precision=precision))
+    args, _, _ = training.build_command(request)
     return args
 
 

@@ -126,7 +126,7 @@ def averaged_checkpoints(record: Dict) -> int:
 
 def embedding_setup(record: Dict) -> Dict:
     """How the run's embeddings are shared (from its command) and its dictionary sizes (from the data)."""
-    command = record.get("command") or []
+    command = record.get("train_args") or record.get("command") or []  # "command": records of older runners
     sharing = ("all" if "--share-all-embeddings" in command else
                "decoder" if "--share-decoder-input-output-embed" in command else "none")
     data = Path(record["eval"].get("data", "")) if record.get("eval") else None
@@ -138,8 +138,9 @@ def embedding_setup(record: Dict) -> Dict:
     return {"sharing": sharing, "dictionary_sizes": sizes}
 
 
-def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale: str) -> Dict:
-    """Per-row numbers (mean, std and per-seed values), significance marks and the paper's numbers."""
+def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale: str, subset: str = "test") -> Dict:
+    """Per-row numbers (mean, std and per-seed values), significance marks and the paper's numbers; the BLEU is
+    that of ``subset`` (the runner's first ``--subsets``), the other decoded subsets' in ``bleu_by_subset``."""
     marks = significance(table, results)
     rows = []
     for row in table.rows:
@@ -154,6 +155,8 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
             "tok_bleu": tok[0], "tok_bleu_std": tok[1],
             "tok_bleu_per_seed": [r["eval"].get("tok_bleu") for r in runs],
             "signature": runs[0]["eval"].get("signature"),
+            "bleu_by_subset": {name: _mean_std([r["evals"][name]["bleu"] for r in runs])[0]
+                               for name in runs[0].get("evals", {})},
             "parameters": runs[0]["parameters"],
             "train_steps_per_second": _mean_std([r["train_steps_per_second"] for r in runs])[0],
             "decode_sentences_per_second": _mean_std(
@@ -181,7 +184,7 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
         if row.figure:
             entry["figure"] = row.figure  # the row's point in a figure (tables/figure.py)
         rows.append(entry)
-    summary = {"table": table.table, "title": table.title, "dataset": dataset, "scale": scale,
+    summary = {"table": table.table, "title": table.title, "dataset": dataset, "scale": scale, "subset": subset,
                "paper_dataset": table.paper_dataset, "baseline": table.baseline, "rows": rows}
     if table.figure_x:
         summary["figure_x"] = table.figure_x
@@ -301,10 +304,14 @@ def to_markdown(summary: Dict) -> str:
     head = ["System", "BLEU"] + (["per seed"] if seeds > 1 else []) + ["tok. BLEU", "Δ"]
     head += (["seeds > baseline"] if seeds > 1 else []) + (["tested against"] if len(baselines) > 1 else [])
     head += (["Out. disagreement (enc)"] if has_dis else []) + ["params", "train steps/s"]
-    head += (["step time (rel.)"] if has_rel else []) + ["decode sent/s"] + [c[1] for c in paper_keys]
+    head += (["step time (rel.)"] if has_rel else []) + ["decode sent/s"]
+    valid = summary.get("subset", "test") != "test"  # a diagnosis on the validation set (docs/demo-findings.md)
+    head += (["valid loss", "valid nll", "test BLEU"] if valid else []) + [c[1] for c in paper_keys]
     seed_list = ", ".join(map(str, rows[0]["seeds"]))
     lines = [f"### {summary['title']}", "",
              f"dataset `{summary['dataset']}`, scale `{summary['scale']}`, seed{'s' if seeds > 1 else ''} {seed_list}"
+             + ("" if summary.get("subset", "test") == "test" else
+                f"; BLEU of the **{summary['subset']}** set, valid loss / nll: fairseq's last validation (bits)")
              + (" (BLEU: mean ± standard deviation over the seeds)" if seeds > 1 else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -330,6 +337,12 @@ def to_markdown(summary: Dict) -> str:
             base_ups = base["train_steps_per_second"]
             cells.append(f"{base_ups / ups:.2f}" if ups and base_ups else "–")
         cells.append(f"{r['decode_sentences_per_second']:.1f}" if r["decode_sentences_per_second"] else "–")
+        if valid:
+            losses = [v for v in r["valid_loss_per_seed"] if v is not None]
+            cells.append(f"{sum(losses) / len(losses):.3f}" if losses else "–")
+            cells.append(f"{r['valid_nll_loss']:.3f}" if r["valid_nll_loss"] is not None else "–")
+            test = r.get("bleu_by_subset", {}).get("test")
+            cells.append("–" if test is None else f"{test:.2f}")
         for key, _, fmt in paper_keys:
             cells.append(fmt.format(r["paper"][key]) if key in r["paper"] else "–")
         lines.append("| " + " | ".join(cells) + " |")

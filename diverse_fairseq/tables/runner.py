@@ -39,11 +39,11 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from .. import training
+from .. import save_dir as save_dirs, training
 from . import logs, scale
 from .spec import REPO, Row, Table
 
@@ -63,6 +63,13 @@ class RunConfig:
     probing_tasks: List[str] = field(default_factory=list)  # SentEval probing tasks of every run (table's probing)
     probing_dir: Optional[Path] = None  # where their files are
     dry_run: bool = False  # print every job's commands, run and write nothing (DRY_RUN=1)
+    # launch options of every training (MAX_UPDATE, PRECISION, NNODES, ...: the CLI reads them from the environment)
+    train_options: training.TrainOptions = field(default_factory=training.TrainOptions)
+    # a script started in place of ``-m fairseq_cli.train`` with the same arguments, watching every training
+    # (e.g. scripts/experiments/kernel_probe.py); not in the cache key: it must not change what is trained
+    train_hook: Optional[str] = None
+    # subsets decoded after training; the first is the one the report's BLEU and significance use
+    subsets: List[str] = field(default_factory=lambda: ["test"])
 
     def run_dir(self, row: Row, seed: int) -> Path:
         return self.out_dir / "runs" / row.id / f"seed{seed}"
@@ -88,13 +95,13 @@ def _version() -> str:
     return __version__
 
 
-def cache_key(run: RunConfig, seed: int, setting: str, extra: List[str], env: Dict[str, str]) -> Dict:
+def cache_key(run: RunConfig, request: training.TrainRequest) -> Dict:
     """What a finished run must match to be reused: the effective fairseq-train command (as
-    :func:`training.build_command` makes it for these ``extra`` flags and ``env``) with the run's own paths
+    :func:`training.build_command` makes it for ``request``) with the run's own paths
     replaced by ``<run>`` / ``<data-bin>`` / ``<user-dir>``, checkpoint averaging, setting, dataset (its ``prepare.json``
     without the creation time), seed and package version. JSON-normalised, so it compares equal to a stored one."""
-    args, _, info = training.build_command(run.dataset, setting, extra, env=env, gpus=run.gpus)
-    paths = [(str(Path(env["SAVE_DIR"])), "<run>"), (str(run.data_bin), "<data-bin>"),
+    args, _, info = training.build_command(request)
+    paths = [(str(request.save_dir), "<run>"), (str(run.data_bin), "<data-bin>"),
              (training.USER_DIR, "<user-dir>")]
 
     def neutral(arg: str) -> str:
@@ -104,14 +111,14 @@ def cache_key(run: RunConfig, seed: int, setting: str, extra: List[str], env: Di
 
     meta = json.loads((run.data_bin / run.dataset / "prepare.json").read_text())
     meta.pop("created", None)
-    key = {"command": [neutral(a) for a in args], "average": info["average"], "setting": setting,
-           "dataset": run.dataset, "data": meta, "seed": seed, "version": _version()}
+    key = {"command": [neutral(a) for a in args], "average": info["average"], "setting": request.setting,
+           "dataset": run.dataset, "data": meta, "seed": request.seed, "version": _version()}
     return json.loads(json.dumps(key))
 
 
 #: fairseq-train flags (each with one value) that the runner sets itself for every run (TRAIN_ARGS must not contain
 #: them); they change the log, not the model, so they are left out when keys are compared
-RUNNER_FLAGS = ("--log-format", "--log-file")
+RUNNER_FLAGS = save_dirs.LOG_OPTIONS  # one list with the save directory's resumable options
 LOG_FORMAT_ARGS = ["--log-format", "json"]  # every run logs JSON records (read by logs.py); check.py builds the same
 
 
@@ -193,20 +200,25 @@ def checkpoint_identity(checkpoint) -> Dict:
 _IDENTITIES: Dict[tuple, Dict] = {}
 
 
-def job_setup(row: Row, run: RunConfig, seed: int):
-    """(setting, architecture, the row's mapped flags, the fairseq-train flags, the environment) of one
-    row/seed's training, as :func:`train_row` runs it and a dry run prints it."""
+def job_request(row: Row, run: RunConfig, seed: int) -> Tuple[str, List[str], training.TrainRequest]:
+    """(architecture, the row's mapped flags, the training request) of one row/seed, as :func:`train_row` runs
+    it and a dry run prints it."""
     run_dir = run.run_dir(row, seed)
     setting = run.setting(row)
     arch = row.arch(training.SETTINGS[setting].arch)
     row_args = scale.row_args(row.args, setting)  # layer flags mapped to the setting's depth (scale.py)
-    env = dict(os.environ, SAVE_DIR=str(run_dir), SEED=str(seed), DATA_BIN=str(run.data_bin),
-               PYTHONUNBUFFERED="1", **run.thread_env())
-    env.pop("DRY_RUN", None)  # the runner's own dry run never calls training.run
-    if run.gpus == 0:
-        env["CUDA_VISIBLE_DEVICES"] = ""
     extra = ["--arch", arch, *row_args, "--log-file", str(run_dir / "train.log"), *run.train_args, *LOG_FORMAT_ARGS]
-    return setting, arch, row_args, extra, env
+    request = training.TrainRequest(
+        dataset=run.dataset, setting=setting, extra=tuple(extra), seed=seed, save_dir=run_dir,
+        data_bin=run.data_bin, gpus=run.gpus,
+        options=replace(run.train_options, dry_run=False),  # the runner's own dry run never calls training.run
+        entry=run.train_hook)
+    return arch, row_args, request
+
+
+def job_env(run: RunConfig) -> Dict[str, str]:
+    """The environment of a job's training processes: this one's, pinned to ``run.threads`` CPU threads."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", **run.thread_env())
 
 
 def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
@@ -218,9 +230,10 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     run_dir = run.run_dir(row, seed)
     record_path, key_path = run_dir / "train.json", run_dir / "key.json"
     tag = f"{row.id} seed {seed}"
-    setting, arch, row_args, extra, env = job_setup(row, run, seed)
+    arch, row_args, request = job_request(row, run, seed)
+    setting = request.setting
     log_file = run_dir / "train.log"
-    key = cache_key(run, seed, setting, extra, env)
+    key = cache_key(run, request)
     if record_path.exists():
         record = json.loads(record_path.read_text())
         if same_key(record.get("key"), key):
@@ -241,13 +254,14 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     key_path.write_text(json.dumps(key, indent=1) + "\n")
     print(f"  [{row.id} seed {seed}] training {arch} ({setting}): {shlex.join(row_args + run.train_args)}",
           flush=True)
-    info = training.run(run.dataset, setting, extra, env=env, gpus=run.gpus)
+    info = training.run(request, env=job_env(run))
     if not info.get("averaged") and info.get("single_checkpoint"):  # a single model: the setting's (checkpoint_best.pt by validation BLEU for THUMT rows)
         info["checkpoint"] = str(Path(info["save_dir"]) / info["single_checkpoint"])
     log = log_file.read_text(encoding="utf-8", errors="replace")
     train = logs.last_summary(log, "train")
     record = {
-        "row": row.id, "seed": seed, "arch": arch, "setting": setting, "command": info["command"][3:],
+        "row": row.id, "seed": seed, "arch": arch, "setting": setting,
+        "train_args": info["args"],  # fairseq-train's arguments, whatever the launcher (python -m, torchrun)
         "key": key, "trained_at": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": run.threads,
         "checkpoint": info["checkpoint"], "args": row_args, "averaged_checkpoints": info["averaged"],
         "parameters": logs.model_parameters(log),
@@ -261,14 +275,21 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     return dict(record, reused=False)
 
 
-def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
-    """Decode and score the test set with one row/seed's checkpoint (cached in eval/results.json while
-    eval/key.json matches: the checkpoint's name and contents (:func:`checkpoint_identity`), the decoding flags)."""
+def eval_dir(run: RunConfig, row: Row, seed: int, subset: str) -> Path:
+    """Where a run's ``subset`` is decoded: ``eval/`` for the test set, ``eval-<subset>/`` for another."""
+    return run.run_dir(row, seed) / ("eval" if subset == "test" else f"eval-{subset}")
+
+
+def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: str = "test") -> Dict:
+    """Decode and score ``subset`` with one row/seed's checkpoint (cached in results.json of :func:`eval_dir`
+    while key.json there matches: the checkpoint's name and contents (:func:`checkpoint_identity`), the
+    decoding flags)."""
     from ..evaluate import load_meta, main as evaluate_main
 
     data = run.data_bin / run.dataset
-    out = run.run_dir(row, seed) / "eval"
-    args = [checkpoint, str(data), "--out", str(out), *run.generate_args]
+    out = eval_dir(run, row, seed, subset)
+    args = [checkpoint, str(data), "--out", str(out), *(["--subset", subset] if subset != "test" else []),
+            *run.generate_args]
     if run.gpus == 0:
         args.append("--cpu")
     key = {"checkpoint": Path(checkpoint).name, "checkpoint_identity": checkpoint_identity(checkpoint),
@@ -277,7 +298,7 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
             json.loads((out / "key.json").read_text()) == key:
         results = json.loads((out / "results.json").read_text())
     else:
-        print(f"  [{row.id} seed {seed}] evaluating {checkpoint}", flush=True)
+        print(f"  [{row.id} seed {seed}] evaluating {checkpoint} on {subset}", flush=True)
         if out.exists():
             shutil.rmtree(out)  # made with other decoding flags
         results = evaluate_main(args)
@@ -355,7 +376,9 @@ def run_job(row: Row, run: RunConfig, seed: int) -> Dict:
     """One row and seed: train (or reuse), evaluate, measure head disagreement (and probe, for tables that ask
     for it); the per-seed record."""
     record = train_row(row, run, seed)
-    record["eval"] = evaluate_row(row, run, seed, record["checkpoint"])
+    evals = {subset: evaluate_row(row, run, seed, record["checkpoint"], subset) for subset in run.subsets}
+    record["eval"] = evals[run.subsets[0]]  # the report's BLEU
+    record["evals"] = evals
     record["disagreement"] = disagreement_scores(row, run, seed, record["checkpoint"])
     if record["disagreement"]:  # None for a single-head model
         record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
@@ -512,27 +535,30 @@ def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
     reused); nothing is trained, evaluated or written."""
     print(f"[{table.table}] DRY_RUN=1: the commands of {len(todo)} job(s); nothing is run or written", flush=True)
     for row, seed in todo:
-        setting, arch, row_args, extra, env = job_setup(row, run, seed)
-        args, launcher, info = training.build_command(run.dataset, setting, extra, env=env, gpus=run.gpus)
-        train_cmd = (launcher or [sys.executable, "-m", "fairseq_cli.train"]) + args
+        arch, row_args, request = job_request(row, run, seed)
+        setting = request.setting
+        args, launcher, info = training.build_command(request)
+        train_cmd = launcher + args
         run_dir = run.run_dir(row, seed)
         record_path = run_dir / "train.json"
         if record_path.exists() and same_key(json.loads(record_path.read_text()).get("key"),
-                                             cache_key(run, seed, setting, extra, env)):
+                                             cache_key(run, request)):
             state = "finished earlier: its training would be reused"
         elif (run_dir / "checkpoint_last.pt").exists():
             state = "interrupted: training would resume it, or start afresh if its options changed"
         else:
             state = "would be trained"
-        checkpoint = run_dir / (f"checkpoint_avg_last{info['average']}.pt" if info["average"] else "checkpoint_last.pt")
-        eval_cmd = [sys.executable, "-m", "diverse_fairseq.evaluate", str(checkpoint),
-                    str(run.data_bin / run.dataset), "--out", str(run_dir / "eval"), *run.generate_args,
-                    *(["--cpu"] if run.gpus == 0 else [])]
+        checkpoint = run_dir / (f"checkpoint_avg_last{info['average']}.pt" if info["average"]
+                                else info["single_checkpoint"])
+        eval_cmds = [[sys.executable, "-m", "diverse_fairseq.evaluate", str(checkpoint),
+                      str(run.data_bin / run.dataset), "--out", str(eval_dir(run, row, seed, subset)),
+                      *(["--subset", subset] if subset != "test" else []), *run.generate_args,
+                      *(["--cpu"] if run.gpus == 0 else [])] for subset in run.subsets]
         threads = "".join(f"{k}={v} " for k, v in run.thread_env().items())
         device = "CUDA_VISIBLE_DEVICES='' " if run.gpus == 0 else ""
         print(f"  {row.id} seed {seed} ({arch}, {setting}; {state}):\n"
-              f"    train:    {threads}{device}{shlex.join(train_cmd)}\n"
-              f"    evaluate: {threads}{shlex.join(eval_cmd)}", flush=True)
+              f"    train:    {threads}{device}{shlex.join(train_cmd)}"
+              + "".join(f"\n    evaluate: {threads}{shlex.join(cmd)}" for cmd in eval_cmds), flush=True)
     print(f"[{table.table}] then head-diversity scores{' and probing' if run.probing_tasks else ''} of each "
           f"checkpoint, and the report in {run.out_dir.parent}", flush=True)
 

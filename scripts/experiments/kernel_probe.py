@@ -1,10 +1,15 @@
-"""``python -m diverse_fairseq.training`` with a read-only record of the SVGD kernel of ``repulsive_adam``.
+"""fairseq-train with a read-only record of the SVGD kernel of ``repulsive_adam``: a per-run hook of the table runner.
 
-    SAVE_DIR=... SEED=1 .venv/bin/python scripts/experiments/kernel_probe.py demo tiny --optimizer repulsive_adam ...
+    python -m diverse_fairseq.tables configs/experiments/repulsive_diagnosis.yaml \
+        --train-hook scripts/experiments/kernel_probe.py ...
+    .venv/bin/python scripts/experiments/kernel_probe.py FAIRSEQ-TRAIN-ARGUMENTS...
 
-Trains in this process exactly as ``diverse_fairseq.training`` would (same fairseq-train arguments, no averaging)
-and, every ``PROBE_EVERY`` (default 20) updates, appends one JSON line to ``$SAVE_DIR/kernel_stats.jsonl`` with
-statistics over all particle sets (the per-head Q/K/V blocks of every attention module) of that update:
+The table runner starts this script in place of ``python -m fairseq_cli.train``, with the same arguments
+(``--train-hook``). It registers an observer on the repulsive optimizer
+(:func:`diverse_fairseq.methods.repulsive.particle_adam.add_svgd_observer`) and runs fairseq-train in this process.
+On the first SVGD update and every ``PROBE_EVERY`` (default 20) updates it appends one JSON line to
+``<--save-dir>/kernel_stats.jsonl`` with statistics over all particle sets (the per-head Q/K/V blocks of every
+attention module) of that update; a run without ``--optimizer repulsive_adam`` trains as usual and writes nothing:
 
 * ``kappa_offdiag_*``: the kernel values κ_ij, i ≠ j (mean, median, min, max);
 * ``self_share``: κ_ii / Σ_j κ_ij, the weight of a head's own gradient in its driving term (1 = plain Adam);
@@ -28,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import diverse_fairseq  # noqa: E402,F401  (registers the plugin before fairseq imports the user dir)
-from diverse_fairseq import training  # noqa: E402
+from diverse_fairseq import save_dir as save_dirs  # noqa: E402
 from diverse_fairseq.methods.repulsive import particle_adam  # noqa: E402
 from diverse_fairseq.methods.repulsive.svgd import rbf_kernel  # noqa: E402
 
@@ -67,25 +72,21 @@ def kernel_stats(theta, grad, alpha, bandwidth, grad_scale=None):
     }
 
 
-def main():
-    dataset, setting, *extra = sys.argv[1:]
-    args, _, info = training.build_command(dataset, setting, extra)
-    out = Path(info["save_dir"])
-    out.mkdir(parents=True, exist_ok=True)
+def main(argv=None):
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = Path(save_dirs.effective_options(args).get("--save-dir") or "checkpoints")
     every = int(os.environ.get("PROBE_EVERY", "20"))
-    stats_file = open(out / "kernel_stats.jsonl", "a")
-    real = particle_adam.svgd_update_
     calls = {"n": 0}
 
-    def probed(theta, grad, out_, alpha, stepsize, bandwidth, grad_scale=None):
+    def record(theta, grad, rule, grad_scale):
         calls["n"] += 1
         if calls["n"] == 1 or calls["n"] % every == 0:
-            record = {"call": calls["n"], **kernel_stats(theta, grad, alpha, bandwidth, grad_scale)}
-            stats_file.write(json.dumps(record) + "\n")
-            stats_file.flush()
-        return real(theta, grad, out_, alpha, stepsize, bandwidth, grad_scale=grad_scale)
+            stats = {"call": calls["n"], **kernel_stats(theta, grad, rule.alpha, rule.bandwidth, grad_scale)}
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / "kernel_stats.jsonl", "a") as f:
+                f.write(json.dumps(stats) + "\n")
 
-    particle_adam.svgd_update_ = probed
+    particle_adam.add_svgd_observer(record)
     print("[kernel_probe] fairseq-train " + " ".join(args), flush=True)
     sys.argv = ["fairseq-train", *args]
     from fairseq_cli.train import cli_main

@@ -29,6 +29,21 @@ from diverse_fairseq.methods.repulsive.svgd import sgld_update_, spos_update_, s
 
 OPTIMIZER_NAME = "repulsive_adam"  # fairseq's --optimizer name; also the state dict's key of num_steps
 
+#: The documented hook for diagnostics: callables ``fn(theta, grad, rule, grad_scale)`` that every ParticleAdam
+#: calls with each SVGD update's inputs before applying it (see :func:`add_svgd_observer`).
+SVGD_OBSERVERS: List = []
+
+
+def add_svgd_observer(observer):
+    """Register ``observer(theta, grad, rule, grad_scale)``, called by every :class:`ParticleAdam` before each SVGD
+    update with the particle sets' parameters and raw gradients ``theta``, ``grad`` [G, M, D] (work buffers: read
+    them, copy what you keep, change nothing), the :class:`ParticleRule` (α, ε, bandwidth) and the gradient scale
+    (1 / loss scale, or None). fairseq builds the optimizer inside ``fairseq-train``, so a probe registers here
+    before training starts (scripts/experiments/kernel_probe.py records the SVGD kernel this way). Returns a
+    function that removes the observer."""
+    SVGD_OBSERVERS.append(observer)
+    return lambda: SVGD_OBSERVERS.remove(observer)
+
 
 @dataclass(frozen=True)
 class ParticleRule:
@@ -141,6 +156,8 @@ class ParticleAdam(Adam):
                 _stack_into([p.detach().reshape(m, d) for p in live], theta)
             _stack_into([p.grad.detach().reshape(m, d) for p in live], grad)
             if rule.method == "svgd":
+                for observer in SVGD_OBSERVERS:
+                    observer(theta, grad, rule, inv_scale)
                 svgd_update_(theta, grad, out, rule.alpha, rule.stepsize, rule.bandwidth, grad_scale=inv_scale)
             else:
                 key = str(theta.device)
