@@ -38,7 +38,6 @@ def read_checkpoint(path) -> Dict:
     """The state of checkpoint ``path`` as :func:`fairseq.checkpoint_utils.load_checkpoint_to_cpu` returns it
     (loaded by torch's ``weights_only`` loader, upgraded to the current format); SystemExit saying whether
     the file is missing, truncated or not a checkpoint."""
-    import torch
     from fairseq import checkpoint_utils
 
     import diverse_fairseq  # noqa: F401  (the allowlist of the classes fairseq pickles into checkpoints)

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional
 from . import env_checks
 from .checkpoint_file import check_dataset, read_checkpoint
 from .user_dir import USER_DIR  # the package directory, for --user-dir
+
 _TRANSLATED = re.compile(
     r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
 

@@ -69,14 +69,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from benchlib.cases import CASES, CLASSIFICATION_HEAD, REFERENCES, Case, Context, build_baseline  # noqa: E402
+from benchlib.measure import (  # noqa: E402
+    peak_memory,
+    synthetic_batches,
+    synthetic_lm_batches,
+    synthetic_roberta_batches,
+    time_rounds,
+    to_device,
+)
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask  # noqa: E402
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask  # noqa: E402
 from fairseq.tasks.translation import TranslationConfig, TranslationTask  # noqa: E402
-
-from benchlib.cases import CASES, CLASSIFICATION_HEAD, REFERENCES, Case, Context, build_baseline  # noqa: E402
-from benchlib.measure import (peak_memory, synthetic_batches, synthetic_lm_batches,  # noqa: E402
-                              synthetic_roberta_batches, time_rounds, to_device)
 
 ROBERTA_CLASSES = 2
 # the cases that run only with --large (or when --only names them): RoBERTa-base, and EM routing in every

@@ -22,9 +22,13 @@ import fairseq.modules.transformer_layer as layer_mod
 
 import diverse_fairseq  # noqa: F401  (registers the models)
 from diverse_fairseq.methods.attention import DiverseMultiheadAttention
-from diverse_fairseq.methods.transformer import (DiverseTransformerDecoder, DiverseTransformerDecoderLayer,
-                                                 DiverseTransformerEncoder, DiverseTransformerEncoderLayer,
-                                                 DiverseTransformerModel)
+from diverse_fairseq.methods.transformer import (
+    DiverseTransformerDecoder,
+    DiverseTransformerDecoderLayer,
+    DiverseTransformerEncoder,
+    DiverseTransformerEncoderLayer,
+    DiverseTransformerModel,
+)
 
 #: (module, attribute, replacement)
 SWAPS = [

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from fairseq.modules.multihead_attention import MultiheadAttention
+from PIL import Image
 from torch import nn
 
 from diverse_fairseq.analysis import plots
-from diverse_fairseq.methods.sites import AttentionSite, observe
 from diverse_fairseq.analysis.scores import (
     ScoreAccumulator,
     combine_layers,
@@ -27,8 +26,9 @@ from diverse_fairseq.analysis.scores import (
     sentence_position_overlap,
     subspace_score,
 )
-from diverse_fairseq.methods.disagreement.similarity import output_similarity, subspace_similarity
 from diverse_fairseq.methods.attention import DiverseMultiheadAttention
+from diverse_fairseq.methods.disagreement.similarity import output_similarity, subspace_similarity
+from diverse_fairseq.methods.sites import AttentionSite, observe
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -387,8 +387,8 @@ def test_analyze_cli_end_to_end(tiny_checkpoints, tmp_path):
 def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoints, tiny_data, arch):
     """Reusing the unmasked outputs of the layers below a masked head changes nothing; masking changes the NLL."""
     from diverse_fairseq.analysis.ablation import head_importance
-    from diverse_fairseq.methods.sites import attention_sites
     from diverse_fairseq.analysis.loading import load_batches, load_checkpoint
+    from diverse_fairseq.methods.sites import attention_sites
 
     loaded = load_checkpoint(str(tiny_checkpoints[arch]), str(tiny_data))
     pad = loaded.task.target_dictionary.pad()
@@ -409,11 +409,11 @@ def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoint
 @pytest.mark.slow
 def test_score_checkpoint_equals_the_full_pass(tiny_checkpoints, tiny_data):
     """The scores-only pass (no output projection, no NLL, its own batching) gives the analysis' scores."""
-    from diverse_fairseq.methods.sites import attention_sites
     from diverse_fairseq.analysis.collect import collect
     from diverse_fairseq.analysis.loading import load_batches, load_checkpoint
     from diverse_fairseq.analysis.pipeline import Options, score_checkpoint
     from diverse_fairseq.analysis.report import scores_payload
+    from diverse_fairseq.methods.sites import attention_sites
 
     ckpt = str(tiny_checkpoints["diverse_transformer"])
     fast = score_checkpoint(ckpt, Options(data=str(tiny_data), max_sentences=None, max_tokens=300, progress=False))

@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "2", "--warmup", "1", "--tokens", "96", "--batches", "2", "--vocab", "64",
         "--decode-len", "3", "--decode-tokens", "30", "--lm-length", "16", "--roberta-length", "16",

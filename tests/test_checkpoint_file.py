@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_cli
+
 from diverse_fairseq.analysis.__main__ import main as analyze
 from diverse_fairseq.checkpoint_file import read_checkpoint
 from diverse_fairseq.evaluate import main as evaluate

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import lines
+
 from diverse_fairseq import training
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.data.text import tokenize

@@ -10,8 +10,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from conftest import lines
+
 from diverse_fairseq.data import download
 from diverse_fairseq.data.download import DownloadError, Source, fetch
 from diverse_fairseq.data.prepare import main as prepare
@@ -127,7 +127,7 @@ def test_published_checksums_come_from_sacrebleu():
 
 # ------------------------------------------------------------------------------------------------ datasets
 def _dataset_sizes(dest, src, tgt):
-    from fairseq.data import data_utils, Dictionary
+    from fairseq.data import Dictionary, data_utils
 
     sizes = {}
     for split in ("train", "valid", "test"):

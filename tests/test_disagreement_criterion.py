@@ -4,15 +4,15 @@ import gc
 
 import pytest
 import torch
+from _disagreement_utils import batch, build, tiny_task
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.logging import metrics
 from fairseq.models.transformer import TransformerModel
-
-from _disagreement_utils import batch, build, tiny_task
-from diverse_fairseq.methods.disagreement.criterion import LabelSmoothedCrossEntropyWithDisagreementCriterion
-from diverse_fairseq.methods.transformer import DiverseTransformerModel
-from diverse_fairseq.methods.sites import attention_sites, observe
 from test_disagreement_functions import naive_cosine, naive_overlap
+
+from diverse_fairseq.methods.disagreement.criterion import LabelSmoothedCrossEntropyWithDisagreementCriterion
+from diverse_fairseq.methods.sites import attention_sites, observe
+from diverse_fairseq.methods.transformer import DiverseTransformerModel
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 
@@ -189,9 +189,8 @@ def test_layer_selection(task, value, expected):
 def test_disagreement_flags_without_the_criterion_are_rejected_by_fairseq(capsys):
     """``--disagreement-*`` are registered by the criterion's config only: with label_smoothed_cross_entropy
     fairseq's parser refuses them as unrecognized arguments (so they can never be silently ignored)."""
-    from fairseq import options
-
     from conftest import USER_DIR
+    from fairseq import options
 
     argv = ["unused-data", "--user-dir", USER_DIR, "--task", "translation", "--arch", "diverse_transformer",
             "--criterion", "label_smoothed_cross_entropy", "--disagreement-lambda", "0.5"]

@@ -4,13 +4,13 @@ from argparse import Namespace
 
 import pytest
 import torch
+from _disagreement_utils import batch, build, tiny_task
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 
-from _disagreement_utils import batch, build, tiny_task
-from diverse_fairseq.methods.transformer import DiverseTransformerModel
 from diverse_fairseq.methods.attention import DiverseMultiheadAttention
 from diverse_fairseq.methods.sites import attention_sites, observe, uses_activation_checkpointing
+from diverse_fairseq.methods.transformer import DiverseTransformerModel
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 

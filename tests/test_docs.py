@@ -203,8 +203,8 @@ def flag_defaults():
     from dataclasses import fields
 
     from diverse_fairseq.methods.disagreement.criterion import LabelSmoothedCrossEntropyWithDisagreementConfig
-    from diverse_fairseq.methods.routing.options import ROUTING_DEFAULTS
     from diverse_fairseq.methods.repulsive.optimizer import RepulsiveAdamConfig
+    from diverse_fairseq.methods.routing.options import ROUTING_DEFAULTS
 
     defaults = {}
     for cfg in (LabelSmoothedCrossEntropyWithDisagreementConfig, RepulsiveAdamConfig):

@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import fake_prepared
+
 from diverse_fairseq import env_checks
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.evaluate import main as evaluate

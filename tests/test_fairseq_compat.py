@@ -7,6 +7,7 @@ run with our classes swapped in, in test_fairseq_suite.py.
 
 import pytest
 import torch
+from _disagreement_utils import batch, build, model_args, tiny_task
 from fairseq import checkpoint_utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.transformer import TransformerModel
@@ -14,7 +15,6 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from fairseq.sequence_generator import SequenceGenerator
 from omegaconf import OmegaConf
 
-from _disagreement_utils import batch, build, model_args, tiny_task
 from diverse_fairseq.methods.transformer import DiverseTransformerModel
 
 ROUTED = ["--routing-encoder-layers", "0", "--routing-decoder-layers", "1", "--routing-encoder-decoder-layers", "0",

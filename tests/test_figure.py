@@ -11,7 +11,6 @@ import json
 import random
 
 import pytest
-
 from test_tables import _corrupt, _fake_run, _refs
 
 from diverse_fairseq.tables import figure, report, runner

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import USER_DIR, run_cli, tiny_train_args
 
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import lines, run_cli
+
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.interactive_command import main as interactive_command
 from diverse_fairseq.user_dir import USER_DIR
@@ -115,7 +115,7 @@ def test_the_printed_command_runs_and_reads_input_as_prepared(trained, bpe):
 
 
 def test_a_checkpoint_is_refused_for_another_dataset(trained):
-    (data_a, ckpt_a), (data_b, _) = trained["subword-nmt"], trained["sentencepiece"]
+    (_, ckpt_a), (data_b, _) = trained["subword-nmt"], trained["sentencepiece"]
     with pytest.raises(SystemExit, match=r"was trained on a dictionary of [\d,]+ symbols \(en, encoder\), this dataset "
                                          r"has [\d,]+"):
         interactive_command([str(ckpt_a), str(data_b)])

@@ -8,17 +8,17 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import USER_DIR, run_cli
 from fairseq import options, tasks
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
 from fairseq.data import data_utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from test_disagreement_e2e import parse_log
 
 from diverse_fairseq.methods.attention import DiverseMultiheadAttention
 from diverse_fairseq.methods.language_models import take_tensors
 from diverse_fairseq.methods.sites import attention_sites, observe
-from conftest import USER_DIR, run_cli
-from test_disagreement_e2e import parse_log
 
 WORDS = [f"w{i}" for i in range(30)]
 TINY = {

@@ -12,7 +12,6 @@ import gzip
 import itertools
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -8,15 +8,13 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
 
 from diverse_fairseq.methods.hooks import track_model, tracked_models
-from diverse_fairseq.methods.sites import attention_sites
 from diverse_fairseq.methods.repulsive import particle_adam as particle_adam_module
 from diverse_fairseq.methods.repulsive.particles import ParticleTag, find_particle_tags, particle_weights
 from diverse_fairseq.methods.repulsive.svgd import sgld_direction, spos_direction, svgd_direction
-
+from diverse_fairseq.methods.sites import attention_sites
 
 # ------------------------------------------------------------------------------- core vs formula
 

@@ -9,6 +9,8 @@ from argparse import Namespace
 
 import pytest
 import torch
+from _disagreement_utils import batch, build, model_args, tiny_task
+from conftest import REPO, USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
 from fairseq import options
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.data import Dictionary
@@ -18,16 +20,14 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import OmegaConf
 
 import diverse_fairseq.methods.routing.fast as routing_fast
-from _disagreement_utils import batch, build, model_args, tiny_task
-from conftest import REPO, USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
-from diverse_fairseq.methods.disagreement.criterion import LabelSmoothedCrossEntropyWithDisagreementCriterion
-from diverse_fairseq.methods.transformer import DiverseTransformerModel
-from diverse_fairseq.methods.routing.options import routing_plan
-from diverse_fairseq.methods.routing.aggregation import RoutingAggregation
 from diverse_fairseq.methods.attention import DiverseMultiheadAttention
-from diverse_fairseq.methods.routing.algorithms import em_routing, simple_routing
-from diverse_fairseq.methods.sites import attention_sites, observe
+from diverse_fairseq.methods.disagreement.criterion import LabelSmoothedCrossEntropyWithDisagreementCriterion
 from diverse_fairseq.methods.options import parse_layers
+from diverse_fairseq.methods.routing.aggregation import RoutingAggregation
+from diverse_fairseq.methods.routing.algorithms import em_routing, simple_routing
+from diverse_fairseq.methods.routing.options import routing_plan
+from diverse_fairseq.methods.sites import attention_sites, observe
+from diverse_fairseq.methods.transformer import DiverseTransformerModel
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 

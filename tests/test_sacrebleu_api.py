@@ -11,7 +11,10 @@ import pytest
 sacrebleu = pytest.importorskip("sacrebleu")
 
 from diverse_fairseq.significance import (  # noqa: E402
-    bleu_from_statistics, paired_bootstrap, sentence_statistics, sign_test,
+    bleu_from_statistics,
+    paired_bootstrap,
+    sentence_statistics,
+    sign_test,
 )
 
 HYPS = ["the cat sat on the mat", "a dog barked at the mailman", "it rains today in the city", "hello world"]

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import fake_prepared
+
 from diverse_fairseq import save_dir as save_dirs
 from diverse_fairseq.training import command_from_env, run_from_env
 

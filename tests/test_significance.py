@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diverse_fairseq.significance import compare, main, sign_test, sign_test_p, paired_bootstrap
+from diverse_fairseq.significance import compare, main, paired_bootstrap, sign_test, sign_test_p
 
 WORDS = "the a cat dog sat ran on under mat table house red blue big small quickly".split()
 

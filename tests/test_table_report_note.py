@@ -3,10 +3,10 @@ brevity-penalty reason only where the lengths support it (the sign test marks, t
 row's outputs are longer than a baseline that is shorter than the references)."""
 
 import pytest
+from test_tables import _fake_run, _refs, _table
 
 from diverse_fairseq.significance import length_ratio
 from diverse_fairseq.tables import report
-from test_tables import _fake_run, _refs, _table
 
 TABLE = "  - {id: base, label: B, family: transformer}\n  - {id: d, label: D, family: transformer}\n"
 

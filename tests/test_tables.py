@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from diverse_fairseq import training
-from diverse_fairseq.tables import report, runner
 from diverse_fairseq.env_checks import parse_seeds
+from diverse_fairseq.tables import report, runner
 from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs
 from diverse_fairseq.tables.spec import parse_table
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import fake_prepared, lines
+
 from diverse_fairseq.average_checkpoints import average_checkpoints, last_n_checkpoints
 from diverse_fairseq.evaluate import parse_generate_output, parse_generate_speed
 from diverse_fairseq.training import command_from_env, resolve_setting, update_freq

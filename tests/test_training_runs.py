@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import fake_prepared
+
 from diverse_fairseq import save_dir as save_dirs
 from diverse_fairseq import training
 

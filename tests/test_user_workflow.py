@@ -140,9 +140,10 @@ def test_fairseq_interactive_translates(workdir, model):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(MODELS))
 def test_hub_interface_translates(workdir, model):
+    from fairseq.models.transformer import TransformerModel
+
     import diverse_fairseq  # noqa: F401  (registers diverse_transformer; allowlists checkpoint classes)
     from diverse_fairseq.methods.transformer import DiverseTransformerModel
-    from fairseq.models.transformer import TransformerModel
 
     cls = DiverseTransformerModel if model == "routing" else TransformerModel
     hub = cls.from_pretrained(str(workdir / "checkpoints" / model), checkpoint_file="checkpoint_last.pt",

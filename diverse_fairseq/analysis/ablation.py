@@ -21,6 +21,7 @@ from torch import nn
 from tqdm import tqdm
 
 from diverse_fairseq.methods.sites import AttentionSite, observe
+
 from .collect import batch_nll
 
 

@@ -15,6 +15,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from diverse_fairseq.methods.sites import AttentionSite, observe
+
 from .scores import TOKEN_SIDE, ScoreAccumulator
 
 

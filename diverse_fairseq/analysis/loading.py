@@ -12,11 +12,11 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import torch
-
-import diverse_fairseq  # noqa: F401  (registrations, checkpoint allowlist)
 from fairseq import checkpoint_utils, utils
 from fairseq.data import data_utils
 from fairseq.dataclass.utils import overwrite_args_by_name
+
+import diverse_fairseq  # noqa: F401  (registrations, checkpoint allowlist)
 
 from ..checkpoint_file import check_dataset, read_checkpoint, stored_data_dir, stored_task
 

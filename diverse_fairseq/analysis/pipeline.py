@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from diverse_fairseq.methods.sites import ATTENTION_TYPES, attention_sites
+
 from . import plots
 from .ablation import head_importance
 from .collect import attention_maps, collect, token_labels

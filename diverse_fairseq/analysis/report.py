@@ -12,6 +12,7 @@ import statistics
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from diverse_fairseq.methods.sites import ATTENTION_TYPES, AttentionSite
+
 from .ablation import Importance
 from .collect import Collected
 from .scores import COSINE_NAMES, SCALE, SCORE_NAMES, TOKEN_SIDE, combine_layers

@@ -21,16 +21,16 @@ import json
 import os
 import shutil
 import time
-from pathlib import Path
 from contextlib import ExitStack
+from pathlib import Path
 from typing import List
 
 from .. import env_checks
 from . import bpe as bpe_mod
+from . import progress
 from .archive import CorruptArchiveError, extract
 from .binarize import binarize
 from .download import DownloadError, fetch, read_checksum_file
-from . import progress
 from .lines import count_lines, iter_lines, map_file
 from .progress import Progress
 from .recipes import RECIPES, TEMPLATES, Context, Recipe, get

@@ -19,10 +19,12 @@ module whose heads can be observed and recombined (:mod:`.attention`), the one w
 checkpoint allowlist for ``torch.load`` (:mod:`.checkpoint_compat`).
 """
 
-from diverse_fairseq.methods import checkpoint_compat  # noqa: F401  (allowlists fairseq's checkpoint globals)
-from diverse_fairseq.methods import transformer  # noqa: F401  (registers --arch diverse_transformer*, routing_transformer_*)
+from diverse_fairseq.methods import (
+    checkpoint_compat,  # noqa: F401  (allowlists fairseq's checkpoint globals)
+    language_models,  # noqa: F401  (registers --arch diverse_transformer_lm*, diverse_roberta*)
+    transformer,  # noqa: F401  (registers --arch diverse_transformer*, routing_transformer_*)
+)
 from diverse_fairseq.methods.disagreement import criterion  # noqa: F401  (registers the disagreement criterion)
-from diverse_fairseq.methods import language_models  # noqa: F401  (registers --arch diverse_transformer_lm*, diverse_roberta*)
 from diverse_fairseq.methods.hooks import install_build_model_hook
 from diverse_fairseq.methods.repulsive import optimizer  # noqa: F401  (registers --optimizer repulsive_adam)
 

@@ -18,8 +18,6 @@ attention (An et al., EMNLP 2020, who apply it to ELECTRA-style pre-training and
 import dataclasses
 
 import torch
-from torch import nn
-
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, register_model, register_model_architecture
 from fairseq.models.roberta.model import RobertaEncoder, RobertaModel
@@ -27,10 +25,15 @@ from fairseq.models.roberta.model import base_architecture as roberta_base_archi
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
+from torch import nn
 
 from diverse_fairseq.methods.routing.options import DECODER_ROUTING, ENCODER_ROUTING, add_routing_args, routing_plan
-from diverse_fairseq.methods.transformer import (DiverseTransformerDecoder, DiverseTransformerEncoder, as_namespace,
-                                                 install_routing)
+from diverse_fairseq.methods.transformer import (
+    DiverseTransformerDecoder,
+    DiverseTransformerEncoder,
+    as_namespace,
+    install_routing,
+)
 
 
 @register_model("diverse_transformer_lm")

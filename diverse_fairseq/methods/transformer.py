@@ -34,11 +34,11 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-from diverse_fairseq.methods.routing.aggregation import RoutingAggregation
 from diverse_fairseq.methods.attention import DiverseMultiheadAttention
+from diverse_fairseq.methods.routing.aggregation import RoutingAggregation
+from diverse_fairseq.methods.routing.options import add_routing_args, routing_architecture, routing_plan
 from diverse_fairseq.methods.scripting import inherited_as
 from diverse_fairseq.methods.sites import attention_sites
-from diverse_fairseq.methods.routing.options import add_routing_args, routing_architecture, routing_plan
 
 
 def diverse_attention(layer, embed_dim, cfg, side, **kwargs) -> DiverseMultiheadAttention:

@@ -9,23 +9,25 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 from fairseq import options
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.transformer import TransformerModel
 from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.sentence_prediction import SentencePredictionTask
 from fairseq.tasks.translation import TranslationTask
 
 import diverse_fairseq  # noqa: F401  (registers the plugin)
-from diverse_fairseq.methods.disagreement.criterion import (CrossEntropyWithDisagreementCriterion,
-                                                             LabelSmoothedCrossEntropyWithDisagreementCriterion,
-                                                             SentencePredictionWithDisagreementConfig,
-                                                             SentencePredictionWithDisagreementCriterion)
-from diverse_fairseq.methods.transformer import DiverseTransformerModel
+from diverse_fairseq.methods.disagreement.criterion import (
+    CrossEntropyWithDisagreementCriterion,
+    LabelSmoothedCrossEntropyWithDisagreementCriterion,
+    SentencePredictionWithDisagreementConfig,
+    SentencePredictionWithDisagreementCriterion,
+)
 from diverse_fairseq.methods.hooks import track_model
 from diverse_fairseq.methods.repulsive.optimizer import RepulsiveAdam, RepulsiveAdamConfig
+from diverse_fairseq.methods.transformer import DiverseTransformerModel
 
 LABEL_SMOOTHING = 0.1
 CLASSIFICATION_HEAD = "sentence_classification_head"

@@ -14,9 +14,9 @@ EMNLP 2018 / NAACL 2019 / journal papers (joint BPE, separate vocabularies, unti
 import dataclasses
 
 from ..download import Source, published_md5
-from ..text import sgm_segments
-from .base import WMT_SETTINGS, Archive, Context, Recipe, find_member, write_parallel, concat_parallel
 from ..lines import iter_lines
+from ..text import sgm_segments
+from .base import WMT_SETTINGS, Archive, Context, Recipe, concat_parallel, find_member, write_parallel
 
 DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
 TEST_URL = "https://statmt.org/wmt14/test-full.tgz"

@@ -42,9 +42,23 @@ from fairseq.logging import metrics
 from torch import Tensor
 
 from diverse_fairseq.methods.disagreement.similarity import output_similarity, position_similarity, subspace_similarity
-from diverse_fairseq.methods.sites import (ATTENTION_TYPES, AttentionSite, observe, require_diverse, select_sites,
-                                           token_side, unwrap, uses_activation_checkpointing)
-from diverse_fairseq.methods.options import ALL_LAYERS, attention_types_field, layers_field, parse_layer_spec, parse_names
+from diverse_fairseq.methods.options import (
+    ALL_LAYERS,
+    attention_types_field,
+    layers_field,
+    parse_layer_spec,
+    parse_names,
+)
+from diverse_fairseq.methods.sites import (
+    ATTENTION_TYPES,
+    AttentionSite,
+    observe,
+    require_diverse,
+    select_sites,
+    token_side,
+    unwrap,
+    uses_activation_checkpointing,
+)
 
 TERMS = ("sub", "pos", "out")
 _TAP_OF_TERM = {"sub": "v", "pos": "a", "out": "o"}

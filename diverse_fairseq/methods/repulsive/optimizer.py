@@ -19,8 +19,15 @@ from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.optim.fairseq_optimizer import FairseqOptimizer
 from omegaconf import II
 
-from diverse_fairseq.methods.options import (ALL_LAYERS, attention_types_field, describe_layers, layers_field, parse_layer_spec,
-                                             parse_names, resolve_layers)
+from diverse_fairseq.methods.options import (
+    ALL_LAYERS,
+    attention_types_field,
+    describe_layers,
+    layers_field,
+    parse_layer_spec,
+    parse_names,
+    resolve_layers,
+)
 from diverse_fairseq.methods.repulsive.particle_adam import OPTIMIZER_NAME, ParticleAdam, ParticleRule
 from diverse_fairseq.methods.repulsive.particles import PROJECTIONS, ParticleTag, find_particle_tags
 from diverse_fairseq.methods.repulsive.precision import AmpAwareStep, check_precision_setup, option
