@@ -242,7 +242,8 @@ def main(argv=None):
     print(f"BLEU (sacrebleu, detokenized) = {results['bleu']:.2f}   {results['signature']}\n"
           f"BLEU ({results['tok_bleu_kind']}) = {results['tok_bleu']:.2f}\n" +
           (f"decoding: {speed['sentences']} sentences in {speed['seconds']:.1f}s = "
-           f"{speed['sentences_per_second']:.2f} sentences/s ({speed['tokens_per_second']:.1f} tokens/s)\n" if speed else "") +
+           f"{speed['sentences_per_second']:.2f} sentences/s ({speed['tokens_per_second']:.1f} tokens/s)\n"
+           if speed else "") +
           f"outputs and results.json in {out}\n"
           f"to translate your own text: python -m diverse_fairseq.interactive_command {ckpt} {data_dir} "
           f"(prints the fairseq-interactive command; docs/translating.md)", flush=True)

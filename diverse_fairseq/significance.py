@@ -189,7 +189,8 @@ def compare(ref_path, baseline_path, system_paths, tokenize="13a", lowercase=Fal
     baseline = read_lines(baseline_path, "baseline (--baseline)")
     system_paths = [str(p) for p in system_paths]
     if len(set(system_paths)) != len(system_paths):
-        raise SystemExit(f"error: --system names the same file twice ({', '.join(system_paths)}): name each system once")
+        raise SystemExit(f"error: --system names the same file twice ({', '.join(system_paths)}): "
+                         "name each system once")
     labels = system_labels([baseline_path, *system_paths])
     systems = {p: read_lines(p, "system (--system)") for p in system_paths}
     for name, hyps in [(str(baseline_path), baseline)] + list(systems.items()):
@@ -212,7 +213,8 @@ def format_report(result: Dict[str, object]) -> str:
     base = result["baseline"]
     width = max(len("system"), *(len(s["label"]) for s in [base, *result["systems"]]))
     lines = [f"reference {result['reference']} ({result['sentences']} sentences); {result['signature']}",
-             f"{'system':{width}s} {'BLEU':>6s} {'95% CI':>13s} {'delta':>6s} {'p(boot)':>8s} {'+/-/=':>13s} {'p(sign)':>8s}",
+             f"{'system':{width}s} {'BLEU':>6s} {'95% CI':>13s} {'delta':>6s} {'p(boot)':>8s} "
+             f"{'+/-/=':>13s} {'p(sign)':>8s}",
              f"{base['label']:{width}s} {base['bleu']:6.2f} {base['mean']:6.2f}±{base['ci95']:5.2f}"
              f" {'':>6s} {'':>8s} {'':>13s} {'':>8s}  (baseline)"]
     for s in result["systems"]:

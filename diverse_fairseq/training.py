@@ -145,8 +145,8 @@ SETTINGS: Dict[str, Setting] = {
                            "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
                            "--encoder-normalize-before", "--decoder-normalize-before"]),
 }
-DEFAULT_SETTING = {"demo": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base", "wmt14_en_de_joined": "fairseq_base",
-                   "wmt17_zh_en": "base"}
+DEFAULT_SETTING = {"demo": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base",
+                   "wmt14_en_de_joined": "fairseq_base", "wmt17_zh_en": "base"}
 # Any other dataset (your own corpus, scripts/prepare_data.sh custom) by its number of training pairs: below 20k
 # the demo's tiny model (about one epoch in its 800 updates), below 1M Transformer-small (IWSLT14: 160k), else base.
 SIZE_SETTINGS = ((20_000, "tiny"), (1_000_000, "small"))
@@ -491,7 +491,8 @@ def build_command(request: TrainRequest):
         save_dir = save_dirs.default_save_dir(Path(o.checkpoints), name, args + extra, meta)
     args = [a.replace(placeholder, str(save_dir)) for a in args]
     info = {"setting": key, "arch": arch, "gpus": gpus, "nodes": nnodes, "world": world, "max_tokens": max_tokens,
-            "update_freq": freq, "tokens_per_update": world * max_tokens * freq, "paper_tokens_per_update": s.batch_tokens,
+            "update_freq": freq, "tokens_per_update": world * max_tokens * freq,
+            "paper_tokens_per_update": s.batch_tokens,
             "save_dir": str(save_dir), "average": average, "update_based": bool(s.save_interval_updates),
             "rank0": o.node_rank == 0 and o.slurm_node_id == 0, "data_meta": meta,
             # the checkpoint a single model is evaluated from: the best by validation BLEU where the setting

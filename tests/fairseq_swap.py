@@ -1,4 +1,5 @@
-"""pytest plugin (``-p fairseq_swap``) for running fairseq's own tests with this project's classes in place of fairseq's.
+"""pytest plugin (``-p fairseq_swap``) for running fairseq's own tests with this project's classes in place of
+fairseq's.
 
 Loaded only inside the pytest subprocess that tests/test_fairseq_suite.py starts. Before fairseq's test modules are
 imported, it points fairseq's module attributes at our classes (``MultiheadAttention`` ->

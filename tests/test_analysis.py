@@ -104,7 +104,8 @@ def test_scores_match_a_double_loop_over_head_pairs():
 
 
 def test_scores_use_the_training_similarity():
-    """The reported score is exp(−similarity) with the similarity training minimises (methods/disagreement/similarity.py)."""
+    """The reported score is exp(−similarity) with the similarity training minimises
+    (methods/disagreement/similarity.py)."""
     torch.manual_seed(0)
     v = torch.randn(3, 5, 7, 6) + 0.7
     pad = torch.arange(7).unsqueeze(0) >= torch.tensor([[7], [4], [2]])
@@ -182,7 +183,8 @@ def test_layer_combination_reproduces_paper_table4_from_table5():
     assert combine_layers(regularized)["pos"] == pytest.approx(0.219, abs=5e-4)
     sims = [0.1, 0.3]
     assert combine_layers([{"out": math.exp(-s)} for s in sims])["out"] == pytest.approx(math.exp(-0.2))
-    layers = [{"out": 0.8, "offdiag_cos": {"sub": 0.2, "out": 0.1}}, {"out": 0.9, "offdiag_cos": {"sub": 0.4, "out": None}}]
+    layers = [{"out": 0.8, "offdiag_cos": {"sub": 0.2, "out": 0.1}},
+              {"out": 0.9, "offdiag_cos": {"sub": 0.4, "out": None}}]
     assert combine_layers(layers)["offdiag_cos"] == pytest.approx({"sub": 0.3, "out": 0.1})
 
 

@@ -1,5 +1,5 @@
-"""scripts/benchmark.py runs every kind of case (translation training, decoding, language model, RoBERTa) at a tiny size,
-each against its own stock-fairseq baseline, and ends with the JSON line `make bench` documents."""
+"""scripts/benchmark.py runs every kind of case (translation training, decoding, language model, RoBERTa) at a tiny
+size, each against its own stock-fairseq baseline, and ends with the JSON line `make bench` documents."""
 
 import json
 import math
@@ -36,7 +36,8 @@ def test_every_kind_of_case_against_its_own_baseline():
     assert sorted(result) == sorted(keys + [f"{k}_peak_mem" for k in memory_keys])
     assert all(math.isfinite(v) and v > 0 for v in result.values())
     # one row per case and per baseline, the baselines first, each baseline described once
-    table = [line.split()[0] for line in lines[lines.index(next(row for row in lines if row.startswith("case"))) + 1:-1]]
+    table = [line.split()[0]
+             for line in lines[lines.index(next(row for row in lines if row.startswith("case"))) + 1:-1]]
     assert table == ["baseline", "baseline_lm", "baseline_roberta", "baseline_decode", *keys]
     assert any("baseline_lm: stock transformer_lm" in line for line in lines)
     assert any("baseline_roberta: stock roberta" in line and "(roberta)" in line for line in lines)
@@ -52,7 +53,8 @@ def test_only_the_baselines_that_cases_need_are_timed_and_unknown_cases_are_refu
     assert "baseline:" not in run.stdout and "baseline_lm:" in run.stdout
     assert list(json.loads(run.stdout.strip().splitlines()[-1])) == ["lm_repulsive_svgd_all"]
     run = bench("--only", "lm_nothing")
-    assert run.returncode == 2 and "unknown case(s) lm_nothing" in run.stderr and "lm_routing_em_dec2_train" in run.stderr
+    assert (run.returncode == 2 and "unknown case(s) lm_nothing" in run.stderr
+            and "lm_routing_em_dec2_train" in run.stderr)
 
 
 def test_the_default_run_leaves_out_the_roberta_base_cases_and_prints_its_peak_memory():

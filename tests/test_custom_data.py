@@ -98,7 +98,8 @@ def _corrupt(tmp_path, edit):
     (lambda c: (c / "test.en").write_text("one line\n"),
      r"corpus/test\.en has 1 lines but .*corpus/test\.de has 40: line i of one must be the translation"),
     (lambda c: (c / "train.de").write_text(""), r"corpus/train\.de is empty"),
-    (lambda c: (c / "train.en").write_bytes("caf\xe9\n".encode("latin-1")), r"corpus/train\.en is not UTF-8 text \(line 1"),
+    (lambda c: (c / "train.en").write_bytes("caf\xe9\n".encode("latin-1")),
+     r"corpus/train\.en is not UTF-8 text \(line 1"),
 ])
 def test_a_malformed_corpus_is_rejected_before_any_work(tmp_path, edit, message):
     corpus = _corrupt(tmp_path, edit)
@@ -110,10 +111,14 @@ def test_a_malformed_corpus_is_rejected_before_any_work(tmp_path, edit, message)
 @pytest.mark.parametrize("argv, message", [
     (["custom"], r"the custom dataset needs SRC \(--src\), TGT \(--tgt\), CORPUS_DIR \(--corpus-dir\)"),
     (["custom", "--src", "en", "--tgt", "en", "--corpus-dir", str(CORPUS)], r"SRC and TGT are both 'en'"),
-    (["custom", "--src", "e n", "--tgt", "de", "--corpus-dir", str(CORPUS)], r"SRC \(--src\)='e n' is not a language code"),
-    (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", "/nonexistent/corpus"], r"CORPUS_DIR=/nonexistent/corpus is not a folder"),
-    (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--name", "a/b"], r"DATASET_NAME \(--name\)='a/b'"),
-    (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--bpe-size", "0"], r"BPE_SIZE \(--bpe-size\)='0' is not valid"),
+    (["custom", "--src", "e n", "--tgt", "de", "--corpus-dir", str(CORPUS)],
+     r"SRC \(--src\)='e n' is not a language code"),
+    (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", "/nonexistent/corpus"],
+     r"CORPUS_DIR=/nonexistent/corpus is not a folder"),
+    (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--name", "a/b"],
+     r"DATASET_NAME \(--name\)='a/b'"),
+    (["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--bpe-size", "0"],
+     r"BPE_SIZE \(--bpe-size\)='0' is not valid"),
     (["demo", "--src", "fr", "--corpus-dir", str(CORPUS)],
      r"SRC \(--src\), CORPUS_DIR \(--corpus-dir\) only apply to `custom` \(your own corpus\); demo has fixed"),
 ])

@@ -143,7 +143,8 @@ def test_iwslt14_over_loopback_http(tmp_path, http_mirror, capsys):
     prepare(["iwslt14_de_en", *common(tmp_path, "--mirror", url, "--checksums", SUMS)])
     dest = tmp_path / "data-bin" / "iwslt14_de_en"
     meta = json.loads((dest / "prepare.json").read_text())
-    assert (meta["source_lang"], meta["target_lang"], meta["bpe"], meta["lowercase"]) == ("de", "en", "subword-nmt", True)
+    assert (meta["source_lang"], meta["target_lang"], meta["bpe"],
+            meta["lowercase"]) == ("de", "en", "subword-nmt", True)
     assert meta["sentences"] == {"train": 73, "valid": 3, "test": 20} == _dataset_sizes(dest, "de", "en")
     assert (dest / "dict.de.txt").read_text() == (dest / "dict.en.txt").read_text()  # joined (EMNLP 2020's)
     # test = dev2010 + tedx.dev2012 + tst2010-2012 in that order; raw reference kept for sacrebleu

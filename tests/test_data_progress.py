@@ -49,7 +49,8 @@ def test_progress_lines_count_percent_elapsed_and_time_left():
     with progress.Progress("download x.tgz", total=3 * 1024 * 1024, unit="bytes", initial=1024 * 1024,
                            log=seen.append) as meter:
         meter.update(1024 * 1024)
-    assert re.fullmatch(r"download x\.tgz: 2\.0 MiB/3\.0 MiB \(67%\), \d+\.\ds elapsed, [\d.]+ [KMG]iB/s, about \S+ left",
+    assert re.fullmatch(r"download x\.tgz: 2\.0 MiB/3\.0 MiB \(67%\), \d+\.\ds elapsed, "
+                        r"[\d.]+ [KMG]iB/s, about \S+ left",
                         seen[0]), seen
     assert len(seen) == 1  # the last update showed everything there was: no repeated last line
 

@@ -59,7 +59,8 @@ def test_regularized_run_lowers_logged_output_similarity(single_runs):
     for text in single_runs.values():
         valid = parse_log(text, "valid")
         assert valid and all(key in valid[-1] for key in SIM_KEYS)
-    assert parse_log(single_runs[1.0], "valid")[-1]["sim_out_enc_self"] < parse_log(single_runs[0.0], "valid")[-1]["sim_out_enc_self"]
+    assert (parse_log(single_runs[1.0], "valid")[-1]["sim_out_enc_self"]
+            < parse_log(single_runs[0.0], "valid")[-1]["sim_out_enc_self"])
 
 
 def test_two_process_gloo_matches_update_freq_2(tiny_data, tmp_path, single_runs):

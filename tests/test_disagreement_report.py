@@ -27,7 +27,8 @@ def test_paper_table4_is_the_geometric_mean_of_table5():
 
 
 def _scores(shift):
-    layers = [{"layer": layer, "heads": 4, "sub": 0.70 + shift + layer / 100, "pos": 0.20 + layer / 100, "out": 0.75 + shift}
+    layers = [{"layer": layer, "heads": 4, "sub": 0.70 + shift + layer / 100, "pos": 0.20 + layer / 100,
+               "out": 0.75 + shift}
               for layer in (1, 2)]
     per_type = {"sub": 0.7 + shift, "pos": 0.2, "out": 0.75 + shift, "layers": layers}
     return {"enc_self": per_type, "dec_self": dict(per_type)}

@@ -1,4 +1,5 @@
-"""DiverseMultiheadAttention: equal to fairseq's attention observed or not, recorded heads correct, fused kernel kept."""
+"""DiverseMultiheadAttention: equal to fairseq's attention observed or not, recorded heads correct, fused kernel
+kept."""
 
 import contextlib
 from unittest import mock

@@ -60,7 +60,8 @@ def method_flags(cfg: dict):
     for section in ("model", "criterion", "optimizer"):
         for key, value in cfg[section].items():
             if key.startswith(METHOD_PREFIXES):
-                flags += ["--" + key.replace("_", "-"), ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+                flags += ["--" + key.replace("_", "-"),
+                          ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     return flags
 
 

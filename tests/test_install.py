@@ -32,7 +32,8 @@ def fakes(tmp_path):
     gpu.mkdir()
     nogpu.mkdir()
     _exe(gpu / "nvidia-smi", 'echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"')
-    _exe(nogpu / "nvidia-smi", 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the driver" >&2; exit 9')
+    _exe(nogpu / "nvidia-smi",
+         'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the driver" >&2; exit 9')
     return {
         "no_torch": _exe(tmp_path / "python-no-torch", f'exec "{sys.executable}" -S "$@"'),  # -S: no site-packages
         "py310": _exe(tmp_path / "python3.10", 'echo 3.10'),
@@ -126,8 +127,8 @@ def test_make_passes_python_to_the_script_and_test_demo_install_first(fakes):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and f"PYTHON={fakes['py310']} is Python 3.10" in proc.stderr, proc.stderr
     for target, then in (("test", "-m pytest"), ("demo", "-m diverse_fairseq.tables demo")):
-        dry = subprocess.run(["make", "-n", "--no-print-directory", target, f"VENV={fakes['venv']}"], cwd=REPO, capture_output=True,
-                             text=True, check=True).stdout.splitlines()
+        dry = subprocess.run(["make", "-n", "--no-print-directory", target, f"VENV={fakes['venv']}"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout.splitlines()
         assert dry[0] == f"VENV={fakes['venv']} bash scripts/install.sh" and then in dry[-1], dry
 
 

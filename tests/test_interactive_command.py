@@ -105,7 +105,8 @@ def test_the_printed_command_runs_and_reads_input_as_prepared(trained, bpe):
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     task, encode = encoder(cmd)
-    shown = {int(k[2:]): v for k, v in (line.split("\t", 1) for line in proc.stdout.splitlines() if line.startswith("S-"))}
+    shown = {int(k[2:]): v
+             for k, v in (line.split("\t", 1) for line in proc.stdout.splitlines() if line.startswith("S-"))}
     dictionary = task.source_dictionary
     assert shown == {i: dictionary.string(dictionary.encode_line(encode(line), add_if_not_exist=False))
                      for i, line in enumerate(raw)}

@@ -24,9 +24,9 @@ WORDS = [f"w{i}" for i in range(30)]
 TINY = {
     "lm": ["--task", "language_modeling", "--tokens-per-sample", "32", "--decoder-layers", "2",
            "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "4"],
-    "roberta": ["--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2", "--max-positions", "32",
-                "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-                "--encoder-attention-heads", "4", "--attention-dropout", "0.0"],
+    "roberta": ["--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
+                "--max-positions", "32", "--encoder-layers", "2", "--encoder-embed-dim", "32",
+                "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4", "--attention-dropout", "0.0"],
 }
 ARCH = {"lm": ("transformer_lm", "diverse_transformer_lm"), "roberta": ("roberta", "diverse_roberta")}
 CRITERION = {"lm": ("cross_entropy", "cross_entropy_with_disagreement"),
@@ -246,7 +246,8 @@ def test_routing_is_installed_trains_and_keeps_causality_and_padding(dicts, fami
     cfg, task, model = build(dicts, family, ARCH[family][1], flag, "0", "--routing-type", "simple",
                              "--criterion", CRITERION[family][0])
     routed = [s.key for s in attention_sites(model) if s.module.aggregator is not None]
-    assert routed == [(SELF[family], 0)] and not any(True for _ in attention_sites(model)[0].module.out_proj.parameters())
+    assert (routed == [(SELF[family], 0)]
+            and not any(True for _ in attention_sites(model)[0].module.out_proj.parameters()))
     sample = batch(family, task)
     first, last = _train(family, model, task.build_criterion(cfg.criterion), sample, steps=10)
     assert last["loss"] < first["loss"]

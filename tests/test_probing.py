@@ -119,7 +119,8 @@ def test_sentences_are_prepared_as_the_models_training_data(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- the classifier
 def _clusters(n, classes=3, dim=8, seed=0):
-    """``n`` points around ``classes`` fixed, well separated centres (the noise drawn with ``seed``) and their classes."""
+    """``n`` points around ``classes`` fixed, well separated centres (the noise drawn with ``seed``) and their
+    classes."""
     centres = torch.randn(classes, dim, generator=torch.Generator().manual_seed(0)) * 4
     y = torch.arange(n) % classes
     return centres[y] + torch.randn(n, dim, generator=torch.Generator().manual_seed(seed)), y
@@ -138,7 +139,8 @@ def test_classifier_learns_a_separable_task_and_is_deterministic(hidden):
     assert probing.accuracy(clf, xt, yt) > 90 and valid > 90 and 1 <= best <= epochs <= 10
     assert again == [valid, best, epochs]
     assert all(torch.equal(a, b) for a, b in zip(clf.state_dict().values(), clf2.state_dict().values()))
-    other = probing.train_classifier(x, y, xv, yv, 3, probing.ProbeSettings(hidden=hidden, lr=0.05, max_epochs=2, seed=4))[0]
+    other = probing.train_classifier(x, y, xv, yv, 3,
+                                     probing.ProbeSettings(hidden=hidden, lr=0.05, max_epochs=2, seed=4))[0]
     assert not all(torch.equal(a, b) for a, b in zip(clf.state_dict().values(), other.state_dict().values()))
 
 

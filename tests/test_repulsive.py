@@ -20,7 +20,8 @@ from diverse_fairseq.methods.sites import attention_sites
 
 
 def naive_svgd(theta, grad, alpha, stepsize, bandwidth):
-    """The update of ``diverse_fairseq.methods.repulsive.svgd`` written as a double loop over particle pairs (float64)."""
+    """The update of ``diverse_fairseq.methods.repulsive.svgd`` written as a double loop over particle pairs
+    (float64)."""
     m = theta.shape[0]
     sq = [[float(((theta[i] - theta[j]) ** 2).sum()) for j in range(m)] for i in range(m)]
     if bandwidth == "median":

@@ -349,7 +349,8 @@ def test_padding_is_skipped_without_changing_real_positions(task, monkeypatch):
     with torch.no_grad():
         skipped = model(**sample["net_input"])[0]
         enc_skipped = model.encoder(src, src_lengths=sample["net_input"]["src_lengths"])["encoder_out"][0]
-        monkeypatch.setattr(DiverseMultiheadAttention, "combine_heads", lambda self, o, mask=None: combine_heads(self, o))
+        monkeypatch.setattr(DiverseMultiheadAttention, "combine_heads",
+                            lambda self, o, mask=None: combine_heads(self, o))
         full = model(**sample["net_input"])[0]
         enc_full = model.encoder(src, src_lengths=sample["net_input"]["src_lengths"])["encoder_out"][0]
     assert rows[0] == int(src.ne(pad).sum()) and rows[-1] == src.numel()  # only real tokens were routed

@@ -227,4 +227,5 @@ def test_fairseq_validation_bleu_options_parse_and_score(tmp_path):
     model.eval()
     _, _, logging_output = task.valid_step(check._synthetic_batch(task), model, criterion)
     assert logging_output["_bleu_ref_len"] == 4 * 5  # four references of five words (eos removed)
-    assert logging_output["_bleu_sys_len"] > 0 and len([k for k in logging_output if k.startswith("_bleu_counts_")]) == 4
+    assert (logging_output["_bleu_sys_len"] > 0
+            and len([k for k in logging_output if k.startswith("_bleu_counts_")]) == 4)

@@ -28,7 +28,8 @@ def test_longer_outputs_are_given_as_the_reason_where_the_lengths_support_it(tmp
     assert sig["sign_test"]["mark"] and not sig["bootstrap"]["mark"] and report.longer_outputs_explain(sig)
     assert f"D: sign test 100 better / 20 worse / 0 ties (p = {sig['sign_test']['p_value']:.2g}), bootstrap p = " \
            f"{sig['bootstrap']['p_value']:.2g}, BLEU difference {sig['delta']:+.2f}, length ratio (hyp/ref) " \
-           f"{length_ratio(system, refs):.3f} against B's {length_ratio(base, refs):.3f} (only the sign test marks it)" \
+           f"{length_ratio(system, refs):.3f} against B's {length_ratio(base, refs):.3f} " \
+           "(only the sign test marks it)" \
            in note
     assert "D's outputs are longer than B's, which are shorter than the references: below a length ratio of 1 each " \
            "longer sentence softens BLEU's brevity penalty" in note

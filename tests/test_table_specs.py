@@ -27,8 +27,10 @@ REPULSIVE = "repulsive_adam"
 
 TABLE_FILES = sorted(TABLE_DIR.glob("*.yaml"))
 EXPECTED_TABLES = {
-    "demo", "emnlp18_t1", "emnlp18_t2", "emnlp18_t3", "emnlp18_t4_5", "naacl19_t1", "naacl19_t2", "naacl19_t3", "naacl19_t4",
-    "journal_t5", "journal_t6", "journal_t7", "emnlp20_t2", "emnlp20_t2_wmt14", "emnlp20_t8", "emnlp20_t10", "emnlp20_f3",
+    "demo", "emnlp18_t1", "emnlp18_t2", "emnlp18_t3", "emnlp18_t4_5",
+    "naacl19_t1", "naacl19_t2", "naacl19_t3", "naacl19_t4",
+    "journal_t5", "journal_t6", "journal_t7",
+    "emnlp20_t2", "emnlp20_t2_wmt14", "emnlp20_t8", "emnlp20_t10", "emnlp20_f3",
 }
 
 
@@ -247,7 +249,8 @@ def test_row_baseline_defaults_to_the_tables_and_can_be_set_per_row():
 def _with_big_rows(big_baseline, big_d_baseline):
     def edit(d):
         d["rows"][0]["setting"] = d["rows"][1]["setting"] = "base"
-        d["rows"] += [{"id": "big", "label": "Big", "family": "transformer", "setting": "big", "baseline": big_baseline},
+        d["rows"] += [{"id": "big", "label": "Big", "family": "transformer", "setting": "big",
+                       "baseline": big_baseline},
                       {"id": "big_d", "label": "Big + D", "family": "transformer", "setting": "big",
                        "baseline": big_d_baseline}]
     return edit

@@ -153,8 +153,10 @@ def test_each_row_is_tested_against_its_own_baseline_on_the_concatenated_seeds(t
     assert marks["base_d"]["baseline"] == "base" and marks["big_d"]["baseline"] == "big"
     for row_id, base_id in (("base_d", "base"), ("big_d", "big")):
         # by hand: seed k of the row paired with seed k of its baseline, the references repeated per seed
-        base = [h for run in results[base_id] for h in Path(run["eval"]["out"], "hyp.detok.de").read_text().split("\n")[:-1]]
-        system = [h for run in results[row_id] for h in Path(run["eval"]["out"], "hyp.detok.de").read_text().split("\n")[:-1]]
+        base = [h for run in results[base_id]
+                for h in Path(run["eval"]["out"], "hyp.detok.de").read_text().split("\n")[:-1]]
+        system = [h for run in results[row_id]
+                  for h in Path(run["eval"]["out"], "hyp.detok.de").read_text().split("\n")[:-1]]
         delta, p = _bootstrap_by_hand(base, system, refs + refs)
         m = marks[row_id]
         assert m["sentences"] == 2 * len(refs) and m["seeds"] == [1, 2]
@@ -214,7 +216,8 @@ def test_markdown_and_picture_with_several_seeds(two_sizes, tmp_path):
                  "2024-01-01 00:00:00)", "- **Base + D**: base with D", "![BLEU per seed](wmt14_en_de.png)"):
         assert text in md, text
     # the paper's numbers beside ours, and why the parameter counts differ
-    base_line = [c.strip() for c in next(line for line in md.splitlines() if line.startswith("| Base |")).strip("|").split("|")]
+    base_line = [c.strip()
+                 for c in next(line for line in md.splitlines() if line.startswith("| Base |")).strip("|").split("|")]
     assert base_line[-2:] == ["27.30", "88M"] and base_line[-5] == "1.44M" + report.PARAMS_NOTE
     assert "¹ Our parameter count differs from the paper's (Base)" in md and "--share-all-embeddings" in md
     # the PNG is a real image
@@ -236,7 +239,8 @@ def test_markdown_with_one_seed_and_averaged_checkpoints(two_sizes, tmp_path):
     assert ("Checkpoints: a single checkpoint (the last) for Base, Base + D, Big + D; the average of the last 5 "
             "checkpoints for Big.") in md
     assert "Every run was trained by this invocation." in md
-    assert "The paper columns are the paper's numbers at full scale" in md and "at scale `demo` the model is the small demo setting" in md
+    assert ("The paper columns are the paper's numbers at full scale" in md
+            and "at scale `demo` the model is the small demo setting" in md)
 
 
 # --------------------------------------------------------------------------------------- the runner
@@ -376,9 +380,9 @@ def test_rows_with_one_demo_model_are_trained_once(tmp_path, monkeypatch):
 
 def _settings(monkeypatch, **env):
     for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS", "DRY_RUN", "MAX_TOKENS",
-                 "UPDATE_FREQ", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "NNODES", "NODE_RANK", "MASTER_ADDR",
-                 "MASTER_PORT", "SLURM_NNODES", "SLURM_JOB_ID", "SLURM_NODEID", "CHECKPOINTS", "RESUME_ANYWAY", "ROWS",
-                 "SUBSETS", "TRAIN_HOOK"):
+                 "UPDATE_FREQ", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "NNODES", "NODE_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "SLURM_NNODES", "SLURM_JOB_ID", "SLURM_NODEID", "CHECKPOINTS",
+                 "RESUME_ANYWAY", "ROWS", "SUBSETS", "TRAIN_HOOK"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -49,7 +49,8 @@ def test_settings_and_architecture_names():
 def test_command_on_gpus_with_passthrough(data_bin):
     env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
     args, launcher, info = command_from_env("wmt14_en_de", "big", ["--criterion", "x", "--lr", "1e-3"], env=env, gpus=2)
-    assert launcher == [sys.executable, "-m", "fairseq_cli.train"] and info["update_freq"] == 4 and info["tokens_per_update"] == 8 * 4096
+    assert (launcher == [sys.executable, "-m", "fairseq_cli.train"] and info["update_freq"] == 4
+            and info["tokens_per_update"] == 8 * 4096)
     assert value(args, "--arch") == ["transformer_vaswani_wmt_en_de_big"] and "--fp16" in args
     # the papers' big setting: dropout 0.1 and lr 5e-4 (journal §4.1.1), single models (no averaging)
     assert value(args, "--dropout") == ["0.1"] and value(args, "--lr")[0] == "0.0005"
@@ -117,7 +118,8 @@ def test_command_multi_node_and_cpu(data_bin):
     assert value(args, "--distributed-world-size") == ["16"] and info["update_freq"] == 1 and not info["rank0"]
     slurm = {"DATA_BIN": str(data_bin), "SLURM_NNODES": "2", "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
     args, launcher, info = command_from_env("wmt14_en_de", "base", [], env=slurm, gpus=4)
-    assert launcher == [sys.executable, "-m", "fairseq_cli.train"] and value(args, "--distributed-port") == ["12077"] and info["world"] == 8
+    assert (launcher == [sys.executable, "-m", "fairseq_cli.train"] and value(args, "--distributed-port") == ["12077"]
+            and info["world"] == 8)
     args, _, info = command_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin)}, gpus=0)
     assert "--cpu" in args and "--fp16" not in args and info["update_freq"] == 8
     with pytest.raises(SystemExit, match="only PRECISION=fp32"):
@@ -185,7 +187,8 @@ def test_table_runs_check_gpus_before_any_work(monkeypatch):
 def test_average_checkpoints_is_the_mean_and_loads_safely(tmp_path):
     for i, scale in enumerate((1.0, 3.0)):
         torch.save({"args": argparse.Namespace(arch="transformer"),
-                    "model": {"w": torch.full((2, 2), scale, dtype=torch.float16), "steps": torch.tensor([4 * (i + 1)])}},
+                    "model": {"w": torch.full((2, 2), scale, dtype=torch.float16),
+                              "steps": torch.tensor([4 * (i + 1)])}},
                    tmp_path / f"checkpoint_1_{(i + 1) * 100}.pt")
     (tmp_path / "checkpoint_1_50.pt").write_bytes((tmp_path / "checkpoint_1_100.pt").read_bytes())
     files = last_n_checkpoints(str(tmp_path), 2, update_based=True)

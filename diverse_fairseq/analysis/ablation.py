@@ -7,7 +7,8 @@ combined (``out_proj`` of the concatenation, or a routing aggregator; the head m
 :func:`diverse_fairseq.methods.sites.observe`), and the
 validation set is scored again. A head's importance is the resulting **increase** of the teacher-forced
 token NLL (nats per target token; a negative value means the model got better without the head) and,
-optionally, the **drop** of BLEU of beam-search translations. One pass per masked head; for the NLL, the layers below the masked one are not recomputed but replayed
+optionally, the **drop** of BLEU of beam-search translations. One pass per masked head; for the NLL, the
+layers below the masked one are not recomputed but replayed
 from the unmasked pass (:class:`LayerReplay`; their outputs cannot depend on the mask), which roughly
 halves the cost.
 """

@@ -153,7 +153,8 @@ def _plot_one(out: Path, label: str, scores: Dict, imp: Optional[Dict], head_mea
         layers = sorted(layer for (t, layer) in head_means if t == atype)
         if not layers:
             continue
-        groups = {f"layer {layer + 1}": (head_means[(atype, layer)].numpy(), [f"h{h + 1}" for h in range(head_means[(atype, layer)].shape[0])])
+        groups = {f"layer {layer + 1}": (head_means[(atype, layer)].numpy(),
+                                         [f"h{h + 1}" for h in range(head_means[(atype, layer)].shape[0])])
                   for layer in layers}
         mean = torch.stack([head_means[(atype, layer)] for layer in layers]).mean(0).numpy()
         groups["mean over layers"] = (mean, [f"h{h + 1}" for h in range(mean.shape[0])])

@@ -240,7 +240,8 @@ def probe_checkpoint(checkpoint, tasks: Sequence[senteval.Task], data_dir, setti
 
 def to_markdown(payload: Dict) -> str:
     """One line per task: test and validation accuracy, the majority class's share, sizes."""
-    lines = ["| task | test accuracy | validation accuracy | majority class | classes | tr / va / te | unknown tokens |",
+    lines = ["| task | test accuracy | validation accuracy | majority class | classes | tr / va / te "
+             "| unknown tokens |",
              "|---|---|---|---|---|---|---|"]
     for name, r in payload["tasks"].items():
         n = r["sizes"]

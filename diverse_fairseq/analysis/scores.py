@@ -3,7 +3,8 @@
 Li, Tu, Yang, Lyu, Zhang. *Multi-Head Attention with Disagreement Regularization*. EMNLP 2018, §5.5: the
 paper lists ``exp(D)`` ("larger value denotes more disagreement (at most 1.0)") of the three disagreement
 measures of §3.2 (Eq. 1–3), on the paper's own scale: the mean over **all H² head pairs, each head with
-itself included**, exactly the similarities that training minimises (:mod:`diverse_fairseq.methods.disagreement.similarity`):
+itself included**, exactly the similarities that training minimises
+(:mod:`diverse_fairseq.methods.disagreement.similarity`):
 
 * sub / out: per token ``exp(−(1/H²) Σ_i Σ_j cos(x_i, x_j))``, the exponent averaged over tokens. Identical
   heads give e^−1 ≈ 0.368, mutually orthogonal heads exp(−1/H) (0.882 at H = 8, the paper's baseline, 0.779
@@ -17,11 +18,11 @@ For nonzero vectors the all-pairs mean is ``1/H + (H−1)/H · c`` with ``c = me
 (:func:`offdiag_cosine`, key ``offdiag_cos``: 1 = identical heads, 0 = orthogonal, −1/(H−1) = cancelling).
 A zero vector (norm below the floor) counts as cosine 0 with every head, itself included.
 
-Which tokens (as in training, :mod:`diverse_fairseq.methods.disagreement.similarity`): a cosine term averages over the tokens
-it is defined on, the non-padding keys for ``sub`` (V is [B,H,S,d]) and the non-padding queries for ``out``
-(O is [B,H,T,d]); ``pos`` sums over the non-padding queries (rows of A; padded keys carry zero probability).
-Hence **source tokens** for encoder self-attention (all three terms) and for ``sub`` of encoder-decoder
-attention, **target tokens** for decoder self-attention (all three) and for ``pos``/``out`` of
+Which tokens (as in training, :mod:`diverse_fairseq.methods.disagreement.similarity`): a cosine term averages over
+the tokens it is defined on, the non-padding keys for ``sub`` (V is [B,H,S,d]) and the non-padding queries for
+``out`` (O is [B,H,T,d]); ``pos`` sums over the non-padding queries (rows of A; padded keys carry zero
+probability). Hence **source tokens** for encoder self-attention (all three terms) and for ``sub`` of
+encoder-decoder attention, **target tokens** for decoder self-attention (all three) and for ``pos``/``out`` of
 encoder-decoder attention.
 
 Per attention type (EMNLP 2018 Table 4 reports "encoder-side" scores) the layers are combined as training

@@ -190,7 +190,8 @@ class Preparer:
                   {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
                    "apostrophe": r.apostrophe_splits}, self._normalize)
         tok_pairs = [(s, lang) for s in splits for lang in r.langs if self.needs_tok(s, lang)]
-        pipe.step("tokenize", f"tokenize with sacremoses ({'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
+        pipe.step("tokenize", "tokenize with sacremoses ("
+                  f"{'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
                   f"{'lowercase, ' if r.lowercase else ''}{len(tok_pairs)} files)",
                   [self.path("tok", s, lang) for s, lang in tok_pairs],
                   {"pairs": tok_pairs, "aggressive": r.aggressive_dash, "lowercase": r.lowercase,
@@ -265,7 +266,8 @@ class Preparer:
                             text = text.lower()
                         writers[(target, lang, ext)].write(text + "\n")
                 meter.close()
-            self.log(f"  {split}: kept {kept:,} of {total:,} pairs" + (f" ({total - kept:,} removed)" if do_clean else "")
+            self.log(f"  {split}: kept {kept:,} of {total:,} pairs"
+                     + (f" ({total - kept:,} removed)" if do_clean else "")
                      + (f", every {r.valid_every}-th kept pair -> valid" if len(targets) == 2 else ""))
 
     # BPE ----------------------------------------------------------------------------------------------
@@ -278,8 +280,8 @@ class Preparer:
         models = bpe_mod.model_files(self.kind, model_dir, list(r.langs), r.joint_bpe)
         pipe.step("learn-bpe", f"learn {self.kind} ({self.size}, {'joint' if r.joint_bpe else 'per language'})",
                   sorted(set(models.values())), {"kind": self.kind, "size": self.size, "joint": r.joint_bpe},
-                  lambda: bpe_mod.learn(self.kind, {lang: self._bpe_input("train", lang) for lang in r.langs}, model_dir,
-                                        self.size, r.joint_bpe, self.workers, log=self.log))
+                  lambda: bpe_mod.learn(self.kind, {lang: self._bpe_input("train", lang) for lang in r.langs},
+                                        model_dir, self.size, r.joint_bpe, self.workers, log=self.log))
         self.models = models
         pipe.step("apply-bpe", f"apply {self.kind} to train, valid, test",
                   [self.path("bpe", s, lang) for s in SPLITS for lang in r.langs], {},
@@ -305,7 +307,8 @@ class Preparer:
                         shutil.copyfile(self.path("bpe", split, lang), tmp)
                 continue
             kept = total = 0
-            with atomic_path(self.path("final", split, r.src)) as ts, atomic_path(self.path("final", split, r.tgt)) as tt, \
+            with atomic_path(self.path("final", split, r.src)) as ts, \
+                    atomic_path(self.path("final", split, r.tgt)) as tt, \
                     open(ts, "w", encoding="utf-8") as fs, open(tt, "w", encoding="utf-8") as ft:
                 meter = Progress(f"clean {split}", total=count_lines(src), unit="pairs")
                 for s, t in zip(iter_lines(src), iter_lines(tgt)):
@@ -322,7 +325,8 @@ class Preparer:
     # binarize ---------------------------------------------------------------------------------------
     def _binarize_step(self, pipe: Pipeline):
         meta = self.dest / "prepare.json"
-        pipe.step("binarize", f"binarize with fairseq-preprocess{' (joined dictionary)' if self.r.joined_dictionary else ''}"
+        pipe.step("binarize", "binarize with fairseq-preprocess"
+                  f"{' (joined dictionary)' if self.r.joined_dictionary else ''}"
                   f" into {self.dest}", [meta], {"dest": str(self.dest), "joined": self.r.joined_dictionary},
                   self._binarize)
 
@@ -351,7 +355,8 @@ class Preparer:
             if not (tmp / model.name).exists():
                 shutil.copyfile(model, tmp / model.name)
         meta = {
-            "dataset": r.name, "recipe": self.args.dataset, "description": r.description, "source_lang": r.src, "target_lang": r.tgt,
+            "dataset": r.name, "recipe": self.args.dataset, "description": r.description,
+            "source_lang": r.src, "target_lang": r.tgt,
             "bpe": self.kind, "bpe_size": self.size, "joint_bpe": r.joint_bpe,
             "bpe_models": {lang: m.name for lang, m in self.models.items()},
             "post_process": bpe_mod.POST_PROCESS[self.kind],

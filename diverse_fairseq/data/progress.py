@@ -6,7 +6,8 @@ work inside it reports through :class:`Progress` (a known amount of work: lines,
 lines, which read the same on a terminal and in a log file::
 
     [wmt14_en_de] step 7/14 tokenize train.en: 1,200,000/4,508,785 lines (27%), 5m02s elapsed, about 13m40s left
-    [wmt14_en_de] step 1/14 download training-parallel-europarl-v7.tgz: 210.0 MiB/628.4 MiB (33%), 41s elapsed, 5.1 MiB/s
+    [wmt14_en_de] step 1/14 download training-parallel-europarl-v7.tgz: 210.0 MiB/628.4 MiB (33%), 41s elapsed, \
+5.1 MiB/s
     [wmt14_en_de] step 9/14 learn subword-nmt: running, 20m00s elapsed
 
 A line is printed at most every :data:`interval` seconds (``PROGRESS_INTERVAL``, default 10), and a last

@@ -61,7 +61,8 @@ BY_NAME = {t.name.lower(): t for t in TASKS}
 
 
 def parse_tasks(text) -> List[Task]:
-    """Task names (comma-separated or a list; case-insensitive; ``all``) as :class:`Task` objects, in the given order."""
+    """Task names (comma-separated or a list; case-insensitive; ``all``) as :class:`Task` objects, in the given
+    order."""
     names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if str(n).strip()]
     if not names or [n.lower() for n in names] == ["all"]:
         return list(TASKS)

@@ -92,7 +92,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def _stack(owner: nn.Module, side: str) -> Optional[nn.Module]:
-    """``owner.<side>`` ("encoder" / "decoder") if it has ``layers``; else RoBERTa's ``owner.encoder.sentence_encoder``."""
+    """``owner.<side>`` ("encoder" / "decoder") if it has ``layers``; else RoBERTa's
+    ``owner.encoder.sentence_encoder``."""
     stack = owner._modules.get(side)
     if stack is not None and not isinstance(getattr(stack, "layers", None), (nn.ModuleList, list, tuple)):
         stack = stack._modules.get("sentence_encoder")

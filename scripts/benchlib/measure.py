@@ -37,7 +37,8 @@ def synthetic_lm_batches(dictionary: Dictionary, n_batches: int, tokens: int, le
     for _ in range(n_batches):
         seqs = torch.randint(dictionary.nspecial, len(dictionary), (rows, length + 1), generator=gen)
         batches.append({"id": torch.arange(rows), "nsentences": rows, "ntokens": rows * length,
-                        "net_input": {"src_tokens": seqs[:, :-1].contiguous(), "src_lengths": torch.full((rows,), length)},
+                        "net_input": {"src_tokens": seqs[:, :-1].contiguous(),
+                                      "src_lengths": torch.full((rows,), length)},
                         "target": seqs[:, 1:].contiguous()})  # (rows, length) each
     return batches
 

@@ -12,7 +12,8 @@ def get(name: str) -> Recipe:
     try:
         return RECIPES[name] if name in RECIPES else TEMPLATES[name]
     except KeyError:
-        raise SystemExit(f"error: unknown dataset {name!r}; choose one of {', '.join([*RECIPES, *TEMPLATES])}") from None
+        raise SystemExit(f"error: unknown dataset {name!r}; "
+                         f"choose one of {', '.join([*RECIPES, *TEMPLATES])}") from None
 
 
 __all__ = ["Archive", "Context", "Recipe", "RECIPES", "TEMPLATES", "get"]

@@ -112,7 +112,8 @@ def _scan(path: Path) -> FileStats:
                 text = line.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise SystemExit(f"error: {path} is not UTF-8 text (line {n}: {e.reason}); convert it, e.g. "
-                                 f"iconv -f LATIN1 -t UTF-8 {path.name} > {path.name}.utf8, and replace the file") from None
+                                 f"iconv -f LATIN1 -t UTF-8 {path.name} > {path.name}.utf8, "
+                                 "and replace the file") from None
             if text.endswith("\r\n"):
                 crlf += 1
             if not text.strip():
@@ -121,7 +122,8 @@ def _scan(path: Path) -> FileStats:
 
 
 def _lines(numbers: List[int], shown: int = 5) -> str:
-    return ", ".join(str(i) for i in numbers[:shown]) + (f" and {len(numbers) - shown:,} more" if len(numbers) > shown else "")
+    return ", ".join(str(i) for i in numbers[:shown]) + (f" and {len(numbers) - shown:,} more"
+                                                         if len(numbers) > shown else "")
 
 
 def check(ctx: Context):

@@ -35,7 +35,8 @@ def _endswith(*suffixes):
 ARCHIVES = [
     Archive("europarl", [EUROPARL], _endswith("europarl-v7.de-en.de", "europarl-v7.de-en.en")),
     Archive("commoncrawl", [COMMONCRAWL], _endswith("commoncrawl.de-en.de", "commoncrawl.de-en.en")),
-    Archive("news-commentary", [NEWS_COMMENTARY], _endswith("news-commentary-v9.de-en.de", "news-commentary-v9.de-en.en")),
+    Archive("news-commentary", [NEWS_COMMENTARY],
+            _endswith("news-commentary-v9.de-en.de", "news-commentary-v9.de-en.en")),
     Archive("dev", [DEV], lambda n: "newstest2013" in n),
     Archive("test", [TEST], _endswith("newstest2014-deen-src.en.sgm", "newstest2014-deen-ref.de.sgm")),
 ]

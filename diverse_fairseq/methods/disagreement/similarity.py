@@ -139,7 +139,8 @@ def subspace_similarity(v: Tensor, pad_mask: Optional[Tensor] = None, eps: float
         v: projected values V, ``[B, H, S, d]``.
         pad_mask: optional ``[B, S]`` boolean mask over the key tokens, True at padding.
     Returns:
-        0-dim fp32 tensor (fp64 for fp64 inputs): mean over non-padding tokens of ``(1/H²) Σ_i Σ_j cos(V_i[b,s], V_j[b,s])``.
+        0-dim fp32 tensor (fp64 for fp64 inputs): mean over non-padding tokens of
+        ``(1/H²) Σ_i Σ_j cos(V_i[b,s], V_j[b,s])``.
     """
     w = _weights(v, pad_mask, "subspace_similarity", "v of shape [B, H, S, d]")
     return _MeanHeadCosine.apply(v, w, eps)
@@ -152,7 +153,8 @@ def output_similarity(o: Tensor, pad_mask: Optional[Tensor] = None, eps: float =
         o: head outputs O = A·V before the output projection, ``[B, H, T, d]``.
         pad_mask: optional ``[B, T]`` boolean mask over the query tokens, True at padding.
     Returns:
-        0-dim fp32 tensor (fp64 for fp64 inputs): mean over non-padding tokens of ``(1/H²) Σ_i Σ_j cos(O_i[b,t], O_j[b,t])``.
+        0-dim fp32 tensor (fp64 for fp64 inputs): mean over non-padding tokens of
+        ``(1/H²) Σ_i Σ_j cos(O_i[b,t], O_j[b,t])``.
     """
     w = _weights(o, pad_mask, "output_similarity", "o of shape [B, H, T, d]")
     return _MeanHeadCosine.apply(o, w, eps)
@@ -165,7 +167,8 @@ def position_similarity(a: Tensor, pad_mask: Optional[Tensor] = None) -> Tensor:
         a: attention probabilities A (after softmax, before attention dropout), ``[B, H, T, S]``.
         pad_mask: optional ``[B, T]`` boolean mask over the query tokens, True at padding.
     Returns:
-        0-dim fp32 tensor (fp64 for fp64 inputs): mean over non-padding tokens of ``(1/H²) Σ_i Σ_j Σ_s A_i[b,t,s] A_j[b,t,s]``.
+        0-dim fp32 tensor (fp64 for fp64 inputs): mean over non-padding tokens of
+        ``(1/H²) Σ_i Σ_j Σ_s A_i[b,t,s] A_j[b,t,s]``.
     """
     w = _weights(a, pad_mask, "position_similarity", "a of shape [B, H, T, S]")
     return _MeanHeadOverlap.apply(a, w)

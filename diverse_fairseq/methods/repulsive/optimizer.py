@@ -3,8 +3,9 @@
 Adam whose per-head Q/K/V gradients are replaced by SVGD, SPOS or (for the paper's comparison) SGLD. The
 math is in :mod:`.svgd`, which parameters are particles in :mod:`.particles` (models are found through
 :mod:`diverse_fairseq.methods.hooks`), the torch optimizer (transform, then Adam) in :mod:`.particle_adam`,
-the fp16/bf16/AMP paths in :mod:`.precision`. Here: the options, their checks, the particle selection, and a ``step()`` that hands
-the true gradient scale to the torch optimizer. The options are checked here, once; :mod:`.svgd` only asserts them.
+the fp16/bf16/AMP paths in :mod:`.precision`. Here: the options, their checks, the particle selection, and a
+``step()`` that hands the true gradient scale to the torch optimizer. The options are checked here, once;
+:mod:`.svgd` only asserts them.
 """
 
 import logging

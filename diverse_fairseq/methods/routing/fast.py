@@ -1,12 +1,12 @@
 """Fast paths of routing-by-agreement: the fused EM core for capsule width 1 and the ``torch.compile`` switch.
 
 EM routing (Li et al., NAACL 2019, Algorithm 2, Eqs. 9-12) with capsule width C = 1 (N = E, the paper's setting,
-the default) runs through :class:`_EMRoutingWidth1`, called by :func:`~diverse_fairseq.methods.routing.algorithms.em_routing`:
-the same quantities with a hand-derived backward (Algorithm 2 differentiated step by step, below) instead of
-autograd through ~10 full-size temporaries per iteration; forward + backward about twice as fast on CPU, with
-fewer saved tensors. The tokens go in chunks of about ``_CHUNK_ELEMENTS`` votes (the chunk's temporaries stay in
-cache), most [.., H, N] updates in place. Checked against autograd through the generic code and against finite
-differences (tests/test_routing_model.py).
+the default) runs through :class:`_EMRoutingWidth1`, called by
+:func:`~diverse_fairseq.methods.routing.algorithms.em_routing`: the same quantities with a hand-derived backward
+(Algorithm 2 differentiated step by step, below) instead of autograd through ~10 full-size temporaries per
+iteration; forward + backward about twice as fast on CPU, with fewer saved tensors. The tokens go in chunks of
+about ``_CHUNK_ELEMENTS`` votes (the chunk's temporaries stay in cache), most [.., H, N] updates in place. Checked
+against autograd through the generic code and against finite differences (tests/test_routing_model.py).
 
 ``torch.compile`` of the routing cores (off by default; on CPU slower than the fused eager core): :func:`compiled`,
 used by ``algorithms.get_routing_function(..., compile=True)`` when ``--routing-compile`` is given.
