@@ -96,6 +96,8 @@ def test_one_head_models_get_no_head_diversity_scores(tmp_path, monkeypatch):
         check_heads(1, checkpoint)
 
     monkeypatch.setattr(pipeline, "score_checkpoint", one_head)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"one head")  # the caches check its size and SHA-256
     table = load_table("emnlp20_f3")
     run = runner.RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path)
     for _ in range(2):

@@ -19,8 +19,10 @@ from typing import List, Optional
 from .. import env_checks, training
 from ..cli_logging import setup_cli_logging
 from ..data.recipes import RECIPES
+from .config import RunConfig
+from .keys import RUNNER_FLAGS
 from .report import summarise, write_report
-from .runner import RUNNER_FLAGS, RunConfig, run_table
+from .runner import run_table
 from .spec import REPO, TableSpecError, load_table
 
 SCALES = ("demo", "paper")
@@ -133,7 +135,8 @@ def check_settings(args) -> dict:
     """The validated run settings; raises SystemExit naming the first bad variable."""
     parse_int = env_checks.parse_int
     settings = {"scale": parse_scale(args.scale), "seeds": env_checks.parse_seeds("SEEDS (--seeds)", args.seeds),
-                "gpus": parse_int("GPUS (--gpus)", args.gpus, 0), "threads": parse_int("THREADS (--threads)", args.threads, 1),
+                "gpus": parse_int("GPUS (--gpus)", args.gpus, 0),
+                "threads": parse_int("THREADS (--threads)", args.threads, 1),
                 "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1),
                 "train_args": env_checks.parse_words("TRAIN_ARGS (--train-args)", args.train_args),
                 "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args),

@@ -44,7 +44,8 @@ from .. import env_checks, training
 from ..cli_logging import setup_cli_logging
 from ..data.recipes import RECIPES
 from . import scale as scale_mod
-from .runner import LOG_FORMAT_ARGS, RunConfig
+from .config import RunConfig
+from .keys import LOG_FORMAT_ARGS
 from .spec import TABLE_DIR, Row, Table, load_table
 
 SCALES = ("demo", "paper")

@@ -1,7 +1,7 @@
 """The probing accuracies of a table's runs beside the paper's: NAACL 2019 Table 1 and the journal's Table 7.
 
 A table with a ``probing:`` field has every run's frozen encoder probed on those SentEval tasks
-(``runner.probing_scores``); its rows carry the paper's test accuracies as ``paper:`` keys ``probe_sentlen`` …
+(``steps.probing_scores``); its rows carry the paper's test accuracies as ``paper:`` keys ``probe_sentlen`` …
 ``probe_coordinv`` (:attr:`diverse_fairseq.data.senteval.Task.paper_key`). :func:`probing_entry` puts the mean
 over seeds into a row's summary entry; :func:`probing_section` renders the markdown.
 """

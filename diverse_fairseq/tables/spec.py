@@ -82,7 +82,7 @@ class Table:
     rows: List[Row]
     paper_dataset: Optional[str] = None
     source: Optional[Path] = None
-    probing: List[str] = field(default_factory=list)  # SentEval probing tasks run on every row (runner.probing_scores)
+    probing: List[str] = field(default_factory=list)  # SentEval probing tasks run on every row (steps.probing_scores)
     figure_x: Optional[str] = None  # a figure's x-axis label; None for a table
 
     def row(self, row_id: str) -> Row:

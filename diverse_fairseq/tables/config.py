@@ -1,0 +1,54 @@
+"""What one invocation of the table runner trains and where it writes: :class:`RunConfig`, built by the CLI
+(``__main__.py``) and read by every step of a row (``steps.py``), the process pool and the progress line."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .. import training
+from .spec import REPO, Row
+
+
+@dataclass
+class RunConfig:
+    dataset: str
+    scale: str
+    seeds: List[int]
+    gpus: int
+    out_dir: Path
+    data_bin: Path = REPO / "data-bin"
+    train_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-train flags
+    generate_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-generate flags
+    threads: int = 1  # CPU threads of every job (fairseq-train, fairseq-generate, in-process torch)
+    jobs: int = 1  # row/seed jobs run at once (each in its own process when > 1)
+    probing_tasks: List[str] = field(default_factory=list)  # SentEval probing tasks of every run (table's probing)
+    probing_dir: Optional[Path] = None  # where their files are
+    dry_run: bool = False  # print every job's commands, run and write nothing (DRY_RUN=1)
+    # launch options of every training (MAX_UPDATE, PRECISION, NNODES, ...: the CLI reads them from the environment)
+    train_options: training.TrainOptions = field(default_factory=training.TrainOptions)
+    # a script started in place of ``-m fairseq_cli.train`` with the same arguments, watching every training
+    # (e.g. scripts/experiments/kernel_probe.py); not in the cache key: it must not change what is trained
+    train_hook: Optional[str] = None
+    # subsets decoded after training; the first is the one the report's BLEU and significance use
+    subsets: List[str] = field(default_factory=lambda: ["test"])
+
+    def run_dir(self, row: Row, seed: int) -> Path:
+        return self.out_dir / "runs" / row.id / f"seed{seed}"
+
+    def setting(self, row: Row) -> str:
+        """The training setting of ``row``: ``tiny`` at demo scale, else the row's or the dataset's
+        (:func:`training.default_setting`: the papers' for their datasets, by size for your own corpus)."""
+        if self.scale == "demo":
+            return "tiny"
+        return row.setting or training.default_setting(self.dataset, self.data_bin)
+
+    def thread_env(self) -> Dict[str, str]:
+        """The environment that pins a job's subprocesses to ``threads`` CPU threads."""
+        return {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+
+    def log_path(self, row: Row, seed: int) -> Path:
+        return self.out_dir / "logs" / f"{row.id}-seed{seed}.log"
+
+    def eval_dir(self, row: Row, seed: int, subset: str) -> Path:
+        """Where a run's ``subset`` is decoded: ``eval/`` for the test set, ``eval-<subset>/`` for another."""
+        return self.run_dir(row, seed) / ("eval" if subset == "test" else f"eval-{subset}")
