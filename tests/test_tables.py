@@ -239,6 +239,10 @@ def test_markdown_with_one_seed_and_averaged_checkpoints(two_sizes, tmp_path):
     assert ("Checkpoints: a single checkpoint (the last) for Base, Base + D, Big + D; the average of the last 5 "
             "checkpoints for Big.") in md
     assert "Every run was trained by this invocation." in md
+    for runs in one.values():  # the THUMT papers' rows at paper scale: the best checkpoint by validation BLEU
+        runs[0].update(averaged_checkpoints=0, checkpoint="/x/checkpoint_best.pt")
+    best = report.to_markdown(report.summarise(table, one, "demo", "demo"))
+    assert "Checkpoints: a single checkpoint (the best by validation BLEU) for every run" in best
     assert ("The paper columns are the paper's numbers at full scale" in md
             and "at scale `demo` the model is the small demo setting" in md)
 

@@ -104,13 +104,13 @@ def disagreement_section(summary: Dict) -> List[str]:
 
     def ours_layer(row_id: str, name: str) -> List[str]:
         by_layer = {e["layer"]: e for e in ours[row_id]["layers"]}
-        return [_fmt(by_layer.get(l, {}).get(name)) for l in layers]
+        return [_fmt(by_layer.get(layer, {}).get(name)) for layer in layers]
 
-    lines += _table(["Regularization", *map(str, layers), *(f"paper {l}" for l in range(1, paper_depth + 1))],
+    lines += _table(["Regularization", *map(str, layers), *(f"paper {layer}" for layer in range(1, paper_depth + 1))],
                     [[r["label"], *ours_layer(r["id"], "pos"),
-                      *(_fmt(paper[r["id"]].get(PAPER_LAYER_KEY.format(l))) for l in range(1, paper_depth + 1))]
+                      *(_fmt(paper[r["id"]].get(PAPER_LAYER_KEY.format(layer))) for layer in range(1, paper_depth + 1))]
                      for r in rows])
     lines += ["", "Sub. and Out. per encoder layer (ours; the paper reports positions only):", ""]
-    lines += _table(["Regularization", *(f"Sub. {l}" for l in layers), *(f"Out. {l}" for l in layers)],
+    lines += _table(["Regularization", *(f"Sub. {layer}" for layer in layers), *(f"Out. {layer}" for layer in layers)],
                     [[r["label"], *ours_layer(r["id"], "sub"), *ours_layer(r["id"], "out")] for r in rows])
     return lines

@@ -105,7 +105,8 @@ def main(argv: Optional[List[str]] = None) -> bool:
     if argv[:1] == ["--plot-only"] and len(argv) == 2:
         results = Path(argv[1])
     else:
-        from .__main__ import main as run_table, results_dir
+        from .__main__ import main as run_table
+        from .__main__ import results_dir
 
         summary = run_table(argv)
         results = results_dir(argv) / f"{summary['dataset']}.json"

@@ -21,7 +21,8 @@ def probing_entry(table, row, runs: List[Dict]) -> Dict:
         "accuracy": {t: statistics.fmean(r["probing"][t]["accuracy"] for r in runs) for t in names},
         "accuracy_per_seed": {t: [r["probing"][t]["accuracy"] for r in runs] for t in names},
         "majority": {t: runs[0]["probing"][t]["majority"] for t in names},
-        "paper": {t: row.paper[BY_NAME[t.lower()].paper_key] for t in names if BY_NAME[t.lower()].paper_key in row.paper},
+        "paper": {t: row.paper[BY_NAME[t.lower()].paper_key] for t in names
+                  if BY_NAME[t.lower()].paper_key in row.paper},
     }}
 
 

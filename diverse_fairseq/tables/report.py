@@ -145,7 +145,6 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
     rows = []
     for row in table.rows:
         runs = results[row.id]
-        seeds = len(runs)
         bleu = _mean_std([r["eval"]["bleu"] for r in runs])
         tok = _mean_std([r["eval"].get("tok_bleu") for r in runs])
         entry = {
@@ -167,6 +166,7 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
             "valid_nll_loss": _mean_std([r.get("valid_nll_loss") for r in runs])[0],
             "valid_nll_loss_per_seed": [r.get("valid_nll_loss") for r in runs],
             "averaged_checkpoints": [averaged_checkpoints(r) for r in runs],
+            "checkpoint_names": sorted({Path(r["checkpoint"]).name for r in runs if r.get("checkpoint")}),
             "reused_seeds": [r["seed"] for r in runs if r.get("reused") and not r.get("same_as")],
             "trained_at": [r.get("trained_at") for r in runs],
             "embeddings": embedding_setup(runs[0]),
@@ -210,23 +210,32 @@ def params_footnote(summary: Dict, rows: List[Dict]) -> str:
     text = (f"{PARAMS_NOTE} Our parameter count differs from the paper's ({', '.join(r['label'] for r in rows)}): "
             f"ours is fairseq's count of the trained parameters of the model trained here, with {sharing}"
             + (f", over our dictionaries ({vocab} types incl. 4 special symbols)" if vocab else "") +
-            f"; the paper's count comes from its own "
-            f"vocabulary and embedding set-up, so the embedding matrices account for the difference")
+            "; the paper's count comes from its own "
+            "vocabulary and embedding set-up, so the embedding matrices account for the difference")
     if summary["scale"] != "paper":
         text += f"; besides, at scale `{summary['scale']}` the model is the small demo setting, not the paper's size"
     return text + "."
 
 
+SINGLE_CHECKPOINTS = {"checkpoint_last.pt": "the last", "checkpoint_best.pt": "the best by validation BLEU"}
+
+
 def checkpoints_note(rows: List[Dict]) -> str:
-    """Whether the evaluated models are single checkpoints or averages (from the train records)."""
-    counts = sorted({n for r in rows for n in r["averaged_checkpoints"]})
-    if counts == [0]:
-        return "Checkpoints: a single checkpoint (the last) for every run, as the journal version reports single models (the other papers do not say)."
-    parts = []
-    for n in counts:
-        what = f"the average of the last {n} checkpoints" if n else "a single checkpoint (the last)"
-        parts.append(what + " for " + ", ".join(r["label"] for r in rows if n in r["averaged_checkpoints"]))
-    return "Checkpoints: " + "; ".join(parts) + "."
+    """Whether the evaluated models are single checkpoints (the last, or the best by validation BLEU as the THUMT
+    papers' rows at paper scale) or averages (from the train records)."""
+    def single(r: Dict) -> str:
+        names = [n for n in r.get("checkpoint_names", []) if n in SINGLE_CHECKPOINTS] or ["checkpoint_last.pt"]
+        return " / ".join(SINGLE_CHECKPOINTS[n] for n in names)
+
+    kinds = {}  # what was evaluated -> labels of the rows
+    for r in rows:
+        for n in sorted(set(r["averaged_checkpoints"])):
+            what = f"the average of the last {n} checkpoints" if n else f"a single checkpoint ({single(r)})"
+            kinds.setdefault(what, []).append(r["label"])
+    if len(kinds) == 1 and not any(set(r["averaged_checkpoints"]) - {0} for r in rows):
+        return (f"Checkpoints: {next(iter(kinds))} for every run, as the journal version reports single models "
+                "(the other papers do not say).")
+    return "Checkpoints: " + "; ".join(f"{what} for {', '.join(labels)}" for what, labels in kinds.items()) + "."
 
 
 def reused_note(rows: List[Dict]) -> str:
@@ -374,9 +383,9 @@ def to_markdown(summary: Dict) -> str:
                      "are one model's): " + "; ".join(f"{r['label']} = {by_id[r['same_as']]['label']}"
                                                      for r in same) + ".")
     if any(r.get("layers_mapped") for r in rows):
+        mapped = "; ".join(f"{r['label']}: {', '.join(r['layers_mapped'])}" for r in rows if r.get("layers_mapped"))
         notes.append("Layer flags mapped from the paper's six-layer model to this one (one rule, "
-                     "diverse_fairseq/tables/scale.py): " + "; ".join(
-                         f"{r['label']}: {', '.join(r['layers_mapped'])}" for r in rows if r.get("layers_mapped")) + ".")
+                     f"diverse_fairseq/tables/scale.py): {mapped}.")
     paper_dataset = summary.get("paper_dataset")
     if paper_keys and (summary["dataset"] != paper_dataset or summary["scale"] != "paper"):
         notes.append("The paper columns are the paper's numbers" + (f" on `{paper_dataset}`" if paper_dataset else "")

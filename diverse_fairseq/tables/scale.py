@@ -16,8 +16,9 @@ model. The mapped flags are what the runner passes to fairseq-train and what its
 
 from typing import List
 
-from .. import training
 from diverse_fairseq.methods.options import ALL_LAYERS, parse_layer_spec
+
+from .. import training
 
 PAPER_LAYERS = 6
 # every option that selects layers (tests/test_table_scale.py checks that the plugin registers no other)
