@@ -15,7 +15,7 @@ help:
 	@echo "make tables    list the paper-table targets: make table-<id> [SCALE=demo|paper] [DATASET=..] [SEEDS=..] [GPUS=..]"
 	@echo "make figures   list the paper-figure targets: make figure-<id> [SCALE=..] [SEEDS=..] (runs, then a PNG + JSON)"
 	@echo "make check-tables [SCALE=demo|paper]  build every table row's model (demo: and train one step), no data"
-	@echo "make test      run the test suite"
+	@echo "make test      lint (ruff, configured in pyproject.toml), then run the test suite"
 	@echo "make bench     speed/memory ratios against stock fairseq, under 4 GB (the large cases: scripts/benchmark.py --large)"
 	@echo "make data DATASET=iwslt14_de_en|wmt14_en_de|wmt14_en_de_joined|wmt17_zh_en|demo   download and binarize"
 	@echo "make data DATASET=custom SRC=xx TGT=yy CORPUS_DIR=dir        your own corpus -> data-bin/custom_xx_yy"
@@ -32,6 +32,7 @@ $(STAMP): pyproject.toml scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 
 test: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: install
