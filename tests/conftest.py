@@ -123,7 +123,8 @@ def run_two_gloo_ranks(rank_args, params_out=None, timeout=600):
         if params_out is None:
             cmd = [sys.executable, "-m", "fairseq_cli.train", *args]
         else:
-            cmd = [sys.executable, str(REPO / "tests" / "repulsive_rank_params.py"), str(params_out(rank)), *args]
+            script = REPO / "tests" / "methods" / "repulsive" / "repulsive_rank_params.py"
+            cmd = [sys.executable, str(script), str(params_out(rank)), *args]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     for p, out in zip(procs, outputs):

@@ -6,7 +6,7 @@ the default) runs through :class:`_EMRoutingWidth1`, called by
 (Algorithm 2 differentiated step by step, below) instead of autograd through ~10 full-size temporaries per
 iteration; forward + backward about twice as fast on CPU, with fewer saved tensors. The tokens go in chunks of
 about ``_CHUNK_ELEMENTS`` votes (the chunk's temporaries stay in cache), most [.., H, N] updates in place. Checked
-against autograd through the generic code and against finite differences (tests/test_routing_model.py).
+against autograd through the generic code and against finite differences (tests/methods/routing/test_routing_model.py).
 
 ``torch.compile`` of the routing cores (off by default; on CPU slower than the fused eager core): :func:`compiled`,
 used by ``algorithms.get_routing_function(..., compile=True)`` when ``--routing-compile`` is given.

@@ -156,7 +156,8 @@ def test_low_precision_inputs_accumulate_in_fp32(dtype):
 
 
 def test_bad_inputs_raise():
-    # the number of heads is checked by the criterion (tests/test_disagreement_criterion.py); here only asserted
+    # the number of heads is checked by the criterion (tests/methods/disagreement/test_disagreement_criterion.py);
+    # here it is only asserted
     with pytest.raises(AssertionError, match="at least 2 heads, got H = 1"):
         output_similarity(torch.randn(2, 1, 3, 4))
     with pytest.raises(AssertionError, match="at least 2 heads, got H = 1"):

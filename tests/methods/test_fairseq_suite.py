@@ -4,9 +4,10 @@ The sdist of the installed fairseq-fixed carries fairseq's ``tests/`` (without t
 them import). It is downloaded at test time with pip into a cache directory (``$DIVERSE_FAIRSEQ_CACHE``, default
 ``~/.cache/diverse-fairseq``) and reused from there; nothing of it is kept in this repository. The self-contained
 files, ``test_export.py`` (TorchScript export of the attention and of the Transformer) and
-``test_multihead_attention.py``, run in a pytest subprocess with the plugin ``tests/fairseq_swap.py``, which swaps
-our classes in and records every attention, layer, encoder and decoder built. The properties of fairseq's other
-tests (generation, inference dropout, checkpoints) are checked against stock fairseq in test_fairseq_compat.py.
+``test_multihead_attention.py``, run in a pytest subprocess with the plugin ``tests/methods/fairseq_swap.py``,
+which swaps our classes in and records every attention, layer, encoder and decoder built. The properties of
+fairseq's other tests (generation, inference dropout, checkpoints) are checked against stock fairseq in
+test_fairseq_compat.py.
 """
 
 import importlib.metadata
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DIST = "fairseq-fixed"
 SUITE = ("test_export.py", "test_multihead_attention.py")
 #: pip's words for an index it could not reach (then the test is skipped, not failed)
@@ -74,7 +75,7 @@ def test_fairseqs_export_and_attention_tests_pass_with_our_classes(tmp_path):
     record = tmp_path / "built.json"
     # the xformers parity tests need the xformers package; without it they fail on stock fairseq as well
     deselect = [] if importlib.util.find_spec("xformers") else ["-k", "not xformers"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "methods"), str(REPO)]),
            "FAIRSEQ_SWAP_RECORD": str(record)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fairseq_swap", "-p", "no:cacheprovider",
                            "--rootdir", str(tests.parent), *deselect, *[str(tests / n) for n in SUITE]],

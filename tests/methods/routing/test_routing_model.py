@@ -230,8 +230,8 @@ def graph_nodes(tensor):
 @pytest.mark.parametrize("log_space", [False, True])
 def test_fused_em_core_matches_autograd_through_generic_code(monkeypatch, shape, iterations, scalar_betas, log_space):
     """Capsule width 1: the chunked core with the hand-derived backward equals autograd through the generic
-    implementation (tests/test_routing.py checks that against Algorithm 2), in value and gradient; with the
-    E-step's ratio C / Σ_h C and with its log-space form (used where some Σ_h C is tiny)."""
+    implementation (tests/methods/routing/test_routing.py checks that against Algorithm 2), in value and gradient;
+    with the E-step's ratio C / Σ_h C and with its log-space form (used where some Σ_h C is tiny)."""
     monkeypatch.setattr(routing_fast, "_CHUNK_ELEMENTS", 2 * shape[-2] * shape[-1])  # several chunks
     if log_space:
         monkeypatch.setattr(routing_fast, "_TINY_TOTAL", float("inf"))

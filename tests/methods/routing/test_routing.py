@@ -246,7 +246,8 @@ def test_half_precision_input_is_routed_in_float32(core):
 
 
 def test_routing_asserts_its_options():
-    """The options are validated by routing_plan (tests/test_routing_model.py); the cores only assert them."""
+    """The options are validated by routing_plan (tests/methods/routing/test_routing_model.py); the cores only
+    assert them."""
     votes = torch.randn(2, 3, 4, 1)
     for it in (0, -1, 1.5, True):
         with pytest.raises(AssertionError, match="routing iterations must be an integer >= 1"):

@@ -1,8 +1,8 @@
 """pytest plugin (``-p fairseq_swap``) for running fairseq's own tests with this project's classes in place of
 fairseq's.
 
-Loaded only inside the pytest subprocess that tests/test_fairseq_suite.py starts. Before fairseq's test modules are
-imported, it points fairseq's module attributes at our classes (``MultiheadAttention`` ->
+Loaded only inside the pytest subprocess that tests/methods/test_fairseq_suite.py starts. Before fairseq's test
+modules are imported, it points fairseq's module attributes at our classes (``MultiheadAttention`` ->
 ``DiverseMultiheadAttention``, ``TransformerModel`` -> ``DiverseTransformerModel``, the encoder, decoder and their
 layers -> ours), so that ``from fairseq... import X`` in those modules gets ours. Every instance of a stock base
 class (ours call its ``__init__``) is recorded by class name and written as JSON to ``$FAIRSEQ_SWAP_RECORD`` at the
@@ -62,7 +62,8 @@ def pytest_configure(config):
         cls.__init__ = _recording(cls.__init__)
     for module, name, replacement in SWAPS:
         if not hasattr(module, name):
-            raise AttributeError(f"fairseq has no {module.__name__}.{name} to swap; update tests/fairseq_swap.py")
+            raise AttributeError(f"fairseq has no {module.__name__}.{name} to swap; "
+                                 "update tests/methods/fairseq_swap.py")
         setattr(module, name, replacement)
 
 
