@@ -112,6 +112,18 @@ def compare_parameters(built: int, paper_millions: Optional[float], tolerance: f
     return True, text
 
 
+def judge_parameters(built: int, row) -> Tuple[str, str]:
+    """(status, text) of a paper-scale row's parameters against its paper's: ``ok`` within
+    :data:`PARAM_TOLERANCE`; ``GAP`` when further off but the row's ``params_gap`` says why the paper's count
+    cannot be built (the text then carries that reason); ``FAIL`` otherwise."""
+    within, text = compare_parameters(built, row.paper.get("params"))
+    if within:
+        return "ok  ", text
+    if row.params_gap:
+        return "GAP ", f"{text.split(':')[0]}: the paper's count is not buildable: {row.params_gap}"
+    return "FAIL", text
+
+
 def count_parameters(args: List[str]) -> int:
     """Parameters of the model fairseq-train ``args`` build, built on the meta device (no memory, no
     initialisation cost): the count :func:`build_and_step` reports, in a fraction of its time."""
@@ -253,11 +265,8 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                     params = f"{result.parameters / 1e6:.2f}M params" if result.parameters else "–"
                     status = "ok  "
                     if result.ok and result.parameters and scale == "paper":
-                        within, params = compare_parameters(result.parameters, row.paper.get("params"))
-                        if not within and row.params_gap:  # the paper's own count, explained in the YAML
-                            status, params = "GAP ", f"{params.split(':')[0]}: the paper's count is not " \
-                                                     f"buildable: {row.params_gap}"
-                        elif not within:
+                        status, params = judge_parameters(result.parameters, row)
+                        if status == "FAIL":
                             result = Result(False, params, result.parameters)
                     params = "" if params == result.message else f", {params}"
                     status = status if result.ok else "FAIL"
