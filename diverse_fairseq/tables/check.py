@@ -4,7 +4,7 @@ For each table (``configs/tables/*.yaml``), row and scale (``demo``, ``paper``) 
 
 1. builds the fairseq-train arguments the table runner would pass (:func:`row_command`: the runner's setting
    for the scale, the row's architecture, its flags with the layer mapping of :mod:`.scale`, through
-   :func:`diverse_fairseq.training.build_command`), at demo scale on the CPU as ``make table-<id> SCALE=demo``
+   :func:`diverse_fairseq.tables.steps.job_plan`), at demo scale on the CPU as ``make table-<id> SCALE=demo``
    runs it, at paper scale as on the papers' 8 GPUs: with ``--fp16`` where CUDA is available, in fp32
    elsewhere (fairseq's fp16 optimizer keeps its fp32 master copy on a CUDA device);
 2. parses them with fairseq-train's parser and builds task, model, criterion, optimizer and learning-rate
@@ -40,13 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .. import env_checks, training
+from .. import env_checks
 from ..cli_logging import setup_cli_logging
 from ..data.recipes import RECIPES
+from ..run_plan import Plan, TrainOptions
+from ..settings import SETTINGS
 from . import scale as scale_mod
 from .config import RunConfig
-from .keys import LOG_FORMAT_ARGS
 from .spec import TABLE_DIR, Row, Table, load_table
+from .steps import job_plan
 
 SCALES = ("demo", "paper")
 
@@ -144,19 +146,19 @@ def dataset_for(table: Table, scale: str, dataset: Optional[str] = None) -> Opti
     return dataset or (table.paper_dataset if scale == "paper" else "demo")
 
 
+def row_plan(row: Row, dataset: str, scale: str, data_bin: Path, gpus: int, precision: Optional[str] = None) -> Plan:
+    """The plan the table runner would train ``row`` (seed 1) with, by the runner's own function
+    (:func:`~diverse_fairseq.tables.steps.job_plan`; ``precision``: the ``PRECISION`` variable of the run, default
+    fp16 on GPUs), in a results directory beside ``data_bin``."""
+    run = RunConfig(dataset=dataset, scale=scale, seeds=[1], gpus=gpus, out_dir=data_bin.parent, data_bin=data_bin,
+                    train_options=TrainOptions(precision=precision))
+    return job_plan(row, run, 1)
+
+
 def row_command(row: Row, dataset: str, scale: str, data_bin: Path, gpus: int, precision: Optional[str] = None
                 ) -> List[str]:
-    """The fairseq-train arguments (without the program) that the table runner would train ``row`` with
-    (``precision``: the ``PRECISION`` variable of the run, default fp16 on GPUs)."""
-    run = RunConfig(dataset=dataset, scale=scale, seeds=[1], gpus=gpus, out_dir=data_bin.parent, data_bin=data_bin)
-    setting = run.setting(row)
-    arch = row.arch(training.SETTINGS[setting].arch)
-    extra = ["--arch", arch, *scale_mod.row_args(row.args, setting), *run.train_args, *LOG_FORMAT_ARGS]
-    request = training.TrainRequest(dataset=dataset, setting=setting, extra=tuple(extra), save_dir=data_bin.parent /
-                                    "checkpoints", data_bin=data_bin, gpus=gpus,
-                                    options=training.TrainOptions(precision=precision))
-    args, _, _ = training.build_command(request)
-    return args
+    """The fairseq-train arguments (without the program) of :func:`row_plan`."""
+    return list(row_plan(row, dataset, scale, data_bin, gpus, precision).args)
 
 
 def _synthetic_batch(task, batch: int = 4, src_len: int = 7, tgt_len: int = 6) -> Dict:
@@ -249,16 +251,16 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                         setting = RunConfig(name, scale, [1], gpus, Path(tmp)).setting(row)
                         note = _mapped_note(row, setting)
                         write_synthetic_data(data_bin, name)
-                        args = row_command(row, name, scale, data_bin, gpus,
-                                           None if scale == "demo" else paper_precision)
+                        job = row_plan(row, name, scale, data_bin, gpus, None if scale == "demo" else paper_precision)
+                        args = list(job.args)
                     except (Exception, SystemExit) as e:  # noqa: BLE001 -- reported with its type
                         result = Result(False, f"{type(e).__name__}: {e}")
                     else:
-                        key = (scale, tuple(args))
+                        key = (scale, json.dumps(job.identity, sort_keys=True))  # the same run: built once
                         if key in done:
                             note = f" (the command of {done[key][1]}){note}"
                         else:
-                            done[key] = (build_and_step(args, training.SETTINGS[setting].layers, step=scale == "demo"),
+                            done[key] = (build_and_step(args, SETTINGS[setting].layers, step=scale == "demo"),
                                          f"{table.table}:{row.id}")
                             gc.collect()  # a paper-scale model and its optimizer: up to a few GB
                         result = done[key][0]
