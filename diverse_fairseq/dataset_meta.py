@@ -75,6 +75,6 @@ def load_dataset_meta(data_dir) -> DatasetMeta:
     """The :class:`DatasetMeta` of the prepared dataset in ``data_dir``; SystemExit saying how to make it."""
     path = Path(data_dir) / META_FILE
     if not path.is_file():
-        raise SystemExit(f"error: {path} not found: prepare the dataset first (scripts/prepare_data.sh "
+        raise SystemExit(f"error: {path} not found: prepare the data first (scripts/prepare_data.sh "
                          f"{Path(data_dir).name})")
     return meta_from_dict({"dataset": Path(data_dir).name, **json.loads(path.read_text(encoding="utf-8"))}, str(path))

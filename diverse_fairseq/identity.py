@@ -41,11 +41,21 @@ CHOICES = ("task", "arch", "criterion", "optimizer", "lr_scheduler", "bpe", "tok
 
 def parse_train_args(args: Sequence[str]):
     """fairseq-train's namespace of ``args`` (its parser, the user dir's options and the architecture's
-    defaults applied); SystemExit with argparse's message for options fairseq does not accept."""
+    defaults applied). Options fairseq-train would not accept are refused here, before anything runs:
+    SystemExit with argparse's own error line."""
+    import contextlib
+    import io
+
     from fairseq import options
 
     parser = options.get_training_parser()
-    return options.parse_args_and_arch(parser, input_args=list(args))
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return options.parse_args_and_arch(parser, input_args=list(args))
+    except SystemExit:
+        last = [line for line in said.getvalue().splitlines() if line.strip()][-1:] or ["(no message)"]
+        raise SystemExit(f"error: fairseq-train would not accept these options: {last[0]}") from None
 
 
 def _normal(value):

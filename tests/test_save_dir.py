@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import fake_prepared
 
-from diverse_fairseq import save_dir as save_dirs
 from diverse_fairseq import run_plan
+from diverse_fairseq import save_dir as save_dirs
 from diverse_fairseq.run_plan import plan
 from diverse_fairseq.training import request_from_env, run_from_env
 

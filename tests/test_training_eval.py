@@ -15,7 +15,9 @@ from conftest import fake_prepared, lines
 
 from diverse_fairseq.average_checkpoints import average_checkpoints, last_n_checkpoints
 from diverse_fairseq.evaluate import parse_generate_output, parse_generate_speed
-from diverse_fairseq.training import command_from_env, resolve_setting, update_freq
+from diverse_fairseq.run_plan import plan, update_freq
+from diverse_fairseq.settings import resolve_setting
+from diverse_fairseq.training import request_from_env
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -24,6 +26,12 @@ FIXTURES = REPO / "tests" / "fixtures"
 @pytest.fixture
 def data_bin(tmp_path):
     return fake_prepared(tmp_path / "data-bin", "wmt14_en_de")
+
+
+def command_from_env(dataset, setting, extra, env, gpus):
+    """(fairseq-train arguments, launcher, plan) of ``scripts/train.sh DATASET SETTING EXTRA`` under ``env``."""
+    p = plan(request_from_env(dataset, setting, extra, env=env, gpus=gpus))
+    return list(p.args), list(p.launcher), p
 
 
 def value(args, flag):
@@ -48,9 +56,11 @@ def test_settings_and_architecture_names():
 
 def test_command_on_gpus_with_passthrough(data_bin):
     env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
-    args, launcher, info = command_from_env("wmt14_en_de", "big", ["--criterion", "x", "--lr", "1e-3"], env=env, gpus=2)
-    assert (launcher == [sys.executable, "-m", "fairseq_cli.train"] and info["update_freq"] == 4
-            and info["tokens_per_update"] == 8 * 4096)
+    args, launcher, info = command_from_env(
+        "wmt14_en_de", "big", ["--criterion", "label_smoothed_cross_entropy_with_disagreement", "--lr", "1e-3"],
+        env=env, gpus=2)
+    assert (launcher == [sys.executable, "-m", "fairseq_cli.train"] and info.update_freq == 4
+            and info.tokens_per_update == 8 * 4096)
     assert value(args, "--arch") == ["transformer_vaswani_wmt_en_de_big"] and "--fp16" in args
     # the papers' big setting: dropout 0.1 and lr 5e-4 (journal §4.1.1), single models (no averaging)
     assert value(args, "--dropout") == ["0.1"] and value(args, "--lr")[0] == "0.0005"
@@ -60,16 +70,16 @@ def test_command_on_gpus_with_passthrough(data_bin):
     assert "--encoder-normalize-before" in args and "--decoder-normalize-before" in args
     assert value(args, "--attention-dropout") == ["0.1"] and value(args, "--activation-dropout") == ["0.1"]
     assert value(args, "--adam-eps") == ["1e-09"] and value(args, "--best-checkpoint-metric") == ["bleu"]
-    assert "--eval-bleu" in args and "--maximize-best-checkpoint-metric" in args and info["single_checkpoint"] == \
+    assert "--eval-bleu" in args and "--maximize-best-checkpoint-metric" in args and info.single_checkpoint.name == \
         "checkpoint_best.pt"
     assert value(args, "--lr")[-1] == "1e-3" and args[-2:] == ["--lr", "1e-3"]  # extra options come last
     save = value(args, "--save-dir")[0]
     assert "--load-checkpoint-on-all-dp-ranks" in args and re.fullmatch(r"/ck/wmt14_en_de_big-[0-9a-f]{8}", save)
-    assert value(args, "--tensorboard-logdir") == [save + "/tensorboard"] and info["save_dir"] == save
-    assert info["average"] == 0 and info["update_based"]
+    assert value(args, "--tensorboard-logdir") == [save + "/tensorboard"] and str(info.save_dir) == save
+    assert info.average == 0 and info.update_based
     # averaging stays an option: AVERAGE=N keeps at least the last N checkpoints
     args, _, info = command_from_env("wmt14_en_de", "big", [], env=dict(env, AVERAGE="30"), gpus=2)
-    assert info["average"] == 30 and value(args, "--keep-interval-updates") == ["30"]
+    assert info.average == 30 and value(args, "--keep-interval-updates") == ["30"]
 
 
 def test_embeddings_choice(data_bin):
@@ -83,7 +93,7 @@ def test_embeddings_choice(data_bin):
     args, _, info = command_from_env("wmt14_en_de", "fairseq_base", [], env=env, gpus=8)
     assert "--share-all-embeddings" in args and "--encoder-normalize-before" not in args and "--eval-bleu" not in args
     assert value(args, "--adam-eps") == ["1e-08"] and value(args, "--warmup-updates") == ["8000"]
-    assert info["single_checkpoint"] == "checkpoint_last.pt"
+    assert info.single_checkpoint.name == "checkpoint_last.pt"
     args, _, _ = command_from_env("wmt14_en_de", "small", [], env=env, gpus=1)
     assert value(args, "--adam-eps") == ["1e-08"] and "--share-all-embeddings" in args
 
@@ -106,8 +116,9 @@ def test_the_demo_command_is_unchanged(tmp_path):
 def test_run_records_whether_checkpoints_were_averaged(data_bin, monkeypatch):
     from diverse_fairseq import training
     monkeypatch.setattr(training, "visible_gpus", lambda: 8)
-    info = training.run_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "DRY_RUN": "1"}, gpus=8)
-    assert info["averaged"] == 0 and info["checkpoint"].endswith("checkpoint_last.pt")
+    result = training.run_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "DRY_RUN": "1"}, gpus=8)
+    # a single model: the THUMT setting keeps the best by validation BLEU, and that one is evaluated
+    assert result.averaged == 0 and result.checkpoint.name == "checkpoint_best.pt"
 
 
 def test_command_multi_node_and_cpu(data_bin):
@@ -115,13 +126,13 @@ def test_command_multi_node_and_cpu(data_bin):
     args, launcher, info = command_from_env("wmt14_en_de", "base", [], env=env, gpus=8)
     assert launcher[1:4] == ["-m", "torch.distributed.run", "--nnodes"] and "fairseq_cli.train" in launcher
     assert value(launcher, "--nproc-per-node") == ["8"] and value(launcher, "--master-addr") == ["10.0.0.1"]
-    assert value(args, "--distributed-world-size") == ["16"] and info["update_freq"] == 1 and not info["rank0"]
+    assert value(args, "--distributed-world-size") == ["16"] and info.update_freq == 1 and not info.rank0
     slurm = {"DATA_BIN": str(data_bin), "SLURM_NNODES": "2", "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
     args, launcher, info = command_from_env("wmt14_en_de", "base", [], env=slurm, gpus=4)
     assert (launcher == [sys.executable, "-m", "fairseq_cli.train"] and value(args, "--distributed-port") == ["12077"]
-            and info["world"] == 8)
+            and info.world == 8)
     args, _, info = command_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin)}, gpus=0)
-    assert "--cpu" in args and "--fp16" not in args and info["update_freq"] == 8
+    assert "--cpu" in args and "--fp16" not in args and info.update_freq == 8
     with pytest.raises(SystemExit, match="only PRECISION=fp32"):
         command_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "PRECISION": "fp16"}, gpus=0)
     with pytest.raises(SystemExit, match="prepare the data first"):
@@ -232,7 +243,7 @@ def test_demo_train_average_evaluate_end_to_end(tmp_path):
     (save,) = (tmp_path / "checkpoints").glob("demo_tiny-*")  # one directory per variant
     assert "update-freq 1" in out and (save / "checkpoint_1_4.pt").exists() and (save / "tensorboard").is_dir()
     stored = json.loads((save / "train_args.json").read_text())  # the options, checked when the run resumes
-    assert stored["experiment"]["options"]["--arch"] == "transformer" and save.name.endswith(stored["hash"])
+    assert stored["identity"]["options"]["--arch"] == "transformer" and save.name.endswith(stored["hash"])
     avg = save / "checkpoint_avg_last2.pt"
     assert "averaging the last 2 checkpoints" in out and avg.exists()
     out = run(REPO / "scripts" / "evaluate.sh", avg, "demo", "--max-len-b", "5")
