@@ -25,7 +25,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import List
 
-from .. import env_checks
+from .. import env_checks, paths
 from . import bpe as bpe_mod
 from . import progress
 from .archive import CorruptArchiveError, extract
@@ -58,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "for demo, subword-nmt otherwise)")
     p.add_argument("--bpe-size", default=_env("BPE_SIZE"),
                    help="BPE merges / sentencepiece vocabulary [BPE_SIZE]; default: the recipe's (custom: 10000)")
-    p.add_argument("--work-dir", default=_env("WORK_DIR", "work"), help="root of intermediate files [WORK_DIR]")
-    p.add_argument("--data-bin", default=_env("DATA_BIN", "data-bin"), help="root of binarized datasets [DATA_BIN]")
+    p.add_argument("--work-dir", default=str(paths.from_env("WORK_DIR")), help="root of intermediate files [WORK_DIR]")
+    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="root of binarized datasets [DATA_BIN]")
     p.add_argument("--mirror", default=_env("DIVERSE_FAIRSEQ_MIRROR"),
                    help="URL or directory holding the archives by file name, used instead of the public "
                         "addresses [DIVERSE_FAIRSEQ_MIRROR]")
