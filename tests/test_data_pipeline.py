@@ -249,3 +249,19 @@ def test_corrupt_archive_is_rejected_then_replaced(tmp_path, capsys):
 def test_prepare_data_script_help():
     proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "iwslt14_de_en" in proc.stdout and "--mirror" in proc.stdout
+
+
+def test_prepare_is_a_library_function_of_typed_options(tmp_path, monkeypatch):
+    """The table runner prepares data with :func:`prepare` and typed options: the command line's variables
+    (``BPE_SIZE``, ``DEMO_DIR``, ``WORK_DIR``) are read by ``main`` only."""
+    from diverse_fairseq.data.prepare import PrepareOptions
+    from diverse_fairseq.data.prepare import prepare as prepare_options
+
+    foreign = {"BPE_SIZE": "7", "DEMO_DIR": str(tmp_path / "nowhere"), "WORK_DIR": str(tmp_path / "w")}
+    for name, value in foreign.items():
+        monkeypatch.setenv(name, value)
+    dest = prepare_options(PrepareOptions("demo", bpe_size=100, work_dir=tmp_path / "work",
+                                          data_bin=tmp_path / "data-bin", demo_dir=str(FIXTURES / "demo_text")))
+    meta = json.loads((dest / "prepare.json").read_text())
+    assert dest == tmp_path / "data-bin" / "demo" and meta["bpe_size"] == 100 and (tmp_path / "work").is_dir()
+    assert not (tmp_path / "w").exists()

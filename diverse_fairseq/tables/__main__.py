@@ -11,7 +11,6 @@ are checked before any work starts; a bad one stops the run with a message namin
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -169,8 +168,10 @@ def ensure_demo_data(data: Path):
     ``prepare_data`` skips every step whose output is complete and up to date, so this is quick after the
     first run and redoes only what a changed corpus or recipe needs.
     """
-    env = dict(os.environ, DATA_BIN=str(data.parent))
-    subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], check=True, cwd=REPO, env=env)
+    from ..data.prepare import parse_options, prepare
+
+    # the data preparation's own variables (DEMO_DIR, BPE_SIZE, WORK_DIR, ...) apply, as with make data
+    prepare(parse_options(["demo", "--data-bin", str(data.parent)]))
 
 
 def ensure_probing_data(tasks: List[str], folder: Optional[str]) -> Path:
