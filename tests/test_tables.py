@@ -497,7 +497,9 @@ def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_bin):
     runs = demo_bin / "results" / "demo-demo" / "runs"
     record = json.loads((runs / "dis" / "seed2" / "train.json").read_text())
     options = record["key"]["identity"]["options"]
-    assert options["--seed"] == 2 and record["threads"] == 1 and options["--disagreement-terms"] == "out"
+    assert options["--seed"] == 2 and record["threads"] == 1
+    # --disagreement-terms out is the criterion's default: not part of the identity
+    assert options["--criterion"] == "label_smoothed_cross_entropy_with_disagreement"
     logs = demo_bin / "results" / "demo-demo" / "logs"
     assert "fairseq" in (logs / "dis-seed2.log").read_text()  # the job's own output went to its log
 
