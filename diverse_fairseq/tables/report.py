@@ -237,8 +237,11 @@ def checkpoints_note(rows: List[Dict]) -> str:
             what = f"the average of the last {n} checkpoints" if n else f"a single checkpoint ({single(r)})"
             kinds.setdefault(what, []).append(r["label"])
     if len(kinds) == 1 and not any(set(r["averaged_checkpoints"]) - {0} for r in rows):
-        return (f"Checkpoints: {next(iter(kinds))} for every run, as the journal version reports single models "
-                "(the other papers do not say).")
+        metrics = {m for r in rows for m in r.get("best_checkpoint_metric") or [None]}
+        why = ("as the EMNLP 2020 authors' README tests checkpoint_best.pt (fairseq's best by validation loss)"
+               if metrics == {"loss"} else
+               "as the journal version reports single models (the other papers do not say)")
+        return f"Checkpoints: {next(iter(kinds))} for every run, {why}."
     return "Checkpoints: " + "; ".join(f"{what} for {', '.join(labels)}" for what, labels in kinds.items()) + "."
 
 
