@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .. import training
-from ..checkpoint_choice import checkpoint_name
+from ..checkpoint_choice import evaluated_checkpoint
 from . import logs, scale
 from .cache import checkpoint_identity, lookup, package_version, store, whole_file
 from .config import RunConfig
@@ -91,9 +91,10 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
             record["valid_nll_loss"] = _valid_nll(log_file.read_text(encoding="utf-8", errors="replace"))
         # the setting's checkpoint (checkpoint_choice) beside train.json, also when the results directory has
         # moved since, and for records written before the setting named its best checkpoint metric
-        metric = training.SETTINGS[setting].best_checkpoint_metric
-        name = checkpoint_name(metric, record.get("averaged_checkpoints") or 0)
-        return dict(record, checkpoint=str(run_dir / name), best_checkpoint_metric=metric, reused=True)
+        chosen = training.SETTINGS[setting]
+        name = evaluated_checkpoint(chosen, record.get("averaged_checkpoints") or 0)
+        return dict(record, checkpoint=str(run_dir / name), best_checkpoint_metric=chosen.best_checkpoint_metric,
+                    reused=True)
     if finished.data is not None:
         _move_aside(run_dir, key_difference(finished.key, key), tag)
     elif run_dir.exists() and any(run_dir.iterdir()):
