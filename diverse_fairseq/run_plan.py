@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .checkpoint_choice import checkpoint_name
 from .dataset_meta import DatasetMeta, load_dataset_meta
 from .identity import run_identity
 from .paths import CHECKPOINTS, DATA_BIN
@@ -181,8 +182,8 @@ class Plan:
     max_update: int = 0
     average: int = 0  # checkpoints averaged after training (0: a single model)
     embeddings: str = "shared"
-    # "bleu": fairseq keeps checkpoint_best.pt by validation BLEU and that one is evaluated; None: checkpoint_last.pt
-    # (issue 30 replaces Setting.best_by_bleu by Setting.best_checkpoint_metric: read it here)
+    # the setting's (checkpoint_choice.METRICS): None checkpoint_last.pt; "bleu" / "loss" checkpoint_best.pt by
+    # that validation metric
     best_checkpoint_metric: Optional[str] = None
     rank0: bool = True  # this process is on the first node (it averages)
 
@@ -212,18 +213,18 @@ class Plan:
 
     @property
     def single_checkpoint(self) -> Path:
-        """The checkpoint a single model is evaluated from: the best by the setting's metric where it keeps one
-        (the THUMT papers' choice), else the last."""
-        return self.save_dir / ("checkpoint_best.pt" if self.best_checkpoint_metric else "checkpoint_last.pt")
+        """The checkpoint a single model is evaluated from: the best by the setting's metric where it names one,
+        else the last."""
+        return self.checkpoint(0)
 
     @property
     def average_file(self) -> Optional[Path]:
-        return self.save_dir / f"checkpoint_avg_last{self.average}.pt" if self.average else None
+        return self.checkpoint(self.average) if self.average else None
 
     def checkpoint(self, averaged: int) -> Path:
-        """The checkpoint to evaluate: the average where ``averaged`` checkpoints went into one, else
-        :attr:`single_checkpoint`. The one place that decides it."""
-        return self.average_file if averaged and self.average_file else self.single_checkpoint
+        """The checkpoint to evaluate when ``averaged`` checkpoints went into an average (0: none): the run's
+        file of :func:`diverse_fairseq.checkpoint_choice.checkpoint_name`, the one rule for it."""
+        return self.save_dir / checkpoint_name(self.best_checkpoint_metric, averaged)
 
     @property
     def decoding(self) -> Decoding:
@@ -275,8 +276,8 @@ def plan(request: TrainRequest) -> Plan:
                  "--keep-interval-updates", str(keep), "--no-epoch-checkpoints"]
     else:
         args += ["--keep-last-epochs", str(keep)]
-    best_metric = "bleu" if s.best_by_bleu else None
-    if best_metric == "bleu":
+    best_metric = s.best_checkpoint_metric
+    if best_metric == "bleu":  # "loss" is fairseq's default best metric: nothing to add
         args += eval_bleu_args(meta) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
     precision = o.precision or ("fp16" if gpus else "fp32")
     if gpus == 0:

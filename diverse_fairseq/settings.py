@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .checkpoint_choice import check_metric
 from .dataset_meta import load_dataset_meta
 
 
@@ -41,9 +42,14 @@ class Setting:
     attention_dropout: Optional[float] = None  # None: the architecture's default (0 in fairseq)
     activation_dropout: Optional[float] = None  # ReLU dropout; None: the architecture's default (0)
     adam_eps: float = 1e-9
-    # keep the best checkpoints by validation BLEU (fairseq's --eval-bleu) and evaluate checkpoint_best.pt
-    best_by_bleu: bool = False
+    # the checkpoint evaluated (diverse_fairseq.checkpoint_choice): None: checkpoint_last.pt; "bleu":
+    # checkpoint_best.pt by validation BLEU (fairseq's --eval-bleu, the THUMT settings); "loss": checkpoint_best.pt
+    # by validation loss (fairseq's default best metric, the EMNLP 2020 authors' fairseq settings)
+    best_checkpoint_metric: Optional[str] = None
     keep_best: int = 0  # how many of the best checkpoints fairseq keeps (--keep-best-checkpoints)
+
+    def __post_init__(self):
+        check_metric(self.best_checkpoint_metric)
 
 
 EMBEDDINGS = ("shared", "untied")
@@ -56,14 +62,15 @@ TINY_LAYERS = 2
 # the journal's text (§4.1.1) says "all types of dropout rate is set to 0.1" (residual, attention, ReLU);
 # the released code has attention/ReLU dropout 0: we follow the text.
 THUMT = dict(embeddings="untied", normalize_before=True, attention_dropout=0.1, activation_dropout=0.1,
-             adam_eps=1e-9, best_by_bleu=True, keep_best=5)
+             adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5)
 SETTINGS: Dict[str, Setting] = {
     # fairseq's IWSLT14 Transformer recipe: lr 5e-4, warmup 4000, dropout 0.3, weight decay 1e-4, 4096 tokens
     # on one GPU as the repulsive-attention paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes
     # (pay_less_attention_paper; the papers give no number of updates). The EMNLP 2020 authors' scripts
     # (fairseq): joined dictionary with --share-all-embeddings, Adam eps 1e-8 (fairseq's default).
+    # checkpoint_best.pt by validation loss, as their README tests (test-iwslt14.sh $DATA_DIR/checkpoint_best.pt)
     "small": Setting("transformer_iwslt_de_en", lr=5e-4, dropout=0.3, weight_decay=1e-4, max_tokens=4096,
-                     batch_tokens=4096, max_update=50000, adam_eps=1e-8),
+                     batch_tokens=4096, max_update=50000, adam_eps=1e-8, best_checkpoint_metric="loss"),
     # The papers follow Vaswani et al. 2017 (journal §4.1.1): "learning rate initially 1.0" warmed up over
     # 4000 steps, i.e. a peak of 1.0 · d^-0.5 · 4000^-0.5 = 7e-4 for d = 512; 8 P40 GPUs x 4096 tokens;
     # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates (Vaswani et al.).
@@ -79,15 +86,16 @@ SETTINGS: Dict[str, Setting] = {
     # fairseq's Transformer-base as the EMNLP 2020 authors ran it (their WMT14 scripts): joined dictionary with
     # --share-all-embeddings, post-norm, lr 7e-4 warmed up over 8000 updates, Adam eps 1e-8, no weight decay;
     # their scripts batch 4 GPUs x 4096 tokens x update-freq 2 for MA but 4 for RMA, while the paper says
-    # the configurations are the same: one batch (8 x 4096 tokens) for every row
+    # the configurations are the same: one batch (8 x 4096 tokens) for every row; checkpoint_best.pt by
+    # validation loss, as their README tests (test-wmt14-base.sh $DATA_DIR/checkpoint_best.pt)
     "fairseq_base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
                             max_update=100000, warmup=8000, save_interval_updates=1000, keep_checkpoints=10,
-                            adam_eps=1e-8),
+                            adam_eps=1e-8, best_checkpoint_metric="loss"),
     # fairseq's Transformer-big, EMNLP 2020's reference row ("big-MA"): the big architecture with fairseq's
     # WMT14 en-de big recipe (Ott et al. 2018: lr 5e-4, dropout 0.3), shared embeddings, Adam eps 1e-8
     "fairseq_big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.3, max_tokens=4096,
                            batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000,
-                           keep_checkpoints=10, adam_eps=1e-8),
+                           keep_checkpoints=10, adam_eps=1e-8, best_checkpoint_metric="loss"),
     # laptop-CPU demo scale: a 2+2-layer, 128-wide pre-norm Transformer with 4 heads, small batches so that
     # it sees many updates (800, about 1.3 epochs). lr 2e-3, warmup 400, dropout 0.1 were chosen on the
     # baseline's validation BLEU over seeds 1-3 against lr 6e-3 / warmup 150 / no dropout and lr 1e-3

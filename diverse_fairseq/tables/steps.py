@@ -9,8 +9,9 @@
    **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained afresh; a run
    interrupted under the same key resumes from its last checkpoint.
 2. :func:`evaluate_row` evaluates the run's checkpoint (the average of the last checkpoints where training made
-   one, else the setting's single model: ``checkpoint_best.pt`` by validation BLEU for the THUMT papers'
-   settings, else ``checkpoint_last.pt``) with :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU,
+   one, else the setting's single model, :mod:`diverse_fairseq.checkpoint_choice`: ``checkpoint_best.pt`` by
+   validation BLEU for the THUMT papers' settings, by validation loss for the EMNLP 2020 authors' fairseq
+   settings, ``checkpoint_last.pt`` at demo scale) with :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU,
    decoding speed; reused while ``eval/key.json`` matches);
 3. :func:`disagreement_scores` and, for tables that ask for it, :func:`probing_scores` measure the checkpoint.
 
@@ -88,8 +89,8 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     if finished.hit:
         record = TrainRecord.from_dict(finished.data)
         print(f"  [{tag}] training finished earlier ({record.trained_at}); reusing {run_dir}", flush=True)
-        # the checkpoint beside train.json, also when the results directory has moved since
-        return replace(record, checkpoint=str(run_dir / Path(record.checkpoint).name)), True
+        # the plan's checkpoint, beside train.json also when the results directory has moved since
+        return replace(record, checkpoint=str(job.checkpoint(record.averaged_checkpoints))), True
     if finished.data is not None:
         _move_aside(run_dir, key_difference(finished.key, key), tag)
     elif run_dir.exists() and any(run_dir.iterdir()):
@@ -106,7 +107,8 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     record = TrainRecord(
         row=row.id, seed=seed, arch=job.arch, setting=job.setting_name, train_args=list(result.plan.args), key=key,
         trained_at=time.strftime("%Y-%m-%d %H:%M:%S"), threads=run.threads, checkpoint=str(result.checkpoint),
-        args=row_args, averaged_checkpoints=result.averaged, embeddings=result.plan.embedding_sharing,
+        args=row_args, averaged_checkpoints=result.averaged, best_checkpoint_metric=job.best_checkpoint_metric,
+        embeddings=result.plan.embedding_sharing,
         parameters=logs.model_parameters(log), updates=int(train.get("num_updates", 0)),
         train_steps_per_second=train.get("ups"), train_loss=train.get("loss"), valid_loss=valid.get("loss"),
         valid_nll_loss=valid.get("nll_loss"))
