@@ -46,7 +46,8 @@ def test_prepare_json_has_one_default_per_field(tmp_path):
 
 @pytest.mark.parametrize("setting, env, averaged, name", [
     ("base", {}, 0, "checkpoint_best.pt"),  # the THUMT papers' single model: the best by validation BLEU
-    ("fairseq_base", {}, 0, "checkpoint_last.pt"),
+    ("fairseq_base", {}, 0, "checkpoint_best.pt"),  # the EMNLP 2020 authors': the best by validation loss
+    ("tiny", {}, 0, "checkpoint_last.pt"),
     ("fairseq_base", {"AVERAGE": "5"}, 5, "checkpoint_avg_last5.pt"),
     ("base", {"AVERAGE": "5"}, 0, "checkpoint_best.pt"),  # averaging asked for but not written (too few)
 ])

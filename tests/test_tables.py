@@ -114,6 +114,7 @@ def _fake_run(root: Path, row_id: str, seed: int, hyps, refs, **record):
     base = {"seed": seed, "parameters": 1_440_000, "train_steps_per_second": 5.0, "updates": 3,
             "checkpoint": str(root / row_id / f"seed{seed}" / "checkpoint_last.pt"),
             "train_args": ["data", "--share-all-embeddings"], "embeddings": "all", "averaged_checkpoints": 0,
+            "best_checkpoint_metric": None,
             "reused": False, "args": [], "valid_loss": 4.0, "valid_nll_loss": 3.0,
             "trained_at": "2024-01-01 00:00:00",
             "eval": {"out": str(out), "target_lang": "de", "bleu": bleu, "tok_bleu": bleu,
@@ -245,7 +246,7 @@ def test_markdown_with_one_seed_and_averaged_checkpoints(two_sizes, tmp_path):
             "checkpoints for Big.") in md
     assert "Every run was trained by this invocation." in md
     for runs in one.values():  # the THUMT papers' rows at paper scale: the best checkpoint by validation BLEU
-        runs[0].update(averaged_checkpoints=0, checkpoint="/x/checkpoint_best.pt")
+        runs[0].update(averaged_checkpoints=0, checkpoint="/x/checkpoint_best.pt", best_checkpoint_metric="bleu")
     best = report.to_markdown(report.summarise(table, one, "demo", "demo"))
     assert "Checkpoints: a single checkpoint (the best by validation BLEU) for every run" in best
     assert ("The paper columns are the paper's numbers at full scale" in md
