@@ -252,3 +252,16 @@ def test_fairseq_validation_bleu_options_parse_and_score(tmp_path):
     assert logging_output["_bleu_ref_len"] == 4 * 5  # four references of five words (eos removed)
     assert (logging_output["_bleu_sys_len"] > 0
             and len([k for k in logging_output if k.startswith("_bleu_counts_")]) == 4)
+
+
+def test_paper_scale_lines_say_how_each_row_decodes(monkeypatch, capsys):
+    """``make check-tables SCALE=paper``: a THUMT row decodes with GNMT's penalty and at most |x| + 50 tokens, an
+    EMNLP 2020 (fairseq) row with fairseq's --lenpen and the recipe's 200 tokens (models not built here)."""
+    monkeypatch.setattr(check, "build_and_step", lambda args, layers, step: check.Result(True, "built", None))
+    tables = [load_table("journal_t5"), load_table("emnlp20_t2_wmt14")]
+    check.check(tables, ("paper",))
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "journal_t5:big " in x)
+    assert "[decoding: beam 4, gnmt length penalty 0.6, at most 1·|x| + 49 tokens]" in line
+    line = next(x for x in out.splitlines() if "emnlp20_t2_wmt14:ma " in x)
+    assert "[decoding: beam 4, fairseq length penalty 0.6, at most 0·|x| + 200 tokens]" in line

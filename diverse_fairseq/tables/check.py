@@ -19,7 +19,8 @@ For each table (``configs/tables/*.yaml``), row and scale (``demo``, ``paper``) 
    paper prints a count that its own model cannot have says why in its ``params_gap`` field: it is printed as
    ``GAP`` with that reason instead of failing.
 
-It prints one line per table/row/scale (``ok``, ``GAP`` or ``FAIL`` with the reason, and the parameters) and exits
+It prints one line per table/row/scale (``ok``, ``GAP`` or ``FAIL`` with the reason, and the parameters; at paper
+scale also how the row's setting decodes: beam, length penalty form and value, length limit) and exits
 non-zero when any line failed, naming every failure again at the end. Identical argument lists (the same
 model in several tables) are built once.
 
@@ -217,6 +218,14 @@ def build_and_step(args: List[str], layers: int, step: bool) -> Result:
         torch.set_num_threads(threads)
 
 
+def decoding_note(data: Path, setting: str) -> str:
+    """How the setting's runs decode (validation BLEU and test), e.g. `` [decoding: beam 4, gnmt length penalty
+    0.6, at most 1·|x| + 49 tokens]`` (:func:`diverse_fairseq.training.decoding`)."""
+    d = training.decoding(json.loads((data / "prepare.json").read_text()), training.SETTINGS[setting])
+    return (f" [decoding: beam {d['beam']}, {d['length_penalty']} length penalty {d['lenpen']:g}, at most "
+            f"{d['max_len_a']:g}·|x| + {d['max_len_b']} tokens]")
+
+
 def _mapped_note(row: Row, setting: str) -> str:
     """The row's layer flags that the scale rule changed, e.g. ``--routing-encoder-layers 3,4,5→1``."""
     changes = scale_mod.changes(row.args, scale_mod.row_args(row.args, setting))
@@ -249,6 +258,8 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                         setting = RunConfig(name, scale, [1], gpus, Path(tmp)).setting(row)
                         note = _mapped_note(row, setting)
                         write_synthetic_data(data_bin, name)
+                        if scale == "paper":
+                            note += decoding_note(data_bin / name, setting)
                         args = row_command(row, name, scale, data_bin, gpus,
                                            None if scale == "demo" else paper_precision)
                     except (Exception, SystemExit) as e:  # noqa: BLE001 -- reported with its type
