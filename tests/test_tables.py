@@ -386,7 +386,7 @@ def _settings(monkeypatch, **env):
     for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS", "DRY_RUN", "MAX_TOKENS",
                  "UPDATE_FREQ", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "NNODES", "NODE_RANK",
                  "MASTER_ADDR", "MASTER_PORT", "SLURM_NNODES", "SLURM_JOB_ID", "SLURM_NODEID", "CHECKPOINTS",
-                 "RESUME_ANYWAY", "ROWS", "SUBSETS", "TRAIN_HOOK"):
+                 "RESUME_ANYWAY", "ROWS", "SUBSETS", "TRAIN_HOOK", "PROGRESS_INTERVAL"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -407,8 +407,11 @@ def _settings(monkeypatch, **env):
     ({"TRAIN_ARGS": "--lr '1e-3"}, r"TRAIN_ARGS \(--train-args\)=.* is not valid: use flags quoted"),
     ({"GENERATE_ARGS": '--beam "1'}, r"GENERATE_ARGS \(--generate-args\)=.* is not valid"),
     ({"DRY_RUN": "yes"}, r"DRY_RUN \(--dry-run\)='yes' is not valid: use DRY_RUN=1 to turn it on"),
+    ({"PROGRESS_INTERVAL": "-5"},
+     r"PROGRESS_INTERVAL \(--progress-interval\)='-5' is not valid: use a finite number >= 0"),
 ], ids=["scale-case", "scale-name", "seeds-zero", "seeds-negative", "seeds-repeated", "seeds-word", "gpus-negative",
-        "gpus-word", "threads-zero", "jobs-float", "train-args-quote", "generate-args-quote", "dry-run-word"])
+        "gpus-word", "threads-zero", "jobs-float", "train-args-quote", "generate-args-quote", "dry-run-word",
+        "progress-interval-negative"])
 def test_bad_environment_is_refused(monkeypatch, env, message):
     with pytest.raises(SystemExit, match=message):
         _settings(monkeypatch, **env)
@@ -428,7 +431,9 @@ def test_good_environment(monkeypatch):
                          TRAIN_ARGS="--lr '1e-3'")
     assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
                         "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False,
-                        "train_options": training.TrainOptions(), "subsets": ["test"], "train_hook": None}
+                        "train_options": training.TrainOptions(), "subsets": ["test"], "train_hook": None,
+                        "progress_interval": 30.0}
+    assert _settings(monkeypatch, PROGRESS_INTERVAL="0")["progress_interval"] == 0
     assert _settings(monkeypatch, MAX_UPDATE="7")["train_options"] == training.TrainOptions(max_update=7)
     assert _settings(monkeypatch, DRY_RUN="1")["dry_run"]
     assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
