@@ -65,8 +65,8 @@ def build_parser():
                         "not part of the cache key, so a finished run is reused without it [TRAIN_HOOK]")
     p.add_argument("--progress-interval", default=env("PROGRESS_INTERVAL", "30"),
                    help="seconds between two progress lines of a training row (update, losses, time left), "
-                        "printed only when fairseq has logged since the last one; 0: none [PROGRESS_INTERVAL] "
-                        "(default 30)")
+                        "printed only when fairseq has logged since the last one; 0: every record it logs "
+                        "[PROGRESS_INTERVAL] (default 30)")
     p.add_argument("--dry-run", default=env("DRY_RUN", ""),
                    help="1: print every row's training and evaluation commands, run and write nothing [DRY_RUN]")
     return p

@@ -33,7 +33,8 @@ from .logs import records
 _MAX_UPDATE = re.compile(r"'max_update': (\d+)")
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
+    """``h:mm:ss``."""
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
@@ -84,7 +85,7 @@ def progress_line(log: str) -> Optional[str]:
     if max_update and done >= max_update:
         return line + "; training done"
     if max_update and wall and done > 0:
-        return line + f"; about {_clock((max_update - done) * wall / done)} left"
+        return line + f"; about {clock((max_update - done) * wall / done)} left"
     return line
 
 
@@ -93,7 +94,8 @@ class LogWatcher:
 
     ``start()`` starts the thread, ``stop()`` ends it (and waits for it); nothing is emitted before the first
     update record, nor twice for the same line, nor for the log as it was when the watcher started (a finished
-    run that is reused, an interrupted one before it resumes). ``interval <= 0`` watches nothing."""
+    run that is reused, an interrupted one before it resumes). The log is read every ``interval`` seconds, at
+    least 0.5 (``interval=0``: each record fairseq logs, as ``PROGRESS_INTERVAL=0`` does in data preparation)."""
 
     def __init__(self, path: Path, interval: float, emit: Callable[[str], None]):
         self.path, self.interval, self.emit = Path(path), float(interval), emit
@@ -125,12 +127,11 @@ class LogWatcher:
             self.emit(line)
 
     def _loop(self):
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(max(self.interval, 0.5)):
             self.poll()
 
     def start(self) -> "LogWatcher":
-        if self.interval > 0:
-            self._thread.start()
+        self._thread.start()
         return self
 
     def stop(self):

@@ -7,14 +7,8 @@ import time
 from typing import Dict, Optional
 
 from .config import RunConfig
-from .live import LogWatcher
+from .live import LogWatcher, clock
 from .spec import Row, Table
-
-
-def clock(seconds: float) -> str:
-    """``h:mm:ss``."""
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 class Progress:
