@@ -31,8 +31,10 @@ def test_no_line_before_the_first_update():
 
 def test_update_loss_and_time_left_from_the_rate_so_far():
     log = "\n".join([START, _inner(100, 9.5, 20), _inner(200, 7.1234, 30)])
-    # 200 updates in fairseq's 30 s: 600 more take 90 s
-    assert progress_line(log) == "update 200/800 (25%), train loss 7.123; about 0:01:30 left"
+    # 100 updates in fairseq's 10 s since the first record (the start-up before it does not count): 600 more take
+    # 60 s; with one record only, its 100 updates in 20 s: 700 more take 140 s
+    assert progress_line(log) == "update 200/800 (25%), train loss 7.123; about 0:01:00 left"
+    assert progress_line("\n".join([START, _inner(100, 9.5, 20)])).endswith("; about 0:02:20 left")
 
 
 def test_last_validation_with_its_bleu_and_an_epoch_summary():
@@ -43,20 +45,23 @@ def test_last_validation_with_its_bleu_and_an_epoch_summary():
         '2026-01-01 00:00:01 | INFO | valid | {"epoch": 1, "valid_loss": "7.5", "valid_bleu": "3.14159", '
         '"valid_num_updates": "150", "valid_best_bleu": "3.14"}',
     ])
+    # 50 updates in 30 s: 650 more take 390 s
     assert progress_line(log) == ("update 150/800 (18%), train loss 8.000, valid loss 7.500, BLEU 3.14 (update 150); "
-                                  "about 0:03:37 left")
+                                  "about 0:06:30 left")
     # the summary of an epoch that ends at the last logged update: the last train loss stays the logged one
     same = "\n".join([START, _inner(150, 7.25, 50), '{"epoch": 1, "train_loss": "8.0", "train_num_updates": "150"}'])
     assert progress_line(same) == "update 150/800 (18%), train loss 7.250; about 0:03:37 left"
     later = log + "\n" + _inner(200, 6.0, 60)
     assert progress_line(later).startswith("update 200/800 (25%), train loss 6.000, valid loss 7.500, BLEU 3.14 "
-                                           "(update 150); about 0:03:00 left")
+                                           "(update 150); about 0:04:00 left")
 
 
 def test_a_resumed_run_takes_the_last_start_up_and_the_whole_runs_rate():
     first = "\n".join([START, _inner(400, 5.0, 100)])
     resumed = first + "\n" + START.replace("'max_update': 800", "'max_update': 1600") + "\n" + _inner(500, 4.5, 125)
     assert progress_line(resumed) == "update 500/1600 (31%), train loss 4.500; about 0:04:35 left"
+    # the rate since the restart's first record: 100 updates in 50 s
+    assert progress_line(resumed + "\n" + _inner(600, 4.4, 175)).endswith("; about 0:08:20 left")
     done = first + "\n" + _inner(800, 4.0, 200)
     assert progress_line(done) == "update 800/800 (100%), train loss 4.000; training done"
     no_limit = _inner(10, 9.0, 5)  # --max-epoch only: no update count to reach

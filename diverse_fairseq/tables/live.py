@@ -13,9 +13,11 @@ fairseq/logging/progress_bar.py):
   or from an end-of-epoch summary (``train_num_updates``, ``train_loss``: the epoch's mean) when it reached
   further than the last of them;
 - the last validation (``valid_loss``, ``valid_bleu`` when the run validates by BLEU, ``valid_num_updates``);
-- the time left: the updates still to do at the rate of the run so far, ``num_updates / wall``, where ``wall``
-  is fairseq's own clock of the training (seconds since the trainer started, validation and checkpoints
-  included; fairseq keeps it in the checkpoint, so after a resume both numbers count the whole run).
+- the time left: the updates still to do at the rate of the run so far, measured on fairseq's own clock of the
+  training, ``wall`` (seconds since the trainer started, validations and checkpoints included): the updates
+  over the seconds between the first record since the last start-up and the last one, so that the start-up
+  (loading, the first batches) does not count; with a single record, ``num_updates / wall`` (fairseq keeps
+  ``wall`` in the checkpoint, so after a resume both count the whole run).
 
 :class:`LogWatcher` is the impure part: a daemon thread that reads the log every ``interval`` seconds and
 emits the line when it differs from the last one emitted, so that it never prints more often than fairseq logs.
@@ -49,11 +51,17 @@ def _float(value) -> Optional[float]:
 def progress_line(log: str) -> Optional[str]:
     """The progress of the training whose fairseq log (``--log-format json``, as ``--log-file`` writes it or as
     the console shows it) is ``log``; None until its first update record."""
-    found = _MAX_UPDATE.findall(log)
-    max_update = int(found[-1]) if found else 0
+    max_update, first = 0, None  # first: (updates, wall) of the first record since the last start-up
     updates = loss = wall = None
     valid = None  # (updates, loss, bleu)
-    for record in records(log):
+    for line in log.splitlines():
+        found = _MAX_UPDATE.search(line)
+        if found:  # fairseq_cli.train started (again)
+            max_update, first = int(found.group(1)), None
+            continue
+        record = next(records(line), None)
+        if record is None:
+            continue
         if "loss" in record and "num_updates" in record:  # train_inner
             prefix = ""
         elif "train_loss" in record:  # end of an epoch
@@ -68,6 +76,8 @@ def progress_line(log: str) -> Optional[str]:
         if prefix and updates is not None and (reached is None or reached <= updates):
             continue  # an epoch's summary at the last logged update: its loss is the epoch's mean, keep the last
         updates, loss, wall = reached, _float(record.get(prefix + "loss")), _float(record.get(prefix + "wall"))
+        if first is None and updates is not None and wall is not None:
+            first = (updates, wall)
     if updates is None:
         return None
     done = int(updates)
@@ -84,9 +94,15 @@ def progress_line(log: str) -> Optional[str]:
     line = ", ".join(parts)
     if max_update and done >= max_update:
         return line + "; training done"
-    if max_update and wall and done > 0:
-        return line + f"; about {clock((max_update - done) * wall / done)} left"
-    return line
+    if not max_update or wall is None:
+        return line
+    if first is not None and updates > first[0] and wall > first[1]:
+        rate = (updates - first[0]) / (wall - first[1])  # since the first record: start-up and warm-up left out
+    elif done > 0 and wall > 0:
+        rate = done / wall
+    else:
+        return line
+    return line + f"; about {clock((max_update - done) / rate)} left"
 
 
 class LogWatcher:
