@@ -57,5 +57,6 @@ def test_a_sentencepiece_vocabulary_larger_than_the_corpus_supports_is_warned_ab
               log=said.append)
     warning = [s for s in said if "warning" in s]
     assert len(warning) == 1 and "sentencepiece made a vocabulary of " in warning[0]
-    assert "of the 10,000 entries asked for: train.en support no more pieces. Lower BPE_SIZE (--bpe-size) to " \
+    assert "of the 10,000 entries asked for: the corpus (train.en) supports no more pieces. Lower BPE_SIZE " \
+           "(--bpe-size) to " \
            in warning[0]

@@ -126,7 +126,7 @@ def _learn_sentencepiece(files: List[Path], target: Path, size: int, workers: in
     made = spm.SentencePieceProcessor(model_file=str(target)).get_piece_size()
     if made < size:
         log(f"  warning: sentencepiece made a vocabulary of {made:,} of the {size:,} entries asked for: "
-            f"{names} support no more pieces. Lower BPE_SIZE (--bpe-size) to {made:,} or less, e.g. "
+            f"the corpus ({names}) supports no more pieces. Lower BPE_SIZE (--bpe-size) to {made:,} or less, e.g. "
             f"make data DATASET=custom ... BPE_SIZE=N")
     return made
 
