@@ -28,6 +28,8 @@ from . import env_checks, paths
 from .checkpoint_file import check_dataset, read_checkpoint
 from .dataset_meta import DatasetMeta, load_dataset_meta
 from .paper_bleu import authors_bleu
+from .run_plan import task_args
+from .settings import LENGTH_PENALTIES
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 #: the Chinese segmentation of the tokenized BLEU where prepare.json names none (a zh target without a recorded
@@ -142,6 +144,14 @@ def build_parser():
     p.add_argument("--subset", default=env("SUBSET", "test"), help="valid or test [SUBSET]")
     p.add_argument("--beam", default=env("BEAM"), help="default: the recipe's [BEAM]")
     p.add_argument("--lenpen", default=env("LENPEN"), help="default: the recipe's [LENPEN]")
+    p.add_argument("--length-penalty", default=env("LENGTH_PENALTY", "fairseq"),
+                   help="how --lenpen normalises a finished hypothesis' score by its length |y| (EOS included): "
+                        "'fairseq' divides by |y|^lenpen, 'gnmt' by ((5 + |y|)/6)^lenpen (GNMT's, as the THUMT "
+                        "papers decoded: their settings base and big use it) [LENGTH_PENALTY; default fairseq]")
+    p.add_argument("--max-len-a", default=env("MAX_LEN_A"),
+                   help="at most max-len-a * source length (with its EOS) + max-len-b output tokens; default: the "
+                        "recipe's (the THUMT settings: 1, with --max-len-b 49: |x| + 50 tokens) [MAX_LEN_A]")
+    p.add_argument("--max-len-b", default=env("MAX_LEN_B"), help="default: the recipe's [MAX_LEN_B]")
     p.add_argument("--batch-size", default=env("BATCH_SIZE", "128"), help="sentences per batch [BATCH_SIZE]")
     p.add_argument("--out", default=env("OUT"), help="output directory [OUT]")
     p.add_argument("--cpu", action="store_true", default=None, help="decode on CPU even with a GPU [CPU=1]")
@@ -159,6 +169,12 @@ def check_args(args):
     args.subset = env_checks.parse_choice("SUBSET (--subset)", args.subset, ("test", "valid"))
     args.beam = None if args.beam in (None, "") else env_checks.parse_int("BEAM (--beam)", args.beam, 1)
     args.lenpen = None if args.lenpen in (None, "") else env_checks.parse_float("LENPEN (--lenpen)", args.lenpen)
+    args.length_penalty = env_checks.parse_choice("LENGTH_PENALTY (--length-penalty)", args.length_penalty,
+                                                  LENGTH_PENALTIES)
+    args.max_len_a = (None if args.max_len_a in (None, "")
+                      else env_checks.parse_float("MAX_LEN_A (--max-len-a)", args.max_len_a))
+    args.max_len_b = (None if args.max_len_b in (None, "")
+                      else env_checks.parse_int("MAX_LEN_B (--max-len-b)", args.max_len_b, 0))
     args.batch_size = env_checks.parse_int("BATCH_SIZE (--batch-size)", args.batch_size, 1)
     if args.cpu is None:
         args.cpu = env_checks.parse_flag("CPU", os.environ.get("CPU"))
@@ -175,7 +191,8 @@ def check_args(args):
 @dataclass(frozen=True)
 class EvalRequest:
     """One evaluation: what :func:`evaluate` decodes and scores. ``main`` builds it from the command line and
-    the environment (``SUBSET``, ``BEAM``, ``LENPEN``, ``BATCH_SIZE``, ``OUT``, ``CPU``, ``PRECISION``); the
+    the environment (``SUBSET``, ``BEAM``, ``LENPEN``, ``LENGTH_PENALTY``, ``MAX_LEN_A``/``B``, ``BATCH_SIZE``,
+    ``OUT``, ``CPU``, ``PRECISION``); the
     table runner builds it from the table alone, so none of those variables changes what a table decodes."""
 
     checkpoint: Path
@@ -183,6 +200,9 @@ class EvalRequest:
     subset: str = "test"  # test | valid
     beam: Optional[int] = None  # None: the recipe's (prepare.json)
     lenpen: Optional[float] = None  # None: the recipe's
+    length_penalty: str = "fairseq"  # the penalty form: fairseq (|y|^lenpen) or gnmt (((5 + |y|)/6)^lenpen)
+    max_len_a: Optional[float] = None  # None: the recipe's length limit
+    max_len_b: Optional[int] = None
     batch_size: int = 128
     out: Optional[Path] = None  # None: <checkpoint dir>/eval-<dataset>-<subset>-<checkpoint name>
     cpu: bool = False  # decode on the CPU even with a GPU
@@ -196,18 +216,53 @@ def command_line(request: EvalRequest) -> List[str]:
     return [str(request.checkpoint), str(request.data_dir), "--subset", request.subset,
             *(["--beam", str(request.beam)] if request.beam else []),
             *(["--lenpen", str(request.lenpen)] if request.lenpen is not None else []),
+            "--length-penalty", request.length_penalty,
+            *(["--max-len-a", f"{request.max_len_a:g}"] if request.max_len_a is not None else []),
+            *(["--max-len-b", str(request.max_len_b)] if request.max_len_b is not None else []),
             "--batch-size", str(request.batch_size), *(["--out", str(request.out)] if request.out else []),
             *(["--cpu"] if request.cpu else []), "--precision", request.precision, *request.generate_args]
 
 
-def main(argv=None):
+def parse_request(argv=None) -> EvalRequest:
+    """The :class:`EvalRequest` of a command line and the environment (checked; SystemExit naming a bad value)."""
     args, extra = build_parser().parse_known_args(argv)
     args = check_args(args)
-    data_dir = resolve_data(args.dataset, args.data_bin)
-    return evaluate(EvalRequest(
-        checkpoint=Path(args.checkpoint), data_dir=data_dir, subset=args.subset, beam=args.beam, lenpen=args.lenpen,
-        batch_size=args.batch_size, out=Path(args.out) if args.out else None, cpu=bool(args.cpu),
-        precision=args.precision, generate_args=tuple(extra)))
+    return EvalRequest(
+        checkpoint=Path(args.checkpoint), data_dir=resolve_data(args.dataset, args.data_bin), subset=args.subset,
+        beam=args.beam, lenpen=args.lenpen, length_penalty=args.length_penalty, max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b, batch_size=args.batch_size, out=Path(args.out) if args.out else None,
+        cpu=bool(args.cpu), precision=args.precision, generate_args=tuple(extra))
+
+
+def main(argv=None):
+    return evaluate(parse_request(argv))
+
+
+def resolved(request: EvalRequest, meta: DatasetMeta):
+    """(beam, length penalty value, max_len_a, max_len_b): the request's where it gives them, else the recipe's
+    (``prepare.json``)."""
+    return (request.beam or meta.beam, meta.lenpen if request.lenpen is None else request.lenpen,
+            meta.max_len_a if request.max_len_a is None else request.max_len_a,
+            meta.max_len_b if request.max_len_b is None else request.max_len_b)
+
+
+def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu: bool) -> List[str]:
+    """The fairseq-generate command that decodes ``request.subset`` into ``out`` as :func:`resolved` says, GNMT's
+    length penalty through the plugin's ``--task translation_length_penalty``."""
+    beam, lenpen, max_len_a, max_len_b = resolved(request, meta)
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", str(request.data_dir), "--path", str(request.checkpoint),
+           "--user-dir", USER_DIR, *task_args(request.length_penalty), "--source-lang", meta.source_lang,
+           "--target-lang", meta.target_lang, "--gen-subset", request.subset, "--beam", str(beam),
+           "--lenpen", str(lenpen), "--batch-size", str(request.batch_size),
+           "--max-len-a", f"{max_len_a:g}", "--max-len-b", str(max_len_b),
+           "--post-process", meta.post_process, "--results-path", str(out),
+           # fairseq 0.12 drops the sentences of a last, partial batch when this is 8 (its default)
+           "--required-batch-size-multiple", "1"]
+    if not on_gpu:
+        cmd.append("--cpu")
+    elif request.precision in ("fp16", "bf16"):
+        cmd.append(f"--{request.precision}")
+    return cmd + list(request.generate_args)
 
 
 def evaluate(request: EvalRequest) -> Dict:
@@ -221,25 +276,14 @@ def evaluate(request: EvalRequest) -> Dict:
     check_dataset(read_checkpoint(ckpt), ckpt, data_dir, src, tgt)
     out = Path(request.out or ckpt.parent / f"eval-{meta.dataset}-{subset}-{ckpt.stem}")
     out.mkdir(parents=True, exist_ok=True)
-    beam = request.beam or meta.beam
-    lenpen = request.lenpen if request.lenpen is not None else meta.lenpen
 
     import torch
 
     on_gpu = torch.cuda.is_available() and not request.cpu
-    cmd = [sys.executable, "-m", "fairseq_cli.generate", str(data_dir), "--path", str(ckpt), "--user-dir", USER_DIR,
-           "--task", "translation", "--source-lang", src, "--target-lang", tgt, "--gen-subset", subset,
-           "--beam", str(beam), "--lenpen", str(lenpen), "--batch-size", str(request.batch_size),
-           "--max-len-a", str(meta.max_len_a), "--max-len-b", str(meta.max_len_b),
-           "--post-process", meta.post_process, "--results-path", str(out),
-           # fairseq 0.12 drops the sentences of a last, partial batch when this is 8 (its default)
-           "--required-batch-size-multiple", "1"]
-    if not on_gpu:
-        cmd.append("--cpu")
-    elif request.precision in ("fp16", "bf16"):
-        cmd.append(f"--{request.precision}")
-    cmd += list(request.generate_args)
-    print(f"[evaluate] step 1/3: decode {data_dir} {subset} with {ckpt} (beam {beam}, lenpen {lenpen}, "
+    cmd = generate_command(request, meta, out, on_gpu)
+    beam, lenpen, max_len_a, max_len_b = resolved(request, meta)
+    print(f"[evaluate] step 1/3: decode {data_dir} {subset} with {ckpt} (beam {beam}, lenpen {lenpen} "
+          f"({request.length_penalty}), at most {max_len_a:g}·|x|+{max_len_b} tokens, "
           f"{'GPU' if on_gpu else 'CPU'})", flush=True)
     print("  " + " ".join(cmd[1:]), flush=True)
     gen_file = out / f"generate-{subset}.txt"
@@ -273,7 +317,8 @@ def evaluate(request: EvalRequest) -> Dict:
 
     print("[evaluate] step 3/3: score", flush=True)
     results = {"checkpoint": str(ckpt), "dataset": meta.dataset, "data": str(data_dir), "subset": subset,
-               "sentences": n, "beam": beam, "lenpen": lenpen, "batch_size": request.batch_size,
+               "sentences": n, "beam": beam, "lenpen": lenpen, "length_penalty": request.length_penalty,
+               "max_len_a": max_len_a, "max_len_b": max_len_b, "batch_size": request.batch_size,
                "device": "gpu" if on_gpu else "cpu", "reference": ref_kind}
     results.update(bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta))
     # the paper authors' own scoring where their tables have one (diverse_fairseq.paper_bleu)

@@ -26,7 +26,7 @@ from .dataset_meta import DatasetMeta, load_dataset_meta
 from .identity import run_identity
 from .paths import CHECKPOINTS, DATA_BIN
 from .save_dir import default_save_dir, effective_options
-from .settings import Setting, diverse_equivalent, registered_architectures, resolve_setting
+from .settings import LENGTH_PENALTIES, Setting, diverse_equivalent, registered_architectures, resolve_setting
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 
@@ -115,12 +115,34 @@ def model_args(s: Setting) -> List[str]:
     return args
 
 
-def eval_bleu_args(meta: DatasetMeta) -> List[str]:
+def task_args(length_penalty: str) -> List[str]:
+    """fairseq's ``--task`` for decoding with ``length_penalty``: ``translation`` for fairseq's penalty, the
+    plugin's ``translation_length_penalty --length-penalty gnmt`` for GNMT's
+    (:mod:`diverse_fairseq.methods.length_penalty`)."""
+    if length_penalty not in LENGTH_PENALTIES:
+        raise ValueError(f"length penalty {length_penalty!r}: use one of {', '.join(LENGTH_PENALTIES)}")
+    if length_penalty == "fairseq":
+        return ["--task", "translation"]
+    return ["--task", "translation_length_penalty", "--length-penalty", length_penalty]
+
+
+def decoding(meta: DatasetMeta, s: Optional[Setting] = None) -> "Decoding":
+    """How setting ``s`` decodes the prepared data: the recipe's beam and length penalty value, the setting's
+    penalty form (fairseq's or GNMT's) and its length limit where it has one, else the recipe's (without ``s``:
+    fairseq's penalty, the recipe's limit). The validation BLEU and the test evaluation both use it."""
+    a = s.max_len_a if s is not None and s.max_len_a is not None else meta.max_len_a
+    b = s.max_len_b if s is not None and s.max_len_b is not None else meta.max_len_b
+    return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty if s else "fairseq",
+                    max_len_a=a, max_len_b=b)
+
+
+def eval_bleu_args(meta: DatasetMeta, s: Optional[Setting] = None) -> List[str]:
     """fairseq's validation BLEU (``--eval-bleu``) for choosing the best checkpoint, fitted to the prepared data
     (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
     segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
     text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
-    generation = {"beam": meta.beam, "lenpen": meta.lenpen, "max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b}
+    d = decoding(meta, s)  # the penalty form is a task option (task_args), not part of --eval-bleu-args
+    generation = {"beam": d.beam, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
     post = meta.post_process
     args = ["--eval-bleu", "--eval-bleu-args", json.dumps(generation),
             "--eval-bleu-remove-bpe", "@@ " if post == "subword_nmt" else post]
@@ -153,11 +175,12 @@ def check_model_options(args: List[str]):
 
 @dataclass(frozen=True)
 class Decoding:
-    """How the test set is decoded: the beam, the length penalty and the length limit ``max_len_a * |x| +
-    max_len_b``."""
+    """How a run's validation BLEU and test set are decoded: the beam, the length penalty (value and form:
+    ``fairseq`` or ``gnmt``) and the length limit ``max_len_a * |x| + max_len_b``."""
 
     beam: int
     lenpen: float
+    length_penalty: str
     max_len_a: float
     max_len_b: int
 
@@ -228,9 +251,9 @@ class Plan:
 
     @property
     def decoding(self) -> Decoding:
-        """The recipe's decoding (``prepare.json``). (issue 30: a setting's own length penalty / length limit,
-        ``Setting.length_penalty``, ``max_len_a``, ``max_len_b``, override the recipe's here.)"""
-        return Decoding(self.meta.beam, self.meta.lenpen, self.meta.max_len_a, self.meta.max_len_b)
+        """The run's decoding: the recipe's beam and penalty value, the setting's penalty form and length limit
+        (:func:`decoding`)."""
+        return decoding(self.meta, self.setting)
 
 
 def plan(request: TrainRequest) -> Plan:
@@ -254,7 +277,7 @@ def plan(request: TrainRequest) -> Plan:
     embeddings = o.embeddings or s.embeddings
     placeholder = "\0SAVE_DIR\0"  # replaced below: the default save directory depends on the identity
     args = [
-        str(data), "--user-dir", USER_DIR, "--task", "translation",
+        str(data), "--user-dir", USER_DIR, *task_args(s.length_penalty),
         "--source-lang", meta.source_lang, "--target-lang", meta.target_lang,
         "--arch", arch, *s.extra,
         *embedding_args(embeddings, meta.joined_dictionary),
@@ -278,7 +301,7 @@ def plan(request: TrainRequest) -> Plan:
         args += ["--keep-last-epochs", str(keep)]
     best_metric = s.best_checkpoint_metric
     if best_metric == "bleu":  # "loss" is fairseq's default best metric: nothing to add
-        args += eval_bleu_args(meta) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
+        args += eval_bleu_args(meta, s) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
     precision = o.precision or ("fp16" if gpus else "fp32")
     if gpus == 0:
         args.append("--cpu")

@@ -47,12 +47,28 @@ class Setting:
     # by validation loss (fairseq's default best metric, the EMNLP 2020 authors' fairseq settings)
     best_checkpoint_metric: Optional[str] = None
     keep_best: int = 0  # how many of the best checkpoints fairseq keeps (--keep-best-checkpoints)
+    # the decoding protocol of the setting's paper (validation BLEU and test): how a finished hypothesis' score is
+    # normalised by its length, "fairseq" (--lenpen: / |y|^a) or "gnmt" (/ ((5 + |y|)/6)^a, THUMT's), with a the
+    # dataset recipe's length penalty; and the output length limit max_len_a * |x| + max_len_b (fairseq's
+    # --max-len-a/-b; None: the dataset recipe's)
+    length_penalty: str = "fairseq"
+    max_len_a: Optional[float] = None
+    max_len_b: Optional[int] = None
 
     def __post_init__(self):
         check_metric(self.best_checkpoint_metric)
 
 
 EMBEDDINGS = ("shared", "untied")
+LENGTH_PENALTIES = ("fairseq", "gnmt")  # diverse_fairseq.methods.length_penalty.LENGTH_PENALTIES
+# THUMT decodes at most |x| + decode_length tokens (Diversify-MHA bin/trainer.py and bin/translator.py:
+# decode_length=50; utils/inference.py: max_length = source_length + decode_length, where source_length counts
+# the source's EOS, and the loop runs while step < max_length, the batch's longest; a finished hypothesis then
+# has at most |x| + 50 tokens before its EOS). fairseq's limit is max_len_a * src_len + max_len_b tokens before
+# the EOS, with src_len the batch's longest source *including* its EOS (src_tokens.size(1)), so |x| + 50 is
+# --max-len-a 1 --max-len-b 49.
+THUMT_DECODE_LENGTH = 50
+THUMT_MAX_LEN = dict(max_len_a=1.0, max_len_b=THUMT_DECODE_LENGTH - 1)
 
 
 TINY_LAYERS = 2
@@ -60,9 +76,12 @@ TINY_LAYERS = 2
 # fork of THUMT): untied source/target/output embeddings over separate dictionaries, pre-norm, Adam
 # (0.9, 0.98, 1e-9), the best checkpoints kept by validation BLEU (their trainer keeps the top 5). Dropout:
 # the journal's text (§4.1.1) says "all types of dropout rate is set to 0.1" (residual, attention, ReLU);
-# the released code has attention/ReLU dropout 0: we follow the text.
+# the released code has attention/ReLU dropout 0: we follow the text. Decoding as their THUMT (utils/inference.py):
+# GNMT's length penalty (alpha: the recipe's 0.6, decode_alpha=0.6 in bin/trainer.py) and at most |x| + 50 tokens.
+# Training length: their trainer's train_steps=100000 (bin/trainer.py) for every model, Big too; the papers say none.
 THUMT = dict(embeddings="untied", normalize_before=True, attention_dropout=0.1, activation_dropout=0.1,
-             adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5)
+             adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5, length_penalty="gnmt", **THUMT_MAX_LEN)
+THUMT_TRAIN_STEPS = 100000
 SETTINGS: Dict[str, Setting] = {
     # fairseq's IWSLT14 Transformer recipe: lr 5e-4, warmup 4000, dropout 0.3, weight decay 1e-4, 4096 tokens
     # on one GPU as the repulsive-attention paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes
@@ -73,16 +92,21 @@ SETTINGS: Dict[str, Setting] = {
                      batch_tokens=4096, max_update=50000, adam_eps=1e-8, best_checkpoint_metric="loss"),
     # The papers follow Vaswani et al. 2017 (journal §4.1.1): "learning rate initially 1.0" warmed up over
     # 4000 steps, i.e. a peak of 1.0 · d^-0.5 · 4000^-0.5 = 7e-4 for d = 512; 8 P40 GPUs x 4096 tokens;
-    # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates (Vaswani et al.).
-    # The model is the THUMT Transformer (above).
+    # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates: the authors'
+    # trainer (THUMT_TRAIN_STEPS). The model and its decoding are the THUMT Transformer's (above).
     "base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
-                    max_update=100000, save_interval_updates=1000, keep_checkpoints=10, **THUMT),
+                    max_update=THUMT_TRAIN_STEPS, save_interval_updates=1000, keep_checkpoints=10, **THUMT),
     # big (16 heads, d = 1024): the same schedule peaks at 1024^-0.5 · 4000^-0.5 = 4.9e-4; "for both Base and
     # Big models ... all types of dropout rate is set to 0.1" (journal §4.1.1, not Vaswani et al.'s 0.3);
-    # 300k updates (Vaswani et al.)
+    # 100k updates, as the authors' trainer runs every model
     "big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_tokens=4096,
-                   batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=10,
-                   **THUMT),
+                   batch_tokens=8 * 4096, max_update=THUMT_TRAIN_STEPS, save_interval_updates=1000,
+                   keep_checkpoints=10, **THUMT),
+    # big trained for Vaswani et al.'s 300k updates (their Transformer-big) instead of the authors' 100k: an
+    # option, not the papers' setting (SETTING=big_300k, or a table row's `setting: big_300k`)
+    "big_300k": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_tokens=4096,
+                        batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=10,
+                        **THUMT),
     # fairseq's Transformer-base as the EMNLP 2020 authors ran it (their WMT14 scripts): joined dictionary with
     # --share-all-embeddings, post-norm, lr 7e-4 warmed up over 8000 updates, Adam eps 1e-8, no weight decay;
     # their scripts batch 4 GPUs x 4096 tokens x update-freq 2 for MA but 4 for RMA, while the paper says

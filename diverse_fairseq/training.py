@@ -7,10 +7,11 @@ turns a request into the run's plan (fairseq-train's arguments, save directory, 
     python -m diverse_fairseq.training DATASET SETTING_OR_ARCH [extra fairseq-train options]
     scripts/train.sh DATASET SETTING_OR_ARCH [...]
 
-SETTING is ``small`` (Transformer-small, IWSLT), ``base``, ``big`` (Vaswani et al.) or ``tiny`` (the
-laptop-CPU demo scale); an architecture name (``transformer_wmt_en_de``,
-``diverse_transformer_vaswani_wmt_en_de_big``, ...) picks the setting its name implies (``big``,
-``iwslt`` → small, ``tiny``, else base) and replaces its architecture. Extra options go to
+SETTING is ``small`` (Transformer-small, IWSLT), ``base``, ``big`` (the THUMT papers' Transformer-Base and -Big,
+100k updates as the authors' trainer), ``big_300k`` (big for Vaswani et al.'s 300k updates), ``fairseq_base``,
+``fairseq_big`` (fairseq's Transformer, EMNLP 2020) or ``tiny`` (the laptop-CPU demo scale); an architecture name
+(``transformer_wmt_en_de``, ``diverse_transformer_vaswani_wmt_en_de_big``, ...) picks the setting its name implies
+(``big``, ``iwslt`` → small, ``tiny``, else base) and replaces its architecture. Extra options go to
 fairseq-train after ours, so they override them (e.g. ``--criterion ... --optimizer repulsive_adam``).
 
 The journal version reports single models (the conference papers do not say), so no setting averages

@@ -30,7 +30,7 @@ from typing import Dict, Optional, Tuple
 from .. import training
 from ..dataset_meta import load_dataset_meta
 from ..evaluate import EvalRequest, evaluate
-from ..run_plan import Plan, TrainRequest, plan
+from ..run_plan import Plan, TrainRequest, decoding, plan
 from ..settings import SETTINGS
 from . import logs, scale
 from .cache import cache_version, checkpoint_identity, lookup, store, whole_file
@@ -118,22 +118,28 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
 
 def eval_request(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: str) -> EvalRequest:
     """The evaluation of ``subset`` with ``checkpoint`` into :meth:`RunConfig.eval_dir`: what the table says
-    (its subsets, its ``GENERATE_ARGS``, its devices and precision) and nothing of the environment: ``SUBSET``,
+    (its subsets, the row's setting's decoding (:func:`diverse_fairseq.run_plan.decoding`, as its plan: GNMT's
+    length penalty and |x| + 50 tokens for the THUMT papers' settings), its ``GENERATE_ARGS``, its devices and
+    precision) and nothing of the environment: ``SUBSET``,
     ``BEAM``, ``LENPEN``, ``BATCH_SIZE`` and ``CPU`` are scripts/evaluate.sh's, not the table's
     (``__main__`` warns that it ignores them). ``PRECISION`` is the table's own (it trains with it): fp16 and
     bf16 decode in that precision on a GPU."""
     precision = run.train_options.precision or ("fp16" if run.gpus else "fp32")
-    return EvalRequest(checkpoint=Path(checkpoint), data_dir=run.data_bin / run.dataset, subset=subset,
-                       out=run.eval_dir(row, seed, subset), cpu=run.gpus == 0, precision=precision,
-                       generate_args=tuple(run.generate_args))
+    data = run.data_bin / run.dataset
+    d = decoding(load_dataset_meta(data), SETTINGS[run.setting(row)])
+    return EvalRequest(checkpoint=Path(checkpoint), data_dir=data, subset=subset, length_penalty=d.length_penalty,
+                       max_len_a=d.max_len_a, max_len_b=d.max_len_b, out=run.eval_dir(row, seed, subset),
+                       cpu=run.gpus == 0, precision=precision, generate_args=tuple(run.generate_args))
 
 
 def evaluation_key(request: EvalRequest) -> Dict:
     """Everything that changes what an evaluation decodes, for its cache (``eval/key.json``): the checkpoint's
-    name and contents (:func:`checkpoint_identity`), the subset, beam, length penalty, batch size, device,
+    name and contents (:func:`checkpoint_identity`), the subset, beam, length penalty (value and form), length
+    limit, batch size, device,
     precision and extra fairseq-generate flags, and the cache version."""
     key = {"checkpoint": request.checkpoint.name, "checkpoint_identity": checkpoint_identity(request.checkpoint),
            "subset": request.subset, "beam": request.beam, "lenpen": request.lenpen,
+           "length_penalty": request.length_penalty, "max_len_a": request.max_len_a, "max_len_b": request.max_len_b,
            "batch_size": request.batch_size, "cpu": request.cpu, "precision": request.precision,
            "generate_args": list(request.generate_args), "version": cache_version()}
     return json.loads(json.dumps(key))
