@@ -145,12 +145,13 @@ def check_dataset(state: Dict, checkpoint, data_dir, src: str, tgt: str):
                 f"trained on (the same preparation: BPE model and dictionary): give that dataset")
 
 
-def refuse_damaged_last(save_dir, rerun: str) -> None:
+def refuse_damaged_last(save_dir, rerun: str = "run the same command again") -> None:
     """SystemExit, before training, when ``save_dir/checkpoint_last.pt`` (what fairseq-train resumes from) cannot
     be read, naming the fix: resume from the intact checkpoint with the most updates (``checkpoint_best.pt`` or an
     interval checkpoint) by copying it to ``checkpoint_last.pt``, or move the damaged file aside to start afresh.
-    ``rerun`` is the command to run afterwards. fairseq itself would say "resuming", crash in torch's zip reader
-    and leave the file as it is, so the same command would fail again.
+    ``rerun`` says what to run afterwards (the same command: train.sh's or the table runner's). fairseq itself
+    would say "resuming", crash in torch's zip reader and leave the file as it is, so the same command would fail
+    again.
 
     The update counts are read memory-mapped (:func:`diverse_fairseq.save_dir.trained_updates`); the full read
     that says what is wrong (:func:`read_checkpoint`) only runs on a file that fails that cheap read."""
@@ -175,7 +176,8 @@ def refuse_damaged_last(save_dir, rerun: str) -> None:
     move = f"mv {last} {aside}"
     if intact:
         updates, _, best = max(intact)
-        fix = (f"resume from {best.name} (update {updates}, intact): {move} && cp {best} {last}, then {rerun}; "
+        fix = (f"resume from {best.name} (update {updates}, intact): {move} && cp {best} {last}, then {rerun} to "
+               f"resume; "
                f"or, to train afresh in {save_dir}, only {move}")
     else:
         fix = f"no other checkpoint there is intact: move it aside ({move}) and {rerun} to train afresh"

@@ -567,8 +567,9 @@ def run(request: TrainRequest, env=None) -> Dict:
         if not request.options.dry_run:
             _average(info, save_dir, reuse=True)
         return info
+    # fairseq would crash reading it, on every rerun; "the same command": train.sh's or the table runner's
+    refuse_damaged_last(save_dir)
     rerun = resume_command(asked, save_dir)  # GPUS as the user gave it (unset: every visible GPU)
-    refuse_damaged_last(save_dir, f"resume with: {rerun}")  # fairseq would crash reading it, every time
     resume = "resuming from" if (save_dir / "checkpoint_last.pt").exists() else "new run in"
     print(f"[train] {resume} {save_dir}; evaluate with: scripts/evaluate.sh {save_dir}/checkpoint_last.pt {dataset}",
           flush=True)
@@ -759,8 +760,9 @@ def main(argv=None):
               f"{', '.join(SETTINGS)})", flush=True)
     try:
         run_from_env(dataset, setting, extra)
-    except Interrupted as e:
-        print(f"[train] {e.message or 'interrupted'}", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as e:  # Interrupted: during fairseq-train, with its line; else before or after it
+        print(f"[train] {getattr(e, 'message', '') or 'interrupted (outside fairseq-train)'}", file=sys.stderr,
+              flush=True)
         return INTERRUPT_EXIT
     return 0
 

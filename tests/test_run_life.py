@@ -165,7 +165,7 @@ def test_a_truncated_checkpoint_last_is_refused_before_training_with_the_fix(env
     last = where / "checkpoint_last.pt"
     assert message.startswith(f"error: {last} is truncated (")
     assert (f"resume from checkpoint_best.pt (update 4, intact): mv {last} {last}.damaged && "
-            f"cp {where}/checkpoint_best.pt {last}, then resume with: SAVE_DIR={where} ") in message
+            f"cp {where}/checkpoint_best.pt {last}, then run the same command again to resume; ") in message
     assert f"or, to train afresh in {where}, only mv {last} {last}.damaged" in message
     # the fix works: after it, the run resumes from update 4
     from diverse_fairseq.checkpoint_file import refuse_damaged_last
