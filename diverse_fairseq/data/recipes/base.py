@@ -64,6 +64,9 @@ class Recipe:
     # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes
     # differently shares the downloads, tokenization and BPE of the recipe it varies
     work_name: Optional[str] = None
+    # the folder under WORK_DIR whose ``downloads/`` the recipe reads and fills (default: its own work folder): a
+    # variant with other text processing shares the archives it has in common with the recipe it varies
+    downloads_name: Optional[str] = None
 
     @property
     def langs(self) -> Tuple[str, str]:
