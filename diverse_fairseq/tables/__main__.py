@@ -63,6 +63,10 @@ def build_parser():
                    help="a Python script started in place of 'python -m fairseq_cli.train' with the same arguments, "
                         "to watch each training, e.g. scripts/experiments/kernel_probe.py (records the SVGD kernel); "
                         "not part of the cache key, so a finished run is reused without it [TRAIN_HOOK]")
+    p.add_argument("--progress-interval", default=env("PROGRESS_INTERVAL", "30"),
+                   help="seconds between two progress lines of a training row (update, losses, time left), "
+                        "printed only when fairseq has logged since the last one; 0: every record it logs "
+                        "[PROGRESS_INTERVAL] (default 30)")
     p.add_argument("--dry-run", default=env("DRY_RUN", ""),
                    help="1: print every row's training and evaluation commands, run and write nothing [DRY_RUN]")
     return p
@@ -142,6 +146,8 @@ def check_settings(args) -> dict:
                 "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args),
                 "dry_run": env_checks.parse_flag("DRY_RUN (--dry-run)", args.dry_run),
                 "subsets": parse_subsets(args.subsets), "train_hook": parse_hook(args.train_hook),
+                "progress_interval": env_checks.parse_float("PROGRESS_INTERVAL (--progress-interval)",
+                                                             args.progress_interval, 0),
                 # scripts/train.sh's launch variables (MAX_UPDATE, PRECISION, ...) apply to every row's training
                 "train_options": training.options_from_env(os.environ)}
     if settings["gpus"]:  # more GPUs than are visible: stop now, not when the first row starts training
@@ -252,7 +258,7 @@ def main(argv: Optional[List[str]] = None):
                     threads=settings["threads"], jobs=min(settings["jobs"] or default_jobs(n_jobs, settings["gpus"]),
                                                           n_jobs), dry_run=settings["dry_run"],
                     train_options=settings["train_options"], train_hook=settings["train_hook"],
-                    subsets=settings["subsets"])
+                    subsets=settings["subsets"], progress_interval=settings["progress_interval"])
     if run.dry_run:
         dry_run(table, run, args)  # ends the process (exit 0)
     if table.probing:
