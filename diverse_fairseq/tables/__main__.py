@@ -163,7 +163,7 @@ def check_settings(args) -> dict:
 #: the variables the runner reads (its options' defaults, and scripts/train.sh's launch variables for every row)
 RUNNER_VARIABLES = ("DATASET", "SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "RESULTS", "DATA_BIN", "TRAIN_ARGS",
                     "PROBING_DATA", "GENERATE_ARGS", "ROWS", "SUBSETS", "TRAIN_HOOK", "MAX_TOKENS", "UPDATE_FREQ",
-                    "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "RESUME_ANYWAY")
+                    "PROGRESS_INTERVAL", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "RESUME_ANYWAY")
 
 
 def resume_command(argv: List[str], env) -> str:

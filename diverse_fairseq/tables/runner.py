@@ -70,18 +70,22 @@ def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
     progress = Progress(table, run, len(todo))
     print(f"[{table.table}] {len(table.rows)} rows x {len(run.seeds)} seed(s) = {len(todo)} jobs, {run.jobs} at a "
           f"time, {run.threads} CPU thread(s) each", flush=True)
-    if run.jobs == 1:
-        records, failed = {}, []
-        limit_threads(run.threads)
-        for row, seed in todo:
-            progress.begin(row, seed)
-            try:
-                records[row.id, seed] = run_job(row, run, seed)
-            except KeyboardInterrupt as e:  # Ctrl-C: fairseq-train stopped too (training.Interrupted)
-                raise TableInterrupted([(row, seed, getattr(e, "update", None))]) from None
-            progress.end(row, seed, records[row.id, seed])
-    else:
-        records, failed = run_parallel(todo, run, progress)
+    try:
+        if run.jobs == 1:
+            records, failed = {}, []
+            limit_threads(run.threads)
+            for row, seed in todo:
+                progress.begin(row, seed)
+                try:
+                    records[row.id, seed] = run_job(row, run, seed)
+                except KeyboardInterrupt as e:  # Ctrl-C: fairseq-train stopped too (training.Interrupted)
+                    raise TableInterrupted([(row, seed, getattr(e, "update", None))]) from None
+                progress.end(row, seed, records[row.id, seed])
+        else:
+            records, failed = run_parallel(todo, run, progress)
+    except KeyboardInterrupt:
+        progress.stop_watching()  # no progress line after the interrupted rows' lines
+        raise
     if failed:
         logs_ = "\n".join(f"  {row.id} seed {seed}: {run.log_path(row, seed)}" for row, seed in failed)
         raise SystemExit(f"error: {len(failed)} job(s) failed; their logs:\n{logs_}")
