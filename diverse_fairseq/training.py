@@ -6,10 +6,11 @@ fairseq's examples (the comments on :data:`SETTINGS` and docs/paper-settings.md 
     python -m diverse_fairseq.training DATASET SETTING_OR_ARCH [extra fairseq-train options]
     scripts/train.sh DATASET SETTING_OR_ARCH [...]
 
-SETTING is ``small`` (Transformer-small, IWSLT), ``base``, ``big`` (Vaswani et al.) or ``tiny`` (the
-laptop-CPU demo scale); an architecture name (``transformer_wmt_en_de``,
-``diverse_transformer_vaswani_wmt_en_de_big``, ...) picks the setting its name implies (``big``,
-``iwslt`` → small, ``tiny``, else base) and replaces its architecture. Extra options go to
+SETTING is ``small`` (Transformer-small, IWSLT), ``base``, ``big`` (the THUMT papers' Transformer-Base and -Big,
+100k updates as the authors' trainer), ``big_300k`` (big for Vaswani et al.'s 300k updates), ``fairseq_base``,
+``fairseq_big`` (fairseq's Transformer, EMNLP 2020) or ``tiny`` (the laptop-CPU demo scale); an architecture name
+(``transformer_wmt_en_de``, ``diverse_transformer_vaswani_wmt_en_de_big``, ...) picks the setting its name implies
+(``big``, ``iwslt`` → small, ``tiny``, else base) and replaces its architecture. Extra options go to
 fairseq-train after ours, so they override them (e.g. ``--criterion ... --optimizer repulsive_adam``).
 
 Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs
@@ -97,12 +98,28 @@ class Setting:
     # by validation loss (fairseq's default best metric, the EMNLP 2020 authors' fairseq settings)
     best_checkpoint_metric: Optional[str] = None
     keep_best: int = 0  # how many of the best checkpoints fairseq keeps (--keep-best-checkpoints)
+    # the decoding protocol of the setting's paper (validation BLEU and test): how a finished hypothesis' score is
+    # normalised by its length, "fairseq" (--lenpen: / |y|^a) or "gnmt" (/ ((5 + |y|)/6)^a, THUMT's), with a the
+    # dataset recipe's length penalty; and the output length limit max_len_a * |x| + max_len_b (fairseq's
+    # --max-len-a/-b; None: the dataset recipe's)
+    length_penalty: str = "fairseq"
+    max_len_a: Optional[float] = None
+    max_len_b: Optional[int] = None
 
     def __post_init__(self):
         check_metric(self.best_checkpoint_metric)
 
 
 EMBEDDINGS = ("shared", "untied")
+LENGTH_PENALTIES = ("fairseq", "gnmt")  # diverse_fairseq.methods.length_penalty.LENGTH_PENALTIES
+# THUMT decodes at most |x| + decode_length tokens (Diversify-MHA bin/trainer.py and bin/translator.py:
+# decode_length=50; utils/inference.py: max_length = source_length + decode_length, where source_length counts
+# the source's EOS, and the loop runs while step < max_length, the batch's longest; a finished hypothesis then
+# has at most |x| + 50 tokens before its EOS). fairseq's limit is max_len_a * src_len + max_len_b tokens before
+# the EOS, with src_len the batch's longest source *including* its EOS (src_tokens.size(1)), so |x| + 50 is
+# --max-len-a 1 --max-len-b 49.
+THUMT_DECODE_LENGTH = 50
+THUMT_MAX_LEN = dict(max_len_a=1.0, max_len_b=THUMT_DECODE_LENGTH - 1)
 
 
 TINY_LAYERS = 2
@@ -110,9 +127,12 @@ TINY_LAYERS = 2
 # fork of THUMT): untied source/target/output embeddings over separate dictionaries, pre-norm, Adam
 # (0.9, 0.98, 1e-9), the best checkpoints kept by validation BLEU (their trainer keeps the top 5). Dropout:
 # the journal's text (§4.1.1) says "all types of dropout rate is set to 0.1" (residual, attention, ReLU);
-# the released code has attention/ReLU dropout 0: we follow the text.
+# the released code has attention/ReLU dropout 0: we follow the text. Decoding as their THUMT (utils/inference.py):
+# GNMT's length penalty (alpha: the recipe's 0.6, decode_alpha=0.6 in bin/trainer.py) and at most |x| + 50 tokens.
+# Training length: their trainer's train_steps=100000 (bin/trainer.py) for every model, Big too; the papers say none.
 THUMT = dict(embeddings="untied", normalize_before=True, attention_dropout=0.1, activation_dropout=0.1,
-             adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5)
+             adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5, length_penalty="gnmt", **THUMT_MAX_LEN)
+THUMT_TRAIN_STEPS = 100000
 SETTINGS: Dict[str, Setting] = {
     # fairseq's IWSLT14 Transformer recipe: lr 5e-4, warmup 4000, dropout 0.3, weight decay 1e-4, 4096 tokens
     # on one GPU as the repulsive-attention paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes
@@ -123,16 +143,21 @@ SETTINGS: Dict[str, Setting] = {
                      batch_tokens=4096, max_update=50000, adam_eps=1e-8, best_checkpoint_metric="loss"),
     # The papers follow Vaswani et al. 2017 (journal §4.1.1): "learning rate initially 1.0" warmed up over
     # 4000 steps, i.e. a peak of 1.0 · d^-0.5 · 4000^-0.5 = 7e-4 for d = 512; 8 P40 GPUs x 4096 tokens;
-    # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates (Vaswani et al.).
-    # The model is the THUMT Transformer (above).
+    # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates: the authors'
+    # trainer (THUMT_TRAIN_STEPS). The model and its decoding are the THUMT Transformer's (above).
     "base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
-                    max_update=100000, save_interval_updates=1000, keep_checkpoints=10, **THUMT),
+                    max_update=THUMT_TRAIN_STEPS, save_interval_updates=1000, keep_checkpoints=10, **THUMT),
     # big (16 heads, d = 1024): the same schedule peaks at 1024^-0.5 · 4000^-0.5 = 4.9e-4; "for both Base and
     # Big models ... all types of dropout rate is set to 0.1" (journal §4.1.1, not Vaswani et al.'s 0.3);
-    # 300k updates (Vaswani et al.)
+    # 100k updates, as the authors' trainer runs every model
     "big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_tokens=4096,
-                   batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=10,
-                   **THUMT),
+                   batch_tokens=8 * 4096, max_update=THUMT_TRAIN_STEPS, save_interval_updates=1000,
+                   keep_checkpoints=10, **THUMT),
+    # big trained for Vaswani et al.'s 300k updates (their Transformer-big) instead of the authors' 100k: an
+    # option, not the papers' setting (SETTING=big_300k, or a table row's `setting: big_300k`)
+    "big_300k": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_tokens=4096,
+                        batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=10,
+                        **THUMT),
     # fairseq's Transformer-base as the EMNLP 2020 authors ran it (their WMT14 scripts): joined dictionary with
     # --share-all-embeddings, post-norm, lr 7e-4 warmed up over 8000 updates, Adam eps 1e-8, no weight decay;
     # their scripts batch 4 GPUs x 4096 tokens x update-freq 2 for MA but 4 for RMA, while the paper says
@@ -410,13 +435,45 @@ def model_args(s: Setting) -> List[str]:
     return args
 
 
-def eval_bleu_args(meta: Dict) -> List[str]:
+def decoding(meta: Dict, s: Optional[Setting] = None) -> Dict[str, object]:
+    """How setting ``s`` decodes the prepared data (``prepare.json``): the recipe's beam and length penalty
+    value, the setting's penalty form (``length_penalty``: fairseq's or GNMT's) and its length limit where it has
+    one (``max_len_a``/``max_len_b``), else the recipe's (without ``s``: fairseq's penalty, the recipe's limit).
+    The validation BLEU and the test evaluation both use it."""
+    a = s.max_len_a if s is not None and s.max_len_a is not None else meta.get("max_len_a", 0.0)
+    b = s.max_len_b if s is not None and s.max_len_b is not None else meta.get("max_len_b", 200)
+    return {"beam": meta.get("beam", 5), "lenpen": meta.get("lenpen", 1.0),
+            "length_penalty": s.length_penalty if s is not None else "fairseq", "max_len_a": a, "max_len_b": b}
+
+
+def decoding_args(meta: Dict, s: Optional[Setting] = None) -> List[str]:
+    """The options of :mod:`diverse_fairseq.evaluate` that decode as :func:`decoding` says (the table runner
+    passes them; the beam and the length penalty value stay the recipe's, which evaluate reads itself)."""
+    d = decoding(meta, s)
+    return ["--length-penalty", str(d["length_penalty"]), "--max-len-a", f"{d['max_len_a']:g}",
+            "--max-len-b", str(d["max_len_b"])]
+
+
+def task_args(length_penalty: str) -> List[str]:
+    """fairseq's ``--task`` for decoding with ``length_penalty``: ``translation`` for fairseq's penalty, the
+    plugin's ``translation_length_penalty --length-penalty gnmt`` for GNMT's
+    (:mod:`diverse_fairseq.methods.length_penalty`)."""
+    if length_penalty not in LENGTH_PENALTIES:
+        raise ValueError(f"length penalty {length_penalty!r}: use one of {', '.join(LENGTH_PENALTIES)}")
+    if length_penalty == "fairseq":
+        return ["--task", "translation"]
+    return ["--task", "translation_length_penalty", "--length-penalty", length_penalty]
+
+
+def eval_bleu_args(meta: Dict, s: Optional[Setting] = None) -> List[str]:
     """fairseq's validation BLEU (``--eval-bleu``) for choosing the best checkpoint, fitted to the prepared data
-    (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
+    (``prepare.json``) and the setting ``s`` (:func:`decoding`: beam, length penalty value and form, length
+    limit; without ``s``, fairseq's penalty and the recipe's limit); BPE removed as the data was
     segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
-    text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
-    generation = {"beam": meta.get("beam", 5), "lenpen": meta.get("lenpen", 1.0),
-                  "max_len_a": meta.get("max_len_a", 0.0), "max_len_b": meta.get("max_len_b", 200)}
+    text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does). The penalty
+    form is a task option (:func:`task_args`), not part of ``--eval-bleu-args``."""
+    generation = decoding(meta, s)
+    generation.pop("length_penalty")
     post = meta.get("post_process", "subword_nmt")
     args = ["--eval-bleu", "--eval-bleu-args", json.dumps(generation),
             "--eval-bleu-remove-bpe", "@@ " if post == "subword_nmt" else post]
@@ -450,7 +507,7 @@ def build_command(request: TrainRequest):
     name = f"{dataset}_{setting_or_arch}"
     placeholder = "\0SAVE_DIR\0"  # replaced below: the default save directory depends on the other options
     args = [
-        str(data), "--user-dir", USER_DIR, "--task", "translation",
+        str(data), "--user-dir", USER_DIR, *task_args(s.length_penalty),
         "--source-lang", meta["source_lang"], "--target-lang", meta["target_lang"],
         "--arch", arch, *s.extra,
         *embedding_args(o.embeddings or s.embeddings, bool(meta.get("joined_dictionary"))),
@@ -473,7 +530,7 @@ def build_command(request: TrainRequest):
     else:
         args += ["--keep-last-epochs", str(keep)]
     if s.best_checkpoint_metric == "bleu":  # "loss" is fairseq's default best metric: nothing to add
-        args += eval_bleu_args(meta) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
+        args += eval_bleu_args(meta, s) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
     precision = o.precision or ("fp16" if gpus else "fp32")
     if gpus == 0:
         args.append("--cpu")

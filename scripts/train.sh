@@ -3,7 +3,8 @@
 # average the last checkpoints.
 #
 #   scripts/train.sh DATASET [SETTING_OR_ARCH] [extra fairseq-train options]
-#     SETTING: small (IWSLT) | base | big | tiny (demo on a CPU), or an architecture name; left out: the
+#     SETTING: small (IWSLT) | base | big | big_300k | fairseq_base | fairseq_big | tiny (demo on a CPU), or an
+#     architecture name; left out: the
 #     dataset's default (the papers' for their datasets, by the number of training pairs for your own corpus)
 #   e.g. scripts/train.sh wmt14_en_de base
 #        scripts/train.sh wmt14_en_de diverse_transformer_wmt_en_de --criterion ... (project models)
