@@ -41,15 +41,20 @@ else one chosen by the number of training pairs, for your own corpus).
 
 import codecs
 import os
+import re
+import selectors
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import env_checks, paths
 from . import save_dir as save_dirs
+from .checkpoint_file import refuse_damaged_last
 from .run_plan import PRECISIONS, Plan, TrainOptions, TrainRequest, plan, visible_gpus
 from .settings import EMBEDDINGS, SETTINGS, default_setting
 
@@ -164,7 +169,10 @@ def run(request: TrainRequest, env=None) -> TrainResult:
     architecture) stop the run before it starts (:func:`~diverse_fairseq.run_plan.plan`). A resume of another
     run (another identity) is refused. A failed fairseq-train raises SystemExit that offers to resume only
     where a checkpoint exists (a save directory left with nothing but ``train_args.json`` is removed) and
-    ends with fairseq's own error line (:func:`failure_message`).
+    ends with fairseq's own error line (:func:`failure_message`). A ``checkpoint_last.pt`` that cannot be read is
+    refused before training, naming the intact checkpoint to resume from (:func:`refuse_damaged_last`). Ctrl-C
+    raises :class:`Interrupted` whose ``message`` gives the update reached, the last checkpoint's update and the
+    command that resumes (:func:`interrupt_message`).
 
     ``request.gpus`` (None: every visible GPU) restricts training to the first ``gpus`` visible devices
     (:func:`select_gpus`). ``env`` is the training processes' environment (default: this process's), their
@@ -173,6 +181,7 @@ def run(request: TrainRequest, env=None) -> TrainResult:
     env = dict(os.environ if env is None else env)
     gpus, device_env = select_gpus(request.gpus, env, visible_gpus())
     env.update(device_env)
+    asked = request
     p = plan(replace(request, gpus=gpus))
     dataset, save_dir, cmd = request.dataset, p.save_dir, p.command
     device = f"{p.world} GPU(s)" if p.gpus else "the CPU"
@@ -196,6 +205,9 @@ def run(request: TrainRequest, env=None) -> TrainResult:
               f"scripts/evaluate.sh {p.single_checkpoint} {dataset}", flush=True)
         averaged = 0 if request.options.dry_run else _average(p, reuse=True)
         return TrainResult(p, averaged=averaged, finished_earlier=True, device_env=device_env)
+    # fairseq would crash reading it, on every rerun; "the same command": train.sh's or the table runner's
+    refuse_damaged_last(save_dir)
+    rerun = resume_command(asked, save_dir)  # GPUS as the user gave it (unset: every visible GPU)
     resume = "resuming from" if (save_dir / "checkpoint_last.pt").exists() else "new run in"
     print(f"[train] {resume} {save_dir}; evaluate with: scripts/evaluate.sh {p.single_checkpoint} {dataset}",
           flush=True)
@@ -203,34 +215,116 @@ def run(request: TrainRequest, env=None) -> TrainResult:
         return TrainResult(p, device_env=device_env)
     save_dir.mkdir(parents=True, exist_ok=True)
     save_dirs.write_args(save_dir, p.identity, cmd)
-    rc, last_error = call_keeping_error(cmd, env)
+    try:
+        rc, last_error = call_keeping_error(cmd, env)
+    except Interrupted as e:  # Ctrl-C: one line, what was saved and how to resume
+        raise Interrupted(e.update, interrupt_message(e.update, save_dir, rerun)) from None
     if rc != 0:
         raise SystemExit(failure_message(rc, last_error, save_dir))
     return TrainResult(p, averaged=_average(p), device_env=device_env)
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during fairseq-train: ``update`` is the last update fairseq's progress reported (None: none yet);
+    ``message`` (set by :func:`run`) the one line that says what was saved and how to resume."""
+
+    def __init__(self, update: Optional[int] = None, message: str = ""):
+        super().__init__(update, message)
+        self.update, self.message = update, message
+
+
+#: the update number in fairseq's progress lines: ``num_updates=50`` (simple, tqdm), ``"num_updates": "50"``
+#: (json), ``num_updates 200`` (end-of-epoch summaries), ``"train_num_updates": "200"``
+_NUM_UPDATES = re.compile(r"num_updates\W{1,4}(\d+)")
+INTERRUPT_EXIT = 130  # the shell's status for a command ended by SIGINT (128 + 2)
+
+
+def last_update(text: str) -> Optional[int]:
+    """The last update number that fairseq's progress output ``text`` reports, or None."""
+    found = _NUM_UPDATES.findall(text)
+    return int(found[-1]) if found else None
+
+
 def call_keeping_error(cmd: List[str], env) -> tuple:
     """Run ``cmd`` with its output shown as it comes; return (exit status, the last line it wrote to stderr).
 
-    stdout (fairseq's log) goes straight through; stderr is passed on chunk by chunk (progress bars with
-    carriage returns included) while its last 64 KiB are kept, so that fairseq's own error line (argparse's
-    ``error: ...``, a traceback's exception) can be repeated as the last line the user sees."""
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
-    decoder, tail = codecs.getincrementaldecoder("utf-8")("replace"), ""
+    stdout (fairseq's log) and stderr are passed on chunk by chunk (progress bars with carriage returns
+    included); the last 64 KiB of stderr are kept, so that fairseq's own error line (argparse's ``error: ...``, a
+    traceback's exception) can be repeated as the last line the user sees, and the update number of fairseq's
+    last progress line is followed. Ctrl-C reaches fairseq-train too (one process group): this waits for it to
+    stop, without passing on its KeyboardInterrupt traceback, and raises :class:`Interrupted` with that update
+    (an ``Interrupted`` also when fairseq-train alone was stopped by SIGINT)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    streams = {proc.stdout.fileno(): sys.stdout, proc.stderr.fileno(): sys.stderr}
+    decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in streams}
+    selector = selectors.DefaultSelector()
+    for fd in streams:
+        selector.register(fd, selectors.EVENT_READ)
+    tail, update, interrupted_at, carry = "", None, None, {fd: "" for fd in streams}
     try:
-        while True:
-            chunk = os.read(proc.stderr.fileno(), 65536)
-            text = decoder.decode(chunk, final=not chunk)
-            sys.stderr.write(text)
-            sys.stderr.flush()
-            tail = (tail + text)[-65536:]
-            if not chunk:
-                break
+        while selector.get_map():
+            try:
+                ready = selector.select(timeout=1.0)
+                for key, _ in ready:
+                    chunk = os.read(key.fd, 65536)
+                    text = decoders[key.fd].decode(chunk, final=not chunk)
+                    if not chunk:
+                        selector.unregister(key.fd)
+                    seen = last_update(carry[key.fd] + text)  # tqdm's progress bar writes to stderr
+                    update = update if seen is None else seen
+                    carry[key.fd] = (carry[key.fd] + text)[-64:]  # a number split between two chunks
+                    if key.fd == proc.stderr.fileno():
+                        tail = (tail + text)[-65536:]
+                    if interrupted_at is None or key.fd == proc.stdout.fileno():  # not its traceback
+                        streams[key.fd].write(text)
+                        streams[key.fd].flush()
+                if interrupted_at is not None and proc.poll() is None and time.time() - interrupted_at > 10:
+                    proc.send_signal(signal.SIGINT)  # the signal reached only this process: pass it on, once
+                    interrupted_at = float("inf")
+            except KeyboardInterrupt:
+                interrupted_at = interrupted_at or time.time()
     finally:
-        rc = proc.wait()  # also on Ctrl-C: fairseq got the signal too and saves or stops
+        selector.close()
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # a second Ctrl-C: fairseq is stopping already
+                interrupted_at = interrupted_at or time.time()
+        proc.stdout.close()
         proc.stderr.close()
+    if interrupted_at is not None or rc in (-signal.SIGINT, INTERRUPT_EXIT):
+        raise Interrupted(update)
     lines = [line.strip() for line in tail.replace("\r", "\n").split("\n")]
     return rc, next((line for line in reversed(lines) if line), "")
+
+
+def resume_command(request: TrainRequest, save_dir: Path) -> str:
+    """The ``scripts/train.sh`` command that continues ``request``'s training in ``save_dir``: its dataset,
+    setting and extra options, with the variables that set its options (``SAVE_DIR`` pins the directory)."""
+    o = request.options
+    variables = {"SAVE_DIR": str(save_dir), "DATA_BIN": str(request.data_bin),
+                 "SEED": str(request.seed) if request.seed != 1 else None,
+                 "GPUS": None if request.gpus is None else str(request.gpus),
+                 "MAX_TOKENS": o.max_tokens, "UPDATE_FREQ": o.update_freq, "MAX_UPDATE": o.max_update,
+                 "AVERAGE": o.average, "PRECISION": o.precision, "EMBEDDINGS": o.embeddings,
+                 "RESUME_ANYWAY": "1" if o.resume_anyway else None}
+    prefix = "".join(f"{k}={shlex.quote(str(v))} " for k, v in variables.items() if v is not None)
+    return prefix + shlex.join(["scripts/train.sh", request.dataset, request.setting, *request.extra])
+
+
+def interrupt_message(update: Optional[int], save_dir: Path, resume: str) -> str:
+    """The one line after Ctrl-C: the update fairseq reached, the update its last checkpoint holds (read from
+    ``save_dir/checkpoint_last.pt``, where fairseq resumes from) and the command that resumes."""
+    at = f"interrupted at update {update}" if update is not None else "interrupted before fairseq reported an update"
+    last = Path(save_dir) / "checkpoint_last.pt"
+    saved = save_dirs.trained_updates(last) if last.exists() else None
+    if saved is not None:
+        return f"{at}; the last checkpoint is at update {saved} ({last}); resume with: {resume}"
+    if last.exists():
+        return (f"{at}; {last} cannot be read (Ctrl-C during its save?): the next run refuses it and names the "
+                f"fix; then resume with: {resume}")
+    return f"{at}; no checkpoint was saved yet, so a new run starts from update 0 with: {resume}"
 
 
 def failure_message(rc: int, last_error: str, save_dir: Path) -> str:
@@ -300,7 +394,12 @@ def main(argv=None):
         setting, extra = default_setting(dataset, paths.from_env("DATA_BIN")), rest
         print(f"[train] no setting given: {dataset} trains with {setting!r} (name one to choose: "
               f"{', '.join(SETTINGS)})", flush=True)
-    run_from_env(dataset, setting, extra)
+    try:
+        run_from_env(dataset, setting, extra)
+    except KeyboardInterrupt as e:  # Interrupted: during fairseq-train, with its line; else before or after it
+        print(f"[train] {getattr(e, 'message', '') or 'interrupted (outside fairseq-train)'}", file=sys.stderr,
+              flush=True)
+        return INTERRUPT_EXIT
     return 0
 
 

@@ -17,6 +17,8 @@
 # Rerunning a finished run (checkpoint_last.pt at MAX_UPDATE) changes nothing: raise MAX_UPDATE to train further.
 # A misspelled setting, and --routing-* flags without a routing architecture, are refused before anything
 # runs; a failed fairseq-train offers to resume only where a checkpoint exists (docs/training.md).
+# Ctrl-C ends with one line: the update reached, the last checkpoint's update and the command that resumes
+# (exit 130). A truncated checkpoint_last.pt is refused before training, naming the checkpoint to resume from.
 # Multi-node: NNODES NODE_RANK MASTER_ADDR MASTER_PORT on each node (torchrun), or under SLURM:
 #   sbatch --nodes 2 --ntasks-per-node 1 --gres gpu:8 --wrap "srun scripts/train.sh wmt14_en_de big"
 #   (docs/usage.md, "GPUs and several machines")
