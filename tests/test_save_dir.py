@@ -80,12 +80,19 @@ def test_explicit_save_dir_wins(env, tmp_path):
     assert p.save_dir == tmp_path / "flag" and list(p.args[-2:]) == ["--save-dir", str(tmp_path / "flag")]
 
 
+def _checkpoint(path):
+    """A small file that torch reads as a fairseq checkpoint at update 1 (a damaged one is refused to resume)."""
+    import torch
+
+    torch.save({"optimizer_history": [{"num_updates": 1}], "model": {}}, path)
+
+
 def fake_trained(env, extra, where):
     """A save directory as a finished (or interrupted) run with ``extra`` leaves it."""
     p = plan_of(env, extra, SAVE_DIR=str(where))
     where.mkdir(parents=True)
     save_dirs.write_args(where, p.identity, p.command)
-    (where / "checkpoint_last.pt").write_bytes(b"not a real checkpoint")
+    _checkpoint(where / "checkpoint_last.pt")
 
 
 def test_the_same_options_resume(env, tmp_path, capsys):
@@ -124,7 +131,7 @@ def test_changed_data_is_refused_and_resume_anyway_overrides(env, tmp_path, caps
 def test_a_directory_without_stored_options_resumes_with_a_warning(env, tmp_path, capsys):
     where = tmp_path / "old"
     where.mkdir()
-    (where / "checkpoint_last.pt").write_bytes(b"x")
+    _checkpoint(where / "checkpoint_last.pt")
     run_from_env("demo", "tiny", DISAGREEMENT, env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
     assert "no train_args.json (trained by an older version)" in capsys.readouterr().out
 
