@@ -36,7 +36,7 @@ from . import logs, scale
 from .cache import cache_version, checkpoint_identity, lookup, store, whole_file
 from .config import RunConfig
 from .keys import LOG_FORMAT_ARGS, cache_key, key_difference, same_key
-from .records import TrainRecord
+from .records import EvalRecord, JobRecord, TrainRecord, from_json, to_json
 from .spec import Row
 
 
@@ -87,7 +87,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     key = cache_key(job)
     finished = lookup(record_path, key, same=same_key)
     if finished.hit:
-        record = TrainRecord.from_dict(finished.data)
+        record = from_json(TrainRecord, finished.data)
         print(f"  [{tag}] training finished earlier ({record.trained_at}); reusing {run_dir}", flush=True)
         # the plan's checkpoint, beside train.json also when the results directory has moved since
         return replace(record, checkpoint=str(job.checkpoint(record.averaged_checkpoints))), True
@@ -112,7 +112,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
         parameters=logs.model_parameters(log), updates=int(train.get("num_updates", 0)),
         train_steps_per_second=train.get("ups"), train_loss=train.get("loss"), valid_loss=valid.get("loss"),
         valid_nll_loss=valid.get("nll_loss"))
-    store(record_path, record.to_dict())
+    store(record_path, to_json(record))
     return record, False
 
 
@@ -145,7 +145,7 @@ def evaluation_key(request: EvalRequest) -> Dict:
     return json.loads(json.dumps(key))
 
 
-def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: str = "test") -> Dict:
+def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: str = "test") -> EvalRecord:
     """Decode and score ``subset`` with one row/seed's checkpoint (cached in results.json of
     :meth:`RunConfig.eval_dir` while key.json there matches :func:`evaluation_key`)."""
     request = eval_request(run, row, seed, checkpoint, subset)
@@ -158,7 +158,8 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: s
             shutil.rmtree(out)  # made with other decoding flags
         results = evaluate(request)
         store(out / "key.json", key)
-    return dict(results, out=str(out), target_lang=load_dataset_meta(request.data_dir).target_lang)
+    target_lang = load_dataset_meta(request.data_dir).target_lang
+    return from_json(EvalRecord, dict(results, out=str(out), target_lang=target_lang))
 
 
 def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Optional[Dict]:
@@ -231,15 +232,12 @@ def probing_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict
     return payload["tasks"]
 
 
-def run_job(row: Row, run: RunConfig, seed: int) -> Dict:
+def run_job(row: Row, run: RunConfig, seed: int) -> JobRecord:
     """One row and seed: train (or reuse), evaluate, measure head disagreement (and probe, for tables that ask
-    for it); the per-seed record: the :class:`TrainRecord`'s fields, ``reused``, and the measurements."""
+    for it); the per-seed record."""
     train, reused = train_row(row, run, seed)
-    evals = {subset: evaluate_row(row, run, seed, train.checkpoint, subset) for subset in run.subsets}
-    record = dict(train.to_dict(), reused=reused, eval=evals[run.subsets[0]], evals=evals)  # eval: the report's BLEU
-    record["disagreement"] = disagreement_scores(row, run, seed, train.checkpoint)
-    if record["disagreement"]:  # None for a single-head model
-        record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
-    if run.probing_tasks:
-        record["probing"] = probing_scores(row, run, seed, train.checkpoint)
-    return record
+    return JobRecord(
+        train=train, reused=reused,
+        evals={subset: evaluate_row(row, run, seed, train.checkpoint, subset) for subset in run.subsets},
+        disagreement=disagreement_scores(row, run, seed, train.checkpoint),
+        probing=probing_scores(row, run, seed, train.checkpoint) if run.probing_tasks else None)
