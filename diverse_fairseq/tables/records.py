@@ -7,7 +7,7 @@ version are ever read: a record of an earlier build has another cache key
 (:data:`diverse_fairseq.tables.cache.CACHE_VERSION`), so its run is trained again instead of being patched up.
 """
 
-from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Dict, List, Optional, get_args, get_origin, get_type_hints
 
 
@@ -80,18 +80,11 @@ def to_json(record) -> Dict:
 
 def from_json(cls, data: Dict):
     """The ``cls`` record of :func:`to_json`'s ``data``; keys that are not fields of ``cls`` (e.g. the rest of
-    evaluate's ``results.json``) are left out, a missing field without a default is a ValueError."""
+    evaluate's ``results.json``) are left out, a missing field without a default is a TypeError naming it."""
     hints, values = get_type_hints(cls), {}
-    for f in fields(cls):
-        if f.name not in data:
-            if f.default is MISSING:
-                raise ValueError(f"{cls.__name__} record without {f.name!r}: {sorted(data)}")
-            continue
-        value, hint = data[f.name], hints[f.name]
-        args = get_args(hint)
-        if is_dataclass(hint):
-            value = from_json(hint, value)
-        elif get_origin(hint) is dict and args and is_dataclass(args[1]):
-            value = {k: from_json(args[1], v) for k, v in value.items()}
-        values[f.name] = value
+    for name in (f.name for f in fields(cls) if f.name in data):
+        hint, value = hints[name], data[name]
+        item = get_args(hint)[1] if get_origin(hint) is dict and get_args(hint) else None  # Dict[str, Record]
+        values[name] = (from_json(hint, value) if is_dataclass(hint) else
+                        {k: from_json(item, v) for k, v in value.items()} if is_dataclass(item) else value)
     return cls(**values)

@@ -22,7 +22,7 @@ from .. import training
 from ..evaluate import command_line
 from .cache import lookup
 from .config import RunConfig
-from .keys import cache_key, same_key
+from .keys import cache_key
 from .pool import limit_threads, run_parallel
 from .progress import Progress
 from .records import JobRecord
@@ -99,7 +99,7 @@ def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
     for row, seed in todo:
         job = job_plan(row, run, seed)
         run_dir = run.run_dir(row, seed)
-        if lookup(run_dir / "train.json", cache_key(job), same=same_key).hit:
+        if lookup(run_dir / "train.json", cache_key(job)).hit:
             state = "finished earlier: its training would be reused"
         elif (run_dir / "checkpoint_last.pt").exists():
             state = "interrupted: training would resume it, or start afresh if its options changed"

@@ -23,7 +23,7 @@ import os
 import shlex
 import shutil
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -35,7 +35,7 @@ from ..settings import SETTINGS
 from . import logs, scale
 from .cache import cache_version, checkpoint_identity, lookup, store, whole_file
 from .config import RunConfig
-from .keys import LOG_FORMAT_ARGS, cache_key, key_difference, same_key
+from .keys import LOG_FORMAT_ARGS, cache_key, key_difference
 from .records import EvalRecord, JobRecord, TrainRecord, from_json, to_json
 from .spec import Row
 
@@ -85,7 +85,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     row_args = scale.row_args(row.args, job.setting_name)
     log_file = run_dir / "train.log"
     key = cache_key(job)
-    finished = lookup(record_path, key, same=same_key)
+    finished = lookup(record_path, key)
     if finished.hit:
         record = from_json(TrainRecord, finished.data)
         print(f"  [{tag}] training finished earlier ({record.trained_at}); reusing {run_dir}", flush=True)
@@ -94,7 +94,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     if finished.data is not None:
         _move_aside(run_dir, key_difference(finished.key, key), tag)
     elif run_dir.exists() and any(run_dir.iterdir()):
-        interrupted = lookup(key_path, key, stored_key=whole_file, same=same_key)
+        interrupted = lookup(key_path, key, stored_key=whole_file)
         if not interrupted.hit:
             _move_aside(run_dir, key_difference(interrupted.key, key), tag)
         else:
@@ -133,15 +133,13 @@ def eval_request(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: s
 
 
 def evaluation_key(request: EvalRequest) -> Dict:
-    """Everything that changes what an evaluation decodes, for its cache (``eval/key.json``): the checkpoint's
-    name and contents (:func:`checkpoint_identity`), the subset, beam, length penalty (value and form), length
-    limit, batch size, device,
-    precision and extra fairseq-generate flags, and the cache version."""
-    key = {"checkpoint": request.checkpoint.name, "checkpoint_identity": checkpoint_identity(request.checkpoint),
-           "subset": request.subset, "beam": request.beam, "lenpen": request.lenpen,
-           "length_penalty": request.length_penalty, "max_len_a": request.max_len_a, "max_len_b": request.max_len_b,
-           "batch_size": request.batch_size, "cpu": request.cpu, "precision": request.precision,
-           "generate_args": list(request.generate_args), "version": cache_version()}
+    """Everything that changes what an evaluation decodes, for its cache (``eval/key.json``): every field of the
+    request (subset, beam, length penalty value and form, length limit, batch size, device, precision, extra
+    fairseq-generate flags) but where it reads and writes, the checkpoint by name and contents
+    (:func:`checkpoint_identity`), and the cache version."""
+    key = {k: v for k, v in asdict(request).items() if k not in ("checkpoint", "data_dir", "out")}
+    key.update(checkpoint=request.checkpoint.name, checkpoint_identity=checkpoint_identity(request.checkpoint),
+               version=cache_version())
     return json.loads(json.dumps(key))
 
 
