@@ -688,7 +688,7 @@ def test_a_table_decodes_what_the_table_says_whatever_the_environment(tmp_path, 
         monkeypatch.setenv(name, value)
     results = steps.evaluate_row(row, run, 1, str(checkpoint))
     (cmd,) = commands
-    assert cmd[cmd.index("--gen-subset") + 1] == "test" and results["subset"] == "test" and results["sentences"] == 2
+    assert cmd[cmd.index("--gen-subset") + 1] == "test" and results.subset == "test" and results.sentences == 2
     assert cmd[cmd.index("--beam") + 1] == "4" and cmd[cmd.index("--lenpen") + 1] == "0.6"
     assert cmd[cmd.index("--batch-size") + 1] == "128" and "--cpu" in cmd
     assert (run.eval_dir(row, 1, "test") / "results.json").exists() and not run.eval_dir(row, 1, "valid").exists()

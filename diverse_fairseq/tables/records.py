@@ -44,6 +44,8 @@ class EvalRecord:
     target_lang: str
     data: str  # the prepared data it decoded (its dictionaries: the report's parameter footnote)
     bleu: float  # sacrebleu on detokenized text
+    subset: Optional[str] = None  # the split decoded: test or valid
+    sentences: Optional[int] = None
     tok_bleu: Optional[float] = None
     signature: Optional[str] = None  # sacrebleu's
     paper_bleu: Optional[float] = None  # the authors' own scoring (paper_bleu.py), where the dataset has one
