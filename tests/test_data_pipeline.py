@@ -2,6 +2,7 @@
 built by tests/fixtures/make_fixtures.py) served from a directory or a loopback HTTP server through the
 mirror override, run through the real preparation pipeline into binarized fairseq datasets."""
 
+import hashlib
 import json
 import subprocess
 import threading
@@ -167,6 +168,18 @@ def test_wmt14_from_a_mirror_directory(tmp_path, capsys):
     assert not list(orig.rglob("*fr-en*")) and (orig / "commoncrawl" / "commoncrawl.de-en.de").exists()
     assert lines(dest / "test.ref.de")[0] == "Es ist ein bekanntes Problem, nicht wahr?"
     assert "@-@" in (tmp_path / "work" / "wmt14_en_de+fixture" / "tok" / "train.en").read_text()  # aggressive hyphens
+    # what each archive was checked against and its sha256, and the pairs per corpus before and after cleaning
+    checked = meta["verification"]
+    assert checked["expectations"] == {"manifest": "fixture", "path": EXPECT}
+    assert checked["files"]["training-parallel-nc-v9.tgz"]["sha256"] == hashlib.sha256(
+        (MIRROR / "training-parallel-nc-v9.tgz").read_bytes()).hexdigest()
+    pairs = meta["train_pairs"]
+    assert list(pairs["corpora"]) == ["europarl-v7", "commoncrawl", "news-commentary-v9"]
+    assert sum(c["after_cleaning"] for c in pairs["corpora"].values()) == pairs["final_train"] == sizes["train"]
+    assert all(c["before_cleaning"] >= c["after_cleaning"] > 0 for c in pairs["corpora"].values())
+    out = capsys.readouterr().out
+    assert f"training pairs: {sizes['train']:,}, the paper's 4,500,000" in out and "warning [manifest fixture]" in out
+    assert not (tmp_path / "data-bin" / "wmt14_en_de").exists()  # the real data's place stays empty
 
 
 @pytest.mark.slow

@@ -88,7 +88,7 @@ RECIPE = Recipe(
     collect=collect,
     paper_train_pairs=4_500_000,
     paper_train_source="EMNLP 2020 Appendix B.2.3: 'about 4.5 million training sentence pairs' "
-                       "(NAACL 2019 §4 and the journal §4.1.1: 4.6M)",
+                       "(NAACL 2019 §5.2.1 and the journal §4.1.1: 4.6M)",
     notes="download 1.6 GB, ~15 GB of disk, preparation 1-3 hours with WORKERS=8",
     # only V_en + 2 V_de (source, target and output embeddings) is fixed by the papers' parameter counts:
     # Transformer-Base 88.0M and Big 264M (NAACL 2019 Table 3, journal Tables 5-6) give 85.6k embedding rows

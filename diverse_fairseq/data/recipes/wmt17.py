@@ -153,7 +153,7 @@ RECIPE = Recipe(
     check=check,
     collect_key=collect_key,
     paper_train_pairs=20_600_000,
-    paper_train_source="journal §4.1.1 and NAACL 2019 §4: 'about 20.6M sentence pairs' (length <= 50)",
+    paper_train_source="journal §4.1.1 and NAACL 2019 §5.2.1: 'about 20.6M sentence pairs' (length <= 50)",
     notes="download 1.5 GB + CWMT 0.7 GB, ~40 GB of disk, preparation several hours with WORKERS=16",
     # only V_zh + 2 V_en is fixed by the papers' parameter counts: Transformer-Base 108M and Big 304M (NAACL 2019
     # Table 4, journal Table 5) give 124.7k embedding rows beyond the layers; English is taken as 32k merges
