@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from .progress import Progress
-from .verify import Expected, VerificationError, check_file, mark_verified, reject, verified_sha256
+from .verify import Expected, VerificationError, check_file, mark_verified, verified_sha256, verify_local
 
 MIRROR_ENV = "DIVERSE_FAIRSEQ_MIRROR"
 CHUNK = 1 << 20
@@ -201,14 +201,10 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
         if verified_sha256(final, expected):
             log(f"  {source.filename}: present, not downloading again (verified before)")
             return final
-        log(f"  {source.filename}: present, verifying it before use ({expected.describe()})")
         try:
-            sha256 = check_file(final, source.filename, expected, where)
+            verify_local(final, expected, where, log)
         except VerificationError as e:
-            reject([final])
-            raise DownloadError(f"{e} It was moved to {final.name}.rejected; run the command again to download "
-                                f"the published file.") from None
-        mark_verified(final, expected, sha256)
+            raise DownloadError(f"{e} Run the command again to download the published file.") from None
         return final
     part = dest_dir / (source.filename + ".part")
     if part.exists() and expected.size is not None and part.stat().st_size > expected.size:

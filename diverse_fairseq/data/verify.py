@@ -182,6 +182,27 @@ def reject(paths: Iterable[Path]) -> Sequence[Path]:
     return moved
 
 
+def verify_local(path: Path, expected: Expected, where: str, log=print) -> str:
+    """Verify a file that is already under its final name (placed by hand, an earlier run's, a manual download
+    such as CWMT's zips) before it is used; return its sha256.
+
+    A matching ``NAME.verified`` record is trusted without hashing. A file that fails is moved to
+    ``NAME.rejected`` and :class:`VerificationError` says so.
+    """
+    path = Path(path)
+    sha256 = verified_sha256(path, expected)
+    if sha256:
+        return sha256
+    log(f"  {path.name}: present, verifying it before use ({expected.describe()})")
+    try:
+        sha256 = check_file(path, path.name, expected, where)
+    except VerificationError as e:
+        reject([path])
+        raise VerificationError(f"{e} It was moved to {path.name}.rejected.") from None
+    mark_verified(path, expected, sha256)
+    return sha256
+
+
 # ------------------------------------------------------------------------------------- member line counts
 def count_lines(path: Path) -> int:
     """Lines of a file as ``wc -l`` counts them, plus a last line without a newline."""
