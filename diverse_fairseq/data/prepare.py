@@ -224,6 +224,10 @@ class Preparer:
         self._bpe_steps(pipe)
         self._binarize_step(pipe)
         self.log(f"[{r.name}] done: {self.dest} (ran {len(pipe.ran)} steps, skipped {len(pipe.skipped)})")
+        pairs = json.loads((self.dest / "prepare.json").read_text()).get("train_pairs")
+        if pairs:  # absent from data prepared by an earlier version
+            for line in compare_with_paper(pairs, r.name):
+                self.log(line)
 
     def _expected(self, source):
         try:
@@ -475,8 +479,6 @@ class Preparer:
         self.dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, self.dest)
         self.log("  sentences: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
-        for line in compare_with_paper(meta["train_pairs"], r.name):
-            self.log(line)
 
     def _verification_record(self):
         """What each fetched file was checked against, and its sha256 (to compare two machines' data)."""
