@@ -209,7 +209,7 @@ def test_the_un_corpus_is_refused_by_its_line_counts_before_the_next_archive(tmp
 
 
 def test_fixture_data_never_goes_where_the_real_data_goes(tmp_path):
-    """The demo needs no archive: run IWSLT through the manifest up to the extraction only."""
+    """IWSLT14 through the fixtures' manifest, up to the extraction: everything lands in iwslt14_de_en+fixture."""
     prepare(["iwslt14_de_en", "--work-dir", str(tmp_path / "work"), "--data-bin", str(tmp_path / "data-bin"),
              "--mirror", str(MIRROR), "--expect", str(MIRROR / "EXPECTED.json"), "--stop-after", "extract-de-en"])
     assert (tmp_path / "work" / "iwslt14_de_en+fixture" / "orig" / "de-en").is_dir()
@@ -227,3 +227,12 @@ def test_the_final_count_is_printed_beside_the_papers_and_a_short_corpus_named()
     assert "33% fewer" in warning and "commoncrawl kept 900,000 of 2,399,123" in warning and "europarl" not in warning
     record["final_train"] = 4_450_000
     assert len(compare_with_paper(record, "wmt14_en_de")) == 1  # within 5%: no warning
+
+
+def test_html_is_told_from_data():
+    from diverse_fairseq.data.verify import looks_like_html
+
+    assert looks_like_html(HTML) and looks_like_html(b"\n  <!-- mirror -->\n<html lang='en'>")
+    assert not looks_like_html(GOOD)  # gzip
+    assert not looks_like_html(b'<?xml version="1.0" encoding="UTF-8"?>\n<mteval>\n<srcset setid="x">')  # IWSLT XML
+    assert not looks_like_html(b"tr\tPRES\tShe walks .\n")  # a SentEval probing file

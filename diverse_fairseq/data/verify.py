@@ -28,7 +28,7 @@ from typing import Dict, Iterable, Optional, Sequence
 
 CHUNK = 1 << 20
 MAGIC = {".tgz": b"\x1f\x8b", ".gz": b"\x1f\x8b", ".zip": b"PK"}
-HTML_STARTS = (b"<!doctype html", b"<html", b"<head", b"<body", b"<?xml version")
+HTML_STARTS = (b"<!doctype html", b"<html", b"<head", b"<body", b"<?xml version", b"<!--")
 
 
 class VerificationError(RuntimeError):
