@@ -16,6 +16,7 @@ Every option also has an environment variable (in brackets), which the Makefile 
 """
 
 import argparse
+import bisect
 import functools
 import json
 import os
@@ -156,10 +157,8 @@ class Preparer:
             names.append(name)
 
         def corpus(i):
-            for name, bound in zip(names, bounds):
-                if i < bound:
-                    return name
-            return self.r.name
+            k = bisect.bisect_right(bounds, i)
+            return names[k] if k < len(names) else self.r.name
         return corpus, {name: n for name, n in sizes}
 
     def _write_pair_stats(self, kept_by_corpus, total_by_corpus):
@@ -488,9 +487,10 @@ class Preparer:
             lines, source = self._expected_lines(archive)
             for src in archive.parts:
                 expected = self._expected(src)
+                path = downloads / src.filename  # deleted after extraction to save disk: nothing to record
                 files[src.filename] = {
-                    "archive": archive.name, "size": (downloads / src.filename).stat().st_size,
-                    "sha256": verified_sha256(downloads / src.filename, expected),
+                    "archive": archive.name, "size": path.stat().st_size if path.exists() else None,
+                    "sha256": verified_sha256(path, expected) if path.exists() else None,
                     "checked": (f"{expected.describe()} ({expected.source})" if expected.pinned()
                                 else "no published size or checksum (HTML and magic bytes only)"),
                     "member_lines": ({k: v for k, v in lines.items()} if lines else None),
