@@ -123,7 +123,7 @@ def expected_for(source: Source, checksums: Optional[Dict[str, str]] = None,
 
 def where_to_get(source: Source, mirror: Optional[str] = None) -> str:
     """Where the right copy of ``source`` can be had, for error messages."""
-    urls = " or ".join(source.urls) if source.urls else "the address given in docs/usage.md"
+    urls = " or ".join(source.urls) if source.urls else "its publisher (this recipe knows no public address)"
     return urls + (f" (the mirror {mirror} has a wrong copy: replace it)" if mirror else "")
 
 
