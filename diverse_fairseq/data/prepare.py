@@ -126,9 +126,11 @@ class Preparer:
         except VerificationError as e:
             raise SystemExit(f"error: {e}") from None
         # data made against a manifest's expectations never lands where the published data goes
-        label = f"+{self.expect.name}" if self.expect else ""
-        self.work = Path(args.work_dir) / ((recipe.work_name or recipe.name) + label)
-        self.dest = Path(args.data_bin) / (recipe.name + label)
+        self.label = f"+{self.expect.name}" if self.expect else ""
+        self.work = Path(args.work_dir) / ((recipe.work_name or recipe.name) + self.label)
+        self.dest = Path(args.data_bin) / (recipe.name + self.label)
+        shared = recipe.downloads_name or recipe.work_name or recipe.name  # a variant shares its base's archives
+        self.downloads = Path(args.work_dir) / (shared + self.label) / "downloads"
         self.workers = max(1, args.workers)
         self.checksums = read_checksum_file(args.checksums) if args.checksums else {}
         self.ctx = Context(recipe, self.work, options, log=self.log)
@@ -195,7 +197,8 @@ class Preparer:
         parts = [s for a in r.archives for s in a.parts]
         n_steps = len(parts) + len(r.archives) + 7 + (1 if r.clean_after_bpe else 0)
         pipe = Pipeline(r.name, self.work, n_steps, stop_after=self.args.stop_after, log=self.log)
-        downloads = self.work / "downloads"
+        # a variant with other text processing shares the archives it has in common with the recipe it varies
+        downloads = self.downloads
         if self.expect:
             self.log(f"[{r.name}] expectations from the manifest {self.expect.path} ({self.expect.name!r}), not the "
                      f"published ones: the data goes to {self.dest}")
@@ -481,7 +484,7 @@ class Preparer:
 
     def _verification_record(self):
         """What each fetched file was checked against, and its sha256 (to compare two machines' data)."""
-        downloads = self.work / "downloads"
+        downloads = self.downloads
         files = {}
         for archive in self.r.archives:
             lines, source = self._expected_lines(archive)

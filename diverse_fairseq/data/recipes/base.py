@@ -73,6 +73,9 @@ class Recipe:
     # printed beside it, and a large difference is a warning naming the corpus that is short
     paper_train_pairs: int = 0
     paper_train_source: str = ""
+    # the folder under WORK_DIR whose ``downloads/`` the recipe reads and fills (default: its own work folder): a
+    # variant with other text processing shares the archives it has in common with the recipe it varies
+    downloads_name: Optional[str] = None
 
     @property
     def langs(self) -> Tuple[str, str]:
