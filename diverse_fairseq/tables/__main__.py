@@ -22,7 +22,7 @@ from ..data.recipes import RECIPES
 from .config import RunConfig
 from .keys import RUNNER_FLAGS
 from .report import summarise, write_report
-from .runner import run_table
+from .runner import TableInterrupted, interrupted_lines, run_table
 from .spec import REPO, TableSpecError, load_table
 
 SCALES = ("demo", "paper")
@@ -63,6 +63,10 @@ def build_parser():
                    help="a Python script started in place of 'python -m fairseq_cli.train' with the same arguments, "
                         "to watch each training, e.g. scripts/experiments/kernel_probe.py (records the SVGD kernel); "
                         "not part of the cache key, so a finished run is reused without it [TRAIN_HOOK]")
+    p.add_argument("--progress-interval", default=env("PROGRESS_INTERVAL", "30"),
+                   help="seconds between two progress lines of a training row (update, losses, time left), "
+                        "printed only when fairseq has logged since the last one; 0: every record it logs "
+                        "[PROGRESS_INTERVAL] (default 30)")
     p.add_argument("--dry-run", default=env("DRY_RUN", ""),
                    help="1: print every row's training and evaluation commands, run and write nothing [DRY_RUN]")
     return p
@@ -142,6 +146,8 @@ def check_settings(args) -> dict:
                 "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args),
                 "dry_run": env_checks.parse_flag("DRY_RUN (--dry-run)", args.dry_run),
                 "subsets": parse_subsets(args.subsets), "train_hook": parse_hook(args.train_hook),
+                "progress_interval": env_checks.parse_float("PROGRESS_INTERVAL (--progress-interval)",
+                                                             args.progress_interval, 0),
                 # scripts/train.sh's launch variables (MAX_UPDATE, PRECISION, ...) apply to every row's training
                 "train_options": training.options_from_env(os.environ)}
     if settings["gpus"]:  # more GPUs than are visible: stop now, not when the first row starts training
@@ -152,6 +158,23 @@ def check_settings(args) -> dict:
                    f"leave out {' '.join(taken)}: the runner sets {' and '.join(RUNNER_FLAGS)} itself (it reads "
                    f"fairseq's JSON log records from the run's train.log)")
     return settings
+
+
+#: the variables the runner reads (its options' defaults, and scripts/train.sh's launch variables for every row)
+RUNNER_VARIABLES = ("DATASET", "SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "RESULTS", "DATA_BIN", "TRAIN_ARGS",
+                    "PROBING_DATA", "GENERATE_ARGS", "ROWS", "SUBSETS", "TRAIN_HOOK", "MAX_TOKENS", "UPDATE_FREQ",
+                    "PROGRESS_INTERVAL", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "RESUME_ANYWAY")
+
+
+def resume_command(argv: List[str], env) -> str:
+    """The command that continues an interrupted table: this one, with the runner's variables that are set
+    (``make table-<id> VAR=...`` when only the table is named, as the make target runs it)."""
+    variables = {name: env[name] for name in RUNNER_VARIABLES if env_checks.get(env, name) is not None}
+    if len(argv) == 1 and not argv[0].startswith("-") and "/" not in argv[0] and not argv[0].endswith(".yaml"):
+        target = "demo" if argv[0] == "demo" else f"table-{argv[0]}"  # the Makefile's targets
+        return shlex.join(["make", target, *(f"{k}={v}" for k, v in variables.items())])
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in variables.items())
+    return prefix + shlex.join(["python", "-m", "diverse_fairseq.tables", *argv])
 
 
 def ensure_demo_data(data: Path):
@@ -235,14 +258,20 @@ def main(argv: Optional[List[str]] = None):
                     threads=settings["threads"], jobs=min(settings["jobs"] or default_jobs(n_jobs, settings["gpus"]),
                                                           n_jobs), dry_run=settings["dry_run"],
                     train_options=settings["train_options"], train_hook=settings["train_hook"],
-                    subsets=settings["subsets"])
+                    subsets=settings["subsets"], progress_interval=settings["progress_interval"])
     if run.dry_run:
         dry_run(table, run, args)  # ends the process (exit 0)
     if table.probing:
         run.probing_tasks, run.probing_dir = table.probing, ensure_probing_data(table.probing, args.probing_data)
     if dataset == "demo":
         ensure_demo_data(run.data_bin / dataset)
-    results = run_table(table, run)
+    try:
+        results = run_table(table, run)
+    except TableInterrupted as e:  # Ctrl-C: one line per interrupted row, then the shell's status for SIGINT
+        resume = resume_command(sys.argv[1:] if argv is None else argv, os.environ)
+        for line in interrupted_lines(table, run, e.jobs, resume):
+            print(line, file=sys.stderr, flush=True)
+        raise SystemExit(training.INTERRUPT_EXIT) from None
     summary = summarise(table, results, dataset, scale, subset=run.subsets[0])
     md = write_report(summary, out)
     print("\n" + md.read_text(encoding="utf-8"))
