@@ -19,19 +19,29 @@ from .base import WMT_SETTINGS, Archive, Context, Recipe, concat_parallel, find_
 
 DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
 TEST_URL = "https://data.statmt.org/wmt17/translation-task/test.tgz"
+# size and sha256: TensorFlow Datasets' registry of the same URL, tensorflow_datasets/url_checksums/wmt17_translate.txt
+# (github.com/tensorflow/datasets, commit 333639b3)
 NEWS_COMMENTARY = Source("training-parallel-nc-v12.tgz",
-                         ("http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",))
+                         ("http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",),
+                         size=168591139, sha256="2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2",
+                         checksum_source="TensorFlow Datasets url_checksums/wmt17_translate.txt")
 UN_BASE = "https://stuncorpusprod.blob.core.windows.net/corpusfiles/"
 UN_PARTS = [Source(f"UNv1.0.en-zh.tar.gz.{i:02d}", (UN_BASE + f"UNv1.0.en-zh.tar.gz.{i:02d}",
                                                    f"https://conferences.unite.un.org/UNCorpus/en/DownloadFile?filename=UNv1.0.en-zh.tar.gz.{i:02d}"))
             for i in range(2)]
-DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL))
-TEST = Source("test.tgz", (TEST_URL,), md5=published_md5(TEST_URL))
+SACREBLEU = "sacrebleu's test-set registry"
+DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL), checksum_source=SACREBLEU)
+TEST = Source("test.tgz", (TEST_URL,), md5=published_md5(TEST_URL), checksum_source=SACREBLEU)
+# UN v1.0 en-zh: no size or checksum of the two split parts is published; the line count of its members is
+# (tensor2tensor's data_generators/translate_enzh.py: "UN parallel corpus. 15,886,041 lines")
+UN_LINES = 15_886_041
+UN_COUNTS_SOURCE = "tensor2tensor data_generators/translate_enzh.py ('UN parallel corpus. 15,886,041 lines')"
 
 ARCHIVES = [
     Archive("news-commentary", [NEWS_COMMENTARY], lambda n: n.endswith(("news-commentary-v12.zh-en.zh",
                                                                         "news-commentary-v12.zh-en.en"))),
-    Archive("un", UN_PARTS, lambda n: n.endswith(("UNv1.0.en-zh.zh", "UNv1.0.en-zh.en"))),
+    Archive("un", UN_PARTS, lambda n: n.endswith(("UNv1.0.en-zh.zh", "UNv1.0.en-zh.en")),
+            expected_lines={"UNv1.0.en-zh.zh": UN_LINES, "UNv1.0.en-zh.en": UN_LINES}, counts_source=UN_COUNTS_SOURCE),
     Archive("dev", [DEV], lambda n: "newsdev2017-zhen" in n),
     Archive("test", [TEST], lambda n: "newstest2017-zhen" in n),
 ]
@@ -142,6 +152,8 @@ RECIPE = Recipe(
     collect=collect,
     check=check,
     collect_key=collect_key,
+    paper_train_pairs=20_600_000,
+    paper_train_source="journal §4.1.1 and NAACL 2019 §5.2.1: 'about 20.6M sentence pairs' (length <= 50)",
     notes="download 1.5 GB + CWMT 0.7 GB, ~40 GB of disk, preparation several hours with WORKERS=16",
     # only V_zh + 2 V_en is fixed by the papers' parameter counts: Transformer-Base 108M and Big 304M (NAACL 2019
     # Table 4, journal Table 5) give 124.7k embedding rows beyond the layers; English is taken as 32k merges
