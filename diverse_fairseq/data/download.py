@@ -38,13 +38,14 @@ class Source:
 
     ``filename`` is the local name and the name looked up in a mirror; ``urls`` are the real public
     addresses, tried in order. ``md5``/``sha256`` are the published checksums where the source
-    publishes any (see :func:`published_md5`).
+    publishes any (see :func:`published_md5`); ``size`` its published size in bytes, if any.
     """
 
     filename: str
     urls: Sequence[str]
     md5: Optional[str] = None
     sha256: Optional[str] = None
+    size: Optional[int] = None
     description: str = ""
     extra: Dict[str, str] = field(default_factory=dict)
 

@@ -13,12 +13,15 @@ class Archive:
     """An archive to download (one file or the parts of a split archive) and extract into ``orig/<name>``.
 
     ``wanted(member)`` restricts extraction to the members the recipe reads (the WMT archives hold
-    many language pairs).
+    many language pairs). ``expected_lines`` maps a member file name suffix to its published line count, and
+    ``counts_source`` cites where those counts are published.
     """
 
     name: str
     parts: Sequence[Source]
     wanted: Optional[Callable[[str], bool]] = None
+    expected_lines: Dict[str, int] = field(default_factory=dict)
+    counts_source: str = ""
 
 
 @dataclass
@@ -64,6 +67,9 @@ class Recipe:
     # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes
     # differently shares the downloads, tokenization and BPE of the recipe it varies
     work_name: Optional[str] = None
+    # a JSON file that ``collect`` writes into the raw folder (the corpora used, their counts and checks);
+    # preparation copies it into prepare.json under "training_data"
+    corpora_file: Optional[str] = None
 
     @property
     def langs(self) -> Tuple[str, str]:
@@ -130,12 +136,14 @@ def write_parallel(ctx: Context, split: str, pairs_by_lang: Dict[str, List[str]]
     ctx.log(f"  raw {split}: {next(iter(counts.values())):,} sentence pairs")
 
 
-def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Path]], src: str, tgt: str):
-    """Stream several parallel corpora [(name, src file, tgt file)] into raw/{split}.{src,tgt}."""
+def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Path]], src: str, tgt: str) -> List[int]:
+    """Stream several parallel corpora [(name, src file, tgt file)] into raw/{split}.{src,tgt}; the pairs read
+    from each corpus, in order."""
     from ..lines import iter_lines
     from ..steps import atomic_path
 
     total = 0
+    counts = []
     ctx.raw.mkdir(parents=True, exist_ok=True)
     with atomic_path(ctx.raw_path(split, src)) as ts, atomic_path(ctx.raw_path(split, tgt)) as tt:
         with open(ts, "w", encoding="utf-8") as fs, open(tt, "w", encoding="utf-8") as ft:
@@ -150,4 +158,6 @@ def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Pat
                     n += 1
                 ctx.log(f"  raw {split}: {name}: {n:,} sentence pairs")
                 total += n
+                counts.append(n)
     ctx.log(f"  raw {split}: {total:,} sentence pairs in all")
+    return counts
