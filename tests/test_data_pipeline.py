@@ -172,8 +172,9 @@ def test_wmt14_from_a_mirror_directory(tmp_path, capsys):
 @pytest.mark.slow
 def test_wmt17_downloads_cwmt_or_reads_a_manual_download(tmp_path, capsys):
     # without a manual copy CWMT is downloaded (tests/test_wmt17_data.py); this mirror lacks the CWMT zips
-    with pytest.raises(SystemExit, match="could not download casia2015.zip from mirror"):
+    with pytest.raises(SystemExit, match="could not download casia2015.zip from mirror") as err:
         prepare(["wmt17_zh_en", *common(tmp_path / "a", "--mirror", str(MIRROR), "--checksums", SUMS)])
+    assert "manual/cwmt/ (or CWMT_DIR=dir)" in str(err.value) and "CWMT=skip" in str(err.value)
     # the fixtures hold 12-line stand-ins of the corpora: their counts are not the published ones
     prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", str(MIRROR), "--checksums", SUMS, "--allow-unverified",
                                      "--cwmt-dir", str(FIXTURES / "cwmt"), "--zh-seg", "char")])

@@ -187,7 +187,8 @@ class Preparer:
         try:
             fetch(source, downloads, mirror=self.args.mirror, checksums=self.checksums, log=self.log)
         except DownloadError as e:
-            raise SystemExit(f"error: {e}") from None
+            hint = source.extra.get("hint")
+            raise SystemExit(f"error: {e}" + (f"\n  {hint}" if hint else "")) from None
 
     # normalise, tokenize, clean ----------------------------------------------------------------------
     def _text_steps(self, pipe: Pipeline):

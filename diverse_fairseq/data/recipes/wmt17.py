@@ -42,8 +42,11 @@ TEST_URL = "https://data.statmt.org/wmt17/translation-task/test.tgz"
 NEWS_COMMENTARY = Source("training-parallel-nc-v12.tgz",
                          ("http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",))
 UN_BASE = "https://stuncorpusprod.blob.core.windows.net/corpusfiles/"
+UN_HINT = ("The UN's own addresses do not always answer: WMT17_SOURCE=hf (--wmt17-source hf) downloads the same "
+           "corpus from the Hugging Face Hub instead.")
 UN_PARTS = [Source(f"UNv1.0.en-zh.tar.gz.{i:02d}", (UN_BASE + f"UNv1.0.en-zh.tar.gz.{i:02d}",
-                                                   f"https://conferences.unite.un.org/UNCorpus/en/DownloadFile?filename=UNv1.0.en-zh.tar.gz.{i:02d}"))
+                                                   f"https://conferences.unite.un.org/UNCorpus/en/DownloadFile?filename=UNv1.0.en-zh.tar.gz.{i:02d}"),
+                   extra={"hint": UN_HINT})
             for i in range(2)]
 #: the Hugging Face Hub copies (``wmt_utils.py`` of huggingface/datasets' wmt17/wmt18/wmt19 scripts)
 HF_BASE = "https://huggingface.co/datasets/wmt/"
@@ -54,7 +57,11 @@ TEST = Source("test.tgz", (TEST_URL,), md5=published_md5(TEST_URL))
 
 CWMT_CORPORA = ("casia2015", "casict2011", "casict2015", "datum2015", "datum2017", "neu2017")
 CWMT_SOURCES = {name: Source(f"{name}.zip", (f"{HF_BASE}wmt18/resolve/main/cwmt-wmt/{name}.zip",),
-                             description=f"CWMT {name} (Hugging Face Hub copy)") for name in CWMT_CORPORA}
+                             description=f"CWMT {name} (Hugging Face Hub copy)",
+                             extra={"hint": "If you have the CWMT zips or folders, put them into "
+                                            "WORK_DIR/wmt17_zh_en/manual/cwmt/ (or CWMT_DIR=dir): they are used "
+                                            "instead; CWMT=skip prepares the data without CWMT."})
+                for name in CWMT_CORPORA}
 SOURCES = ("original", "hf")  # WMT17_SOURCE: where UN v1.0 comes from
 LENGTH_UNITS = ("subwords", "words")  # LENGTH_UNIT: what the 50-token cap counts
 
@@ -173,7 +180,9 @@ def check(ctx: Context):
     if _manual_cwmt(directory):
         ctx.log(f"  CWMT: using the files in {directory}")
     else:
-        ctx.log(f"  CWMT: downloading the six corpora from the Hugging Face Hub ({HF_BASE}wmt18/.../cwmt-wmt/)")
+        ctx.log("  " + CWMT_INSTRUCTIONS.format(hf=f"{HF_BASE}wmt18/resolve/main/cwmt-wmt/",
+                                                corpora=", ".join(CWMT_CORPORA), cwmt_dir=directory)
+                .replace("\n", "\n  "))
 
 
 def _cwmt_roots(ctx: Context):
