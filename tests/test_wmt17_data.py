@@ -146,6 +146,17 @@ def test_skipped_and_partial_cwmt_are_recorded_as_not_the_papers_data():
     assert partial["problems"] == ["CWMT partial (missing: neu2017)"]
 
 
+def test_paper_scale_refuses_wmt17_data_without_a_record_of_its_corpora(tmp_path):
+    data = tmp_path / "wmt17_zh_en"
+    data.mkdir()
+    (data / "prepare.json").write_text(json.dumps({"dataset": "wmt17_zh_en", "sentences": {"train": 5}}))
+    with pytest.raises(SystemExit, match="older version that did not check"):
+        check_paper_data(data, allow=False)
+    assert data_problems({"dataset": "wmt14_en_de"}) == []  # a recipe that records nothing yet is not refused
+    verified = wmt17.corpus_record({}, skipped=False, found=list(wmt17.CWMT_CORPORA), missing=[])
+    assert data_problems({"dataset": "wmt17_zh_en", "training_data": verified}) == []
+
+
 def test_the_length_cap_unit_is_an_option():
     assert wmt17.configure(wmt17.RECIPE, {"work_dir": "/nonexistent"}).clean_after_bpe  # subwords (default)
     words = wmt17.configure(wmt17.RECIPE, {"work_dir": "/nonexistent", "length_unit": "words"})

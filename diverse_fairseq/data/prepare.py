@@ -176,6 +176,8 @@ class Preparer:
                       {"parts": [(f.name, f.stat().st_size if f.exists() else None) for f in files]},
                       functools.partial(extract, files, self.ctx.extracted(archive.name), archive.wanted, self.log))
         raw_outputs = [self.ctx.raw_path(s, lang) for s in self.splits_from_raw() for lang in r.langs]
+        if r.corpora_file:
+            raw_outputs.append(self.ctx.raw / r.corpora_file)
         pipe.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
                   r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
         self._text_steps(pipe)

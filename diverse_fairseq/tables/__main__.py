@@ -173,7 +173,12 @@ def ensure_demo_data(data: Path):
 def data_problems(meta: dict) -> List[str]:
     """Why a prepared dataset (its prepare.json) is not the published data, in words; empty when it is, or when
     its recipe records nothing about its corpora."""
-    record = meta.get("training_data") or {}
+    record = meta.get("training_data")
+    if record is None:
+        recipe = RECIPES.get(meta.get("dataset"))
+        if recipe is not None and recipe.corpora_file:  # a recipe that records its corpora, prepared before it did
+            return ["prepared by an older version that did not check the corpora' counts (no training_data)"]
+        return []
     return [] if record.get("verified", True) else list(record.get("problems") or ["not verified"])
 
 
