@@ -191,13 +191,15 @@ def test_prepare_downloads_cwmt_and_records_what_it_used(tmp_path, hf_mirror, ca
 def test_a_partial_manual_cwmt_is_recorded_and_refused_at_paper_scale(tmp_path, hf_mirror, monkeypatch):
     url, sums, requested = hf_mirror
     prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", url, "--checksums", sums, "--allow-unverified",
-                                     "--cwmt-dir", str(FIXTURES / "cwmt"))])
+                                     "--cwmt-dir", str(FIXTURES / "cwmt"), "--length-unit", "words")])
     assert not any(name.endswith(".zip") and name[:-4] in wmt17.CWMT_CORPORA for name in requested)
     data_bin = tmp_path / "data-bin"
     meta = json.loads((data_bin / "wmt17_zh_en" / "prepare.json").read_text())
     cwmt = meta["training_data"]["cwmt"]
     assert cwmt["status"] == "partial" and cwmt["corpora"] == ["casia2015", "neu2017"]
     assert cwmt["missing"] == ["casict2011", "casict2015", "datum2015", "datum2017"]
+    assert meta["training_data"]["length_cap"] == {"max": 50, "unit": "words before BPE"}
+    assert not (tmp_path / "work" / "wmt17_zh_en" / "final").exists()  # no cleaning after BPE
     assert any("CWMT partial" in p for p in data_problems(meta))
     with pytest.raises(SystemExit, match=r"prepared from other data than the papers' .*CWMT partial.*"
                                          r"ALLOW_UNVERIFIED_DATA=1"):
