@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 
 from . import env_checks
 from .checkpoint_file import check_dataset, read_checkpoint
+from .paper_bleu import authors_bleu
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 _TRANSLATED = re.compile(
@@ -236,11 +237,15 @@ def main(argv=None):
                "sentences": n, "beam": beam, "lenpen": lenpen, "batch_size": args.batch_size,
                "device": "gpu" if on_gpu else "cpu", "reference": ref_kind}
     results.update(bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta))
+    # the paper authors' own scoring where their tables have one (diverse_fairseq.paper_bleu)
+    targets = _in_order(parsed["targets"], n, "targets") if parsed["targets"] else None
+    results.update(authors_bleu(meta["dataset"], hyps_model, targets, refs_detok, tgt))
     results["speed"] = parsed["speed"]
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     speed = parsed["speed"]
     print(f"BLEU (sacrebleu, detokenized) = {results['bleu']:.2f}   {results['signature']}\n"
           f"BLEU ({results['tok_bleu_kind']}) = {results['tok_bleu']:.2f}\n" +
+          (f"BLEU ({results['paper_bleu_kind']}) = {results['paper_bleu']:.2f}\n" if "paper_bleu" in results else "") +
           (f"decoding: {speed['sentences']} sentences in {speed['seconds']:.1f}s = "
            f"{speed['sentences_per_second']:.2f} sentences/s ({speed['tokens_per_second']:.1f} tokens/s)\n"
            if speed else "") +

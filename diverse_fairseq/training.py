@@ -57,6 +57,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import env_checks
 from . import save_dir as save_dirs
+from .checkpoint_choice import check_metric, checkpoint_name
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 
@@ -86,9 +87,14 @@ class Setting:
     attention_dropout: Optional[float] = None  # None: the architecture's default (0 in fairseq)
     activation_dropout: Optional[float] = None  # ReLU dropout; None: the architecture's default (0)
     adam_eps: float = 1e-9
-    # keep the best checkpoints by validation BLEU (fairseq's --eval-bleu) and evaluate checkpoint_best.pt
-    best_by_bleu: bool = False
+    # the checkpoint evaluated (diverse_fairseq.checkpoint_choice): None: checkpoint_last.pt; "bleu":
+    # checkpoint_best.pt by validation BLEU (fairseq's --eval-bleu, the THUMT settings); "loss": checkpoint_best.pt
+    # by validation loss (fairseq's default best metric, the EMNLP 2020 authors' fairseq settings)
+    best_checkpoint_metric: Optional[str] = None
     keep_best: int = 0  # how many of the best checkpoints fairseq keeps (--keep-best-checkpoints)
+
+    def __post_init__(self):
+        check_metric(self.best_checkpoint_metric)
 
 
 EMBEDDINGS = ("shared", "untied")
@@ -101,14 +107,15 @@ TINY_LAYERS = 2
 # the journal's text (§4.1.1) says "all types of dropout rate is set to 0.1" (residual, attention, ReLU);
 # the released code has attention/ReLU dropout 0: we follow the text.
 THUMT = dict(embeddings="untied", normalize_before=True, attention_dropout=0.1, activation_dropout=0.1,
-             adam_eps=1e-9, best_by_bleu=True, keep_best=5)
+             adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5)
 SETTINGS: Dict[str, Setting] = {
     # fairseq's IWSLT14 Transformer recipe: lr 5e-4, warmup 4000, dropout 0.3, weight decay 1e-4, 4096 tokens
     # on one GPU as the repulsive-attention paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes
     # (pay_less_attention_paper; the papers give no number of updates). The EMNLP 2020 authors' scripts
     # (fairseq): joined dictionary with --share-all-embeddings, Adam eps 1e-8 (fairseq's default).
+    # checkpoint_best.pt by validation loss, as their README tests (test-iwslt14.sh $DATA_DIR/checkpoint_best.pt)
     "small": Setting("transformer_iwslt_de_en", lr=5e-4, dropout=0.3, weight_decay=1e-4, max_tokens=4096,
-                     batch_tokens=4096, max_update=50000, adam_eps=1e-8),
+                     batch_tokens=4096, max_update=50000, adam_eps=1e-8, best_checkpoint_metric="loss"),
     # The papers follow Vaswani et al. 2017 (journal §4.1.1): "learning rate initially 1.0" warmed up over
     # 4000 steps, i.e. a peak of 1.0 · d^-0.5 · 4000^-0.5 = 7e-4 for d = 512; 8 P40 GPUs x 4096 tokens;
     # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates (Vaswani et al.).
@@ -124,15 +131,16 @@ SETTINGS: Dict[str, Setting] = {
     # fairseq's Transformer-base as the EMNLP 2020 authors ran it (their WMT14 scripts): joined dictionary with
     # --share-all-embeddings, post-norm, lr 7e-4 warmed up over 8000 updates, Adam eps 1e-8, no weight decay;
     # their scripts batch 4 GPUs x 4096 tokens x update-freq 2 for MA but 4 for RMA, while the paper says
-    # the configurations are the same: one batch (8 x 4096 tokens) for every row
+    # the configurations are the same: one batch (8 x 4096 tokens) for every row; checkpoint_best.pt by
+    # validation loss, as their README tests (test-wmt14-base.sh $DATA_DIR/checkpoint_best.pt)
     "fairseq_base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
                             max_update=100000, warmup=8000, save_interval_updates=1000, keep_checkpoints=10,
-                            adam_eps=1e-8),
+                            adam_eps=1e-8, best_checkpoint_metric="loss"),
     # fairseq's Transformer-big, EMNLP 2020's reference row ("big-MA"): the big architecture with fairseq's
     # WMT14 en-de big recipe (Ott et al. 2018: lr 5e-4, dropout 0.3), shared embeddings, Adam eps 1e-8
     "fairseq_big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.3, max_tokens=4096,
                            batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000,
-                           keep_checkpoints=10, adam_eps=1e-8),
+                           keep_checkpoints=10, adam_eps=1e-8, best_checkpoint_metric="loss"),
     # laptop-CPU demo scale: a 2+2-layer, 128-wide pre-norm Transformer with 4 heads, small batches so that
     # it sees many updates (800, about 1.3 epochs). lr 2e-3, warmup 400, dropout 0.1 were chosen on the
     # baseline's validation BLEU over seeds 1-3 against lr 6e-3 / warmup 150 / no dropout and lr 1e-3
@@ -459,7 +467,7 @@ def build_command(request: TrainRequest):
                  "--keep-interval-updates", str(keep), "--no-epoch-checkpoints"]
     else:
         args += ["--keep-last-epochs", str(keep)]
-    if s.best_by_bleu:
+    if s.best_checkpoint_metric == "bleu":  # "loss" is fairseq's default best metric: nothing to add
         args += eval_bleu_args(meta) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
     precision = o.precision or ("fp16" if gpus else "fp32")
     if gpus == 0:
@@ -495,9 +503,7 @@ def build_command(request: TrainRequest):
             "paper_tokens_per_update": s.batch_tokens,
             "save_dir": str(save_dir), "average": average, "update_based": bool(s.save_interval_updates),
             "rank0": o.node_rank == 0 and o.slurm_node_id == 0, "data_meta": meta,
-            # the checkpoint a single model is evaluated from: the best by validation BLEU where the setting
-            # keeps it (the THUMT papers' choice), else the last
-            "single_checkpoint": "checkpoint_best.pt" if s.best_by_bleu else "checkpoint_last.pt"}
+            "best_checkpoint_metric": s.best_checkpoint_metric}
     args = args + extra
     info["args"], info["launcher"] = args, launcher
     return args, launcher, info
@@ -513,8 +519,10 @@ def run(request: TrainRequest, env=None) -> Dict:
     only where a checkpoint exists (a save directory left with nothing but ``train_args.json`` is removed) and
     ends with fairseq's own error line (:func:`failure_message`).
 
-    ``info["checkpoint"]`` is the checkpoint to evaluate: the average of the last N checkpoints when
-    ``AVERAGE=N`` asks for one and enough checkpoints exist, else ``checkpoint_last.pt``;
+    ``info["checkpoint"]`` is the checkpoint to evaluate (:mod:`diverse_fairseq.checkpoint_choice`): the average of
+    the last N checkpoints when ``AVERAGE=N`` asks for one and enough checkpoints exist, else the setting's single
+    checkpoint (``checkpoint_best.pt`` where the setting names a ``best_checkpoint_metric``, else
+    ``checkpoint_last.pt``);
     ``info["averaged"]`` is the number of checkpoints averaged into it (0: a single model, as the journal
     version reports). ``request.gpus`` (None: every visible GPU) restricts training to the first ``gpus``
     visible devices (:func:`select_gpus`). ``env`` is the training processes' environment (default: this
@@ -539,7 +547,7 @@ def run(request: TrainRequest, env=None) -> Dict:
     info["command"] = cmd
     info["device_env"] = device_env
     save_dir = Path(info["save_dir"])
-    info["checkpoint"] = str(save_dir / "checkpoint_last.pt")
+    info["checkpoint"] = str(save_dir / checkpoint_name(info["best_checkpoint_metric"]))  # the setting's single model
     info["averaged"] = 0
     info["finished_earlier"] = False
     check_model_options(args)  # e.g. --routing-* without a routing architecture: before anything runs
@@ -554,12 +562,12 @@ def run(request: TrainRequest, env=None) -> Dict:
         print(f"[train] already trained to {done} updates (--max-update {max_update}): {save_dir}; left as it is. "
               f"To train further, raise MAX_UPDATE (e.g. MAX_UPDATE={2 * max_update}: the run resumes in the same "
               f"directory); to train afresh, delete it or give another SAVE_DIR. Evaluate with: "
-              f"scripts/evaluate.sh {save_dir}/checkpoint_last.pt {dataset}", flush=True)
+              f"scripts/evaluate.sh {info['checkpoint']} {dataset}", flush=True)
         if not request.options.dry_run:
             _average(info, save_dir, reuse=True)
         return info
     resume = "resuming from" if (save_dir / "checkpoint_last.pt").exists() else "new run in"
-    print(f"[train] {resume} {save_dir}; evaluate with: scripts/evaluate.sh {save_dir}/checkpoint_last.pt {dataset}",
+    print(f"[train] {resume} {save_dir}; evaluate with: scripts/evaluate.sh {info['checkpoint']} {dataset}",
           flush=True)
     if request.options.dry_run:
         return info
@@ -617,7 +625,7 @@ def _average(info: Dict, save_dir: Path, reuse: bool = False):
         return
     from .average_checkpoints import main as average
 
-    out = save_dir / f"checkpoint_avg_last{info['average']}.pt"
+    out = save_dir / checkpoint_name(info["best_checkpoint_metric"], info["average"])
     if reuse and out.exists():
         info["checkpoint"], info["averaged"] = str(out), info["average"]
         return

@@ -3,7 +3,7 @@
 #
 #   scripts/prepare_data.sh DATASET [options]
 #     DATASET: demo | iwslt14_de_en | wmt14_en_de | wmt14_en_de_joined | wmt17_zh_en | custom
-#     (wmt14_en_de: one dictionary per language; wmt14_en_de_joined: the same text, one joined dictionary)
+#     (wmt14_en_de: one dictionary per language; wmt14_en_de_joined: macaron-net's recipe for EMNLP 2020, joined)
 #   SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom   your own corpus: dir/{train,valid,test}.{xx,yy}
 #                                                                  -> DATA_BIN/custom_xx_yy (or DATA_BIN/DATASET_NAME)
 #

@@ -252,3 +252,32 @@ def test_corrupt_archive_is_rejected_then_replaced(tmp_path, capsys):
 def test_prepare_data_script_help():
     proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "iwslt14_de_en" in proc.stdout and "--mirror" in proc.stdout
+
+
+@pytest.mark.slow
+def test_wmt14_joined_follows_macaron_nets_scripts_and_shares_the_downloads(tmp_path, capsys):
+    """``wmt14_en_de_joined`` (EMNLP 2020) as macaron-net's prepare-wmt14en2de.sh: News Commentary v12, 32,764
+    merges, the 1-80 length filter on the tokenized words before BPE, one joined dictionary; the archives it shares
+    with ``wmt14_en_de`` are read from (and fetched into) that recipe's downloads/."""
+    from diverse_fairseq.data.recipes import RECIPES
+
+    recipe = RECIPES["wmt14_en_de_joined"]
+    assert recipe.bpe_size == 32764 and not recipe.clean_after_bpe and (recipe.clean_max, recipe.clean_ratio) == (80, 9)
+    assert [s.filename for a in recipe.archives for s in a.parts] == [
+        "training-parallel-europarl-v7.tgz", "training-parallel-commoncrawl.tgz", "training-parallel-nc-v12.tgz",
+        "dev.tgz", "test-full.tgz"]
+    prepare(["wmt14_en_de_joined", *common(tmp_path, "--mirror", str(MIRROR), "--checksums", SUMS)])
+    dest = tmp_path / "data-bin" / "wmt14_en_de_joined"
+    meta = json.loads((dest / "prepare.json").read_text())
+    assert meta["joined_dictionary"] and (dest / "dict.en.txt").read_text() == (dest / "dict.de.txt").read_text()
+    work = tmp_path / "work"
+    shared = sorted(p.name for p in (work / "wmt14_en_de" / "downloads").iterdir() if p.suffix == ".tgz")
+    assert "training-parallel-nc-v12.tgz" in shared and "training-parallel-europarl-v7.tgz" in shared
+    assert not (work / "wmt14_en_de_joined" / "downloads").exists()
+    own = work / "wmt14_en_de_joined"
+    nc_v12 = lines(own / "orig" / "news-commentary-v12" / "training" / "news-commentary-v12.de-en.en")
+    train = (own / "raw" / "train.en").read_text()
+    assert nc_v12 and all(line.replace("\r", " ") in train for line in nc_v12)
+    # cleaned on the tokenized words (clean/), no cleaning after BPE (final/)
+    assert (own / "clean" / "train.en.tok").exists() and not (own / "final").exists()
+    assert meta["sentences"] == _dataset_sizes(dest, "en", "de") and meta["sentences"]["valid"] == 6

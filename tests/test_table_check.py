@@ -244,3 +244,33 @@ def test_fairseq_validation_bleu_options_parse_and_score(tmp_path):
     assert logging_output["_bleu_ref_len"] == 4 * 5  # four references of five words (eos removed)
     assert (logging_output["_bleu_sys_len"] > 0
             and len([k for k in logging_output if k.startswith("_bleu_counts_")]) == 4)
+
+
+def test_paper_scale_check_prints_the_real_dictionaries_parameters(tmp_path):
+    """After ``make data``, the paper-scale check also builds each row on the prepared dataset's dictionaries
+    (data-bin/<dataset>/dict.*.txt) and prints that count beside the paper's; without prepared data, or on data the
+    check made itself, it prints only the assumed sizes' count."""
+    import json
+    import re
+
+    real = tmp_path / "data-bin"
+    data = real / "iwslt14_de_en"
+    data.mkdir(parents=True)
+    (data / "prepare.json").write_text(json.dumps({"dataset": "iwslt14_de_en", "source_lang": "de",
+                                                   "target_lang": "en", "joined_dictionary": True}))
+    dictionary = check.synthetic_dictionary(entries=6632)  # a joined dictionary smaller than the assumed 10,008
+    for lang in ("de", "en"):
+        dictionary.save(str(data / f"dict.{lang}.txt"))
+    assert check.real_dictionaries(real, "iwslt14_de_en") == {"de": 6632, "en": 6632}
+    assert check.real_dictionaries(real, "wmt14_en_de") is None and check.real_dictionaries(None, "x") is None
+    table = dataclasses.replace(load_table("emnlp20_t2"), rows=[load_table("emnlp20_t2").row("ma")])
+    printed = []
+    _, failures = check.check([table], scales=("paper",), paper_gpus=1, out=printed.append, real_data_bin=real)
+    line = next(p for p in printed if p.startswith("ok") and "emnlp20_t2:ma" in p)
+    assert not failures and f"real dictionaries of {data} (de 6,632 / en 6,632 entries): " in line
+    assumed, on_real = (float(m) for m in re.findall(r"([\d.]+)M params", line))
+    # one embedding matrix shared by source, target and output (--share-all-embeddings), 512 wide
+    assert assumed - on_real == pytest.approx((10008 - 6632) * 512 / 1e6, abs=0.011)
+    assert check.real_data_note(table.rows[0], "iwslt14_de_en", tmp_path / "none", 1, "fp32", {}) == ""
+    (data / "prepare.json").write_text(json.dumps({"source_lang": "de", "target_lang": "en", "synthetic": True}))
+    assert check.real_dictionaries(real, "iwslt14_de_en") is None

@@ -60,8 +60,8 @@ def test_command_on_gpus_with_passthrough(data_bin):
     assert "--encoder-normalize-before" in args and "--decoder-normalize-before" in args
     assert value(args, "--attention-dropout") == ["0.1"] and value(args, "--activation-dropout") == ["0.1"]
     assert value(args, "--adam-eps") == ["1e-09"] and value(args, "--best-checkpoint-metric") == ["bleu"]
-    assert "--eval-bleu" in args and "--maximize-best-checkpoint-metric" in args and info["single_checkpoint"] == \
-        "checkpoint_best.pt"
+    assert "--eval-bleu" in args and "--maximize-best-checkpoint-metric" in args
+    assert info["best_checkpoint_metric"] == "bleu"
     assert value(args, "--lr")[-1] == "1e-3" and args[-2:] == ["--lr", "1e-3"]  # extra options come last
     save = value(args, "--save-dir")[0]
     assert "--load-checkpoint-on-all-dp-ranks" in args and re.fullmatch(r"/ck/wmt14_en_de_big-[0-9a-f]{8}", save)
@@ -74,7 +74,7 @@ def test_command_on_gpus_with_passthrough(data_bin):
 
 def test_embeddings_choice(data_bin):
     """EMBEDDINGS=shared gives fairseq's standard model on the THUMT settings; a bad value names the choices;
-    the EMNLP 2020 settings (fairseq's) share, with Adam's eps 1e-8 and the last checkpoint."""
+    the EMNLP 2020 settings (fairseq's) share, with Adam's eps 1e-8 and the best checkpoint by validation loss."""
     env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
     args, _, _ = command_from_env("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="shared"), gpus=8)
     assert "--share-all-embeddings" in args  # the fixture's dictionary is joined
@@ -83,7 +83,8 @@ def test_embeddings_choice(data_bin):
     args, _, info = command_from_env("wmt14_en_de", "fairseq_base", [], env=env, gpus=8)
     assert "--share-all-embeddings" in args and "--encoder-normalize-before" not in args and "--eval-bleu" not in args
     assert value(args, "--adam-eps") == ["1e-08"] and value(args, "--warmup-updates") == ["8000"]
-    assert info["single_checkpoint"] == "checkpoint_last.pt"
+    # fairseq's default best metric (loss): nothing to add, and checkpoint_best.pt is evaluated
+    assert "--best-checkpoint-metric" not in args and info["best_checkpoint_metric"] == "loss"
     args, _, _ = command_from_env("wmt14_en_de", "small", [], env=env, gpus=1)
     assert value(args, "--adam-eps") == ["1e-08"] and "--share-all-embeddings" in args
 
@@ -107,7 +108,8 @@ def test_run_records_whether_checkpoints_were_averaged(data_bin, monkeypatch):
     from diverse_fairseq import training
     monkeypatch.setattr(training, "visible_gpus", lambda: 8)
     info = training.run_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "DRY_RUN": "1"}, gpus=8)
-    assert info["averaged"] == 0 and info["checkpoint"].endswith("checkpoint_last.pt")
+    # the setting's single model (checkpoint_choice): the best by validation BLEU for the THUMT base setting
+    assert info["averaged"] == 0 and info["checkpoint"].endswith("/checkpoint_best.pt")
 
 
 def test_command_multi_node_and_cpu(data_bin):

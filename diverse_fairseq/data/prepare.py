@@ -163,7 +163,7 @@ class Preparer:
         parts = [s for a in r.archives for s in a.parts]
         n_steps = len(parts) + len(r.archives) + 7 + (1 if r.clean_after_bpe else 0)
         pipe = Pipeline(r.name, self.work, n_steps, stop_after=self.args.stop_after, log=self.log)
-        downloads = self.work / "downloads"
+        downloads = Path(self.args.work_dir) / (r.downloads_name or r.work_name or r.name) / "downloads"
         for source in parts:
             target = downloads / source.filename
             pipe.step(f"download-{source.filename}", f"download {source.filename}", [target],

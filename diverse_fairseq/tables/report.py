@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..checkpoint_choice import METRICS, describe, recorded_metric
 from .disagreement_report import disagreement_entry, disagreement_section
 from .probing_report import probing_entry, probing_section
 from .scale import changes as layer_changes
@@ -154,6 +155,9 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
             "tok_bleu": tok[0], "tok_bleu_std": tok[1],
             "tok_bleu_per_seed": [r["eval"].get("tok_bleu") for r in runs],
             "signature": runs[0]["eval"].get("signature"),
+            # BLEU as the paper's authors scored it (diverse_fairseq.paper_bleu), where the dataset has their scoring
+            "paper_bleu": _mean_std([r["eval"].get("paper_bleu") for r in runs])[0],
+            "paper_bleu_kind": runs[0]["eval"].get("paper_bleu_kind"),
             "bleu_by_subset": {name: _mean_std([r["evals"][name]["bleu"] for r in runs])[0]
                                for name in runs[0].get("evals", {})},
             "parameters": runs[0]["parameters"],
@@ -167,6 +171,8 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
             "valid_nll_loss_per_seed": [r.get("valid_nll_loss") for r in runs],
             "averaged_checkpoints": [averaged_checkpoints(r) for r in runs],
             "checkpoint_names": sorted({Path(r["checkpoint"]).name for r in runs if r.get("checkpoint")}),
+            "best_checkpoint_metric": [recorded_metric(r) for r in runs],
+            "evaluated_checkpoint": [describe(recorded_metric(r), averaged_checkpoints(r)) for r in runs],
             "reused_seeds": [r["seed"] for r in runs if r.get("reused") and not r.get("same_as")],
             "trained_at": [r.get("trained_at") for r in runs],
             "embeddings": embedding_setup(runs[0]),
@@ -217,15 +223,13 @@ def params_footnote(summary: Dict, rows: List[Dict]) -> str:
     return text + "."
 
 
-SINGLE_CHECKPOINTS = {"checkpoint_last.pt": "the last", "checkpoint_best.pt": "the best by validation BLEU"}
-
-
 def checkpoints_note(rows: List[Dict]) -> str:
-    """Whether the evaluated models are single checkpoints (the last, or the best by validation BLEU as the THUMT
-    papers' rows at paper scale) or averages (from the train records)."""
+    """Which checkpoint was evaluated (:mod:`diverse_fairseq.checkpoint_choice`): a single one (the last, or the
+    best by validation BLEU as the THUMT papers' rows, or by validation loss as the EMNLP 2020 rows, at paper
+    scale) or an average (from the train records)."""
     def single(r: Dict) -> str:
-        names = [n for n in r.get("checkpoint_names", []) if n in SINGLE_CHECKPOINTS] or ["checkpoint_last.pt"]
-        return " / ".join(SINGLE_CHECKPOINTS[n] for n in names)
+        metrics = sorted(set(r.get("best_checkpoint_metric") or [None]), key=str)
+        return " / ".join(METRICS[m] for m in metrics)
 
     kinds = {}  # what was evaluated -> labels of the rows
     for r in rows:
@@ -233,8 +237,11 @@ def checkpoints_note(rows: List[Dict]) -> str:
             what = f"the average of the last {n} checkpoints" if n else f"a single checkpoint ({single(r)})"
             kinds.setdefault(what, []).append(r["label"])
     if len(kinds) == 1 and not any(set(r["averaged_checkpoints"]) - {0} for r in rows):
-        return (f"Checkpoints: {next(iter(kinds))} for every run, as the journal version reports single models "
-                "(the other papers do not say).")
+        metrics = {m for r in rows for m in r.get("best_checkpoint_metric") or [None]}
+        why = ("as the EMNLP 2020 authors' README tests checkpoint_best.pt (fairseq's best by validation loss)"
+               if metrics == {"loss"} else
+               "as the journal version reports single models (the other papers do not say)")
+        return f"Checkpoints: {next(iter(kinds))} for every run, {why}."
     return "Checkpoints: " + "; ".join(f"{what} for {', '.join(labels)}" for what, labels in kinds.items()) + "."
 
 
@@ -315,7 +322,9 @@ def to_markdown(summary: Dict) -> str:
     head += (["Out. disagreement (enc)"] if has_dis else []) + ["params", "train steps/s"]
     head += (["step time (rel.)"] if has_rel else []) + ["decode sent/s"]
     valid = summary.get("subset", "test") != "test"  # a diagnosis on the validation set (docs/demo-findings.md)
-    head += (["valid loss", "valid nll", "test BLEU"] if valid else []) + [c[1] for c in paper_keys]
+    authors = next((r["paper_bleu_kind"] for r in rows if r.get("paper_bleu") is not None), None)
+    head += (["valid loss", "valid nll", "test BLEU"] if valid else []) + (["authors' BLEU"] if authors else [])
+    head += [c[1] for c in paper_keys]
     seed_list = ", ".join(map(str, rows[0]["seeds"]))
     lines = [f"### {summary['title']}", "",
              f"dataset `{summary['dataset']}`, scale `{summary['scale']}`, seed{'s' if seeds > 1 else ''} {seed_list}"
@@ -352,6 +361,8 @@ def to_markdown(summary: Dict) -> str:
             cells.append(f"{r['valid_nll_loss']:.3f}" if r["valid_nll_loss"] is not None else "–")
             test = r.get("bleu_by_subset", {}).get("test")
             cells.append("–" if test is None else f"{test:.2f}")
+        if authors:  # beside the paper's BLEU: scored as the paper's authors scored theirs
+            cells.append("–" if r.get("paper_bleu") is None else f"{r['paper_bleu']:.2f}")
         for key, _, fmt in paper_keys:
             cells.append(fmt.format(r["paper"][key]) if key in r["paper"] else "–")
         lines.append("| " + " | ".join(cells) + " |")
@@ -391,6 +402,9 @@ def to_markdown(summary: Dict) -> str:
         notes.append("The paper columns are the paper's numbers" + (f" on `{paper_dataset}`" if paper_dataset else "")
                      + f" at full scale, for reference: this run used `{summary['dataset']}` at scale "
                      f"`{summary['scale']}`.")
+    if authors:
+        notes.append(f"authors' BLEU: {authors} (diverse_fairseq/paper_bleu.py), the number to compare with the "
+                     "paper's BLEU; the BLEU column is sacrebleu's on detokenized text.")
     if has_rel:
         notes.append("Step time (rel.): the baseline's training steps/s divided by the row's.")
     differ = [r for r in rows if _params_differ(r)]

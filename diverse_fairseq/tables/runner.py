@@ -17,6 +17,7 @@ import sys
 from typing import Dict, List
 
 from .. import training
+from ..checkpoint_choice import checkpoint_name
 from . import scale
 from .cache import checkpoint_identity, lookup
 from .config import RunConfig
@@ -80,8 +81,7 @@ def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
             state = "interrupted: training would resume it, or start afresh if its options changed"
         else:
             state = "would be trained"
-        checkpoint = run_dir / (f"checkpoint_avg_last{info['average']}.pt" if info["average"]
-                                else info["single_checkpoint"])
+        checkpoint = run_dir / checkpoint_name(info["best_checkpoint_metric"], info["average"])
         eval_cmds = [[sys.executable, "-m", "diverse_fairseq.evaluate",
                       *evaluate_command(run, row, seed, str(checkpoint), subset)] for subset in run.subsets]
         threads = "".join(f"{k}={v} " for k, v in run.thread_env().items())

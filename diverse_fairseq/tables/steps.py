@@ -9,8 +9,9 @@
    **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained afresh; a run
    interrupted under the same key resumes from its last checkpoint.
 2. :func:`evaluate_row` evaluates the run's checkpoint (the average of the last checkpoints where training made
-   one, else the setting's single model: ``checkpoint_best.pt`` by validation BLEU for the THUMT papers'
-   settings, else ``checkpoint_last.pt``) with :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU,
+   one, else the setting's single model, :mod:`diverse_fairseq.checkpoint_choice`: ``checkpoint_best.pt`` by
+   validation BLEU for the THUMT papers' settings, by validation loss for the EMNLP 2020 authors' fairseq
+   settings, ``checkpoint_last.pt`` at demo scale) with :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU,
    decoding speed; reused while ``eval/key.json`` matches);
 3. :func:`disagreement_scores` and, for tables that ask for it, :func:`probing_scores` measure the checkpoint.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .. import training
+from ..checkpoint_choice import evaluated_checkpoint
 from . import logs, scale
 from .cache import checkpoint_identity, lookup, package_version, store, whole_file
 from .config import RunConfig
@@ -87,8 +89,12 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
               f"reusing {run_dir}", flush=True)
         if "valid_nll_loss" not in record and log_file.exists():  # a record written before it was kept
             record["valid_nll_loss"] = _valid_nll(log_file.read_text(encoding="utf-8", errors="replace"))
-        # the checkpoint beside train.json, also when the results directory has moved since
-        return dict(record, checkpoint=str(run_dir / Path(record["checkpoint"]).name), reused=True)
+        # the setting's checkpoint (checkpoint_choice) beside train.json, also when the results directory has
+        # moved since, and for records written before the setting named its best checkpoint metric
+        chosen = training.SETTINGS[setting]
+        name = evaluated_checkpoint(chosen, record.get("averaged_checkpoints") or 0)
+        return dict(record, checkpoint=str(run_dir / name), best_checkpoint_metric=chosen.best_checkpoint_metric,
+                    reused=True)
     if finished.data is not None:
         _move_aside(run_dir, key_difference(finished.key, key), tag)
     elif run_dir.exists() and any(run_dir.iterdir()):
@@ -99,10 +105,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
             print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
     store(key_path, key)
     print(f"  [{tag}] training {arch} ({setting}): {shlex.join(row_args + run.train_args)}", flush=True)
-    info = training.run(request, env=job_env(run))
-    if not info.get("averaged") and info.get("single_checkpoint"):
-        # a single model: the setting's (checkpoint_best.pt by validation BLEU for THUMT rows)
-        info["checkpoint"] = str(Path(info["save_dir"]) / info["single_checkpoint"])
+    info = training.run(request, env=job_env(run))  # info["checkpoint"]: checkpoint_choice's, for the setting
     log = log_file.read_text(encoding="utf-8", errors="replace")
     train = logs.last_summary(log, "train")
     record = {
@@ -110,6 +113,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
         "train_args": info["args"],  # fairseq-train's arguments, whatever the launcher (python -m, torchrun)
         "key": key, "trained_at": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": run.threads,
         "checkpoint": info["checkpoint"], "args": row_args, "averaged_checkpoints": info["averaged"],
+        "best_checkpoint_metric": info["best_checkpoint_metric"],
         "parameters": logs.model_parameters(log),
         "updates": int(train.get("num_updates", 0)),
         "train_steps_per_second": train.get("ups"),

@@ -70,6 +70,9 @@ class Recipe:
     # a JSON file that ``collect`` writes into the raw folder (the corpora used, their counts and checks);
     # preparation copies it into prepare.json under "training_data"
     corpora_file: Optional[str] = None
+    # the folder under WORK_DIR whose ``downloads/`` the recipe reads and fills (default: its own work folder): a
+    # variant with other text processing shares the archives it has in common with the recipe it varies
+    downloads_name: Optional[str] = None
 
     @property
     def langs(self) -> Tuple[str, str]:

@@ -5,10 +5,24 @@ non-printing characters (training text), Moses-tokenize with aggressive hyphen s
 clean after BPE (ratio 1.5, 1–250 tokens). Unlike that script (which cuts valid from the training data), valid is
 newstest2013 and test newstest2014, as in the papers.
 
-Two binarizations of the same text: ``wmt14_en_de`` has one dictionary per language, as the THUMT recipe of the
-EMNLP 2018 / NAACL 2019 / journal papers (joint BPE, separate vocabularies, untied embeddings);
-``wmt14_en_de_joined`` has fairseq's joined dictionary (for ``--share-all-embeddings``: the EMNLP 2020 authors'
-``wmt14_en_de_joined_dict``). The variant shares the first one's downloads, tokenization and BPE (``work_name``).
+``wmt14_en_de`` has one dictionary per language, as the THUMT recipe of the EMNLP 2018 / NAACL 2019 / journal
+papers (joint BPE, separate vocabularies, untied embeddings).
+
+``wmt14_en_de_joined`` (:data:`MACARON`) is the EMNLP 2020 authors' data: their README (bangann/Repulsive-Attention,
+commit f480b5c, ``RepulsiveTransformer/README.md`` line 18) points to macaron-net's
+``translation/macaron-scripts/data-preprocessing/prepare-wmt14en2de.sh`` (zhuohan123/macaron-net, commit 3a84e7a),
+which differs from the THUMT recipe above in four places (line numbers of that script):
+
+- News Commentary **v12** (``training-parallel-nc-v12.tgz`` from WMT17, lines 21, 35), not v9;
+- **32,764** joint BPE merges (``BPE_TOKENS=32764``, line 16; ``learn_bpe.py -s``, line 123), not 32,000;
+- the length filter runs **before BPE**, on the Moses-tokenized words: ``clean-corpus-n.perl ... 1 80`` with its
+  default ratio 9 (line 103), not 1-250 subwords with ratio 1.5 after BPE;
+- valid newstest2013 is read from the plain-text ``dev/newstest2013.{en,de}`` and normalised like the training text
+  (lines 107-113), the test set (newstest2014 "full") gets only the ’ -> ' replacement (lines 95-99).
+
+Both tokenize with ``-a`` (line 84), and the authors binarize with ``--joined-dictionary`` (the data-preprocessing
+README, lines 40-44). The variant keeps its own work folder (its text differs) but reads and fills
+``wmt14_en_de``'s ``downloads/`` (``downloads_name``): only News Commentary v12 is an extra download.
 """
 
 import dataclasses
@@ -23,6 +37,10 @@ TEST_URL = "https://statmt.org/wmt14/test-full.tgz"
 EUROPARL = Source("training-parallel-europarl-v7.tgz", ("http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",))
 COMMONCRAWL = Source("training-parallel-commoncrawl.tgz", ("http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",))
 NEWS_COMMENTARY = Source("training-parallel-nc-v9.tgz", ("http://statmt.org/wmt14/training-parallel-nc-v9.tgz",))
+# macaron-net's prepare-wmt14en2de.sh line 21 (http there; the server answers https too)
+NEWS_COMMENTARY_V12 = Source("training-parallel-nc-v12.tgz",
+                             ("https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
+                              "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz"))
 # WMT17's dev.tgz holds newstest2008-2016 and newsdev2017; one file serves WMT14 and WMT17 (md5 published by sacrebleu)
 DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL))
 TEST = Source("test-full.tgz", (TEST_URL,), md5=published_md5(TEST_URL))
@@ -82,7 +100,40 @@ RECIPE = Recipe(
     # beyond the layers; split evenly (joint 32k merges give each language a similar vocabulary)
     assumed_vocab={"en": 28536, "de": 28544},
 )
-JOINED = dataclasses.replace(
-    RECIPE, name="wmt14_en_de_joined", joined_dictionary=True, work_name=RECIPE.name, assumed_vocab={},
-    description=RECIPE.description + ", joined dictionary",
-    notes="binarizes the text of wmt14_en_de (prepared first if needed) with one joined dictionary")
+MACARON_ARCHIVES = [
+    ARCHIVES[0], ARCHIVES[1],
+    Archive("news-commentary-v12", [NEWS_COMMENTARY_V12],
+            _endswith("news-commentary-v12.de-en.de", "news-commentary-v12.de-en.en")),
+    ARCHIVES[3], ARCHIVES[4],
+]
+
+
+def collect_macaron(ctx: Context):
+    """macaron-net's corpora (Europarl v7, Common Crawl, News Commentary v12, in that order: its ``CORPORA``), valid
+    from the plain-text newstest2013 files (its ``dev=dev/newstest2013``), test newstest2014 from the SGM files."""
+    corpora = []
+    for name, archive, stem in (("europarl-v7", "europarl", "training/europarl-v7.de-en"),
+                                ("commoncrawl", "commoncrawl", "commoncrawl.de-en"),
+                                ("news-commentary-v12", "news-commentary-v12", "training/news-commentary-v12.de-en")):
+        root = ctx.extracted(archive)
+        corpora.append((name, find_member(root, f"{stem}.en"), find_member(root, f"{stem}.de")))
+    concat_parallel(ctx, "train", corpora, "en", "de")
+    dev = ctx.extracted("dev")
+    write_parallel(ctx, "valid", {lang: list(iter_lines(find_member(dev, f"dev/newstest2013.{lang}")))
+                                  for lang in ("en", "de")})
+    root = ctx.extracted("test")
+    write_parallel(ctx, "test", {"en": sgm_segments(find_member(root, "test-full/newstest2014-deen-src.en.sgm")),
+                                 "de": sgm_segments(find_member(root, "test-full/newstest2014-deen-ref.de.sgm"))})
+    return {}
+
+
+MACARON = dataclasses.replace(
+    RECIPE, name="wmt14_en_de_joined", archives=MACARON_ARCHIVES, collect=collect_macaron,
+    description="WMT14 en→de as macaron-net's scripts (Europarl v7, Common Crawl, News Commentary v12; "
+                "newstest2013/2014), joined dictionary",
+    bpe_size=32764, joined_dictionary=True,
+    normalize_splits=("train", "valid"), apostrophe_splits=("test",),
+    clean_after_bpe=False, clean_min=1, clean_max=80, clean_ratio=9.0,  # clean-corpus-n.perl's default ratio
+    downloads_name=RECIPE.name, assumed_vocab={},
+    notes="the EMNLP 2020 authors' WMT14 data (macaron-net's prepare-wmt14en2de.sh); reads and fills "
+          "wmt14_en_de's downloads (News Commentary v12 is its one extra archive)")
