@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -386,7 +387,7 @@ def _settings(monkeypatch, **env):
     for name in ("SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "TRAIN_ARGS", "GENERATE_ARGS", "DRY_RUN", "MAX_TOKENS",
                  "UPDATE_FREQ", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "NNODES", "NODE_RANK",
                  "MASTER_ADDR", "MASTER_PORT", "SLURM_NNODES", "SLURM_JOB_ID", "SLURM_NODEID", "CHECKPOINTS",
-                 "RESUME_ANYWAY", "ROWS", "SUBSETS", "TRAIN_HOOK"):
+                 "RESUME_ANYWAY", "ROWS", "SUBSETS", "TRAIN_HOOK", "PROGRESS_INTERVAL"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -407,8 +408,11 @@ def _settings(monkeypatch, **env):
     ({"TRAIN_ARGS": "--lr '1e-3"}, r"TRAIN_ARGS \(--train-args\)=.* is not valid: use flags quoted"),
     ({"GENERATE_ARGS": '--beam "1'}, r"GENERATE_ARGS \(--generate-args\)=.* is not valid"),
     ({"DRY_RUN": "yes"}, r"DRY_RUN \(--dry-run\)='yes' is not valid: use DRY_RUN=1 to turn it on"),
+    ({"PROGRESS_INTERVAL": "-5"},
+     r"PROGRESS_INTERVAL \(--progress-interval\)='-5' is not valid: use a finite number >= 0"),
 ], ids=["scale-case", "scale-name", "seeds-zero", "seeds-negative", "seeds-repeated", "seeds-word", "gpus-negative",
-        "gpus-word", "threads-zero", "jobs-float", "train-args-quote", "generate-args-quote", "dry-run-word"])
+        "gpus-word", "threads-zero", "jobs-float", "train-args-quote", "generate-args-quote", "dry-run-word",
+        "progress-interval-negative"])
 def test_bad_environment_is_refused(monkeypatch, env, message):
     with pytest.raises(SystemExit, match=message):
         _settings(monkeypatch, **env)
@@ -429,7 +433,8 @@ def test_good_environment(monkeypatch):
     assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
                         "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False,
                         "allow_unverified_data": False, "train_options": training.TrainOptions(), "subsets": ["test"],
-                        "train_hook": None}
+                        "train_hook": None, "progress_interval": 30.0}
+    assert _settings(monkeypatch, PROGRESS_INTERVAL="0")["progress_interval"] == 0
     assert _settings(monkeypatch, MAX_UPDATE="7")["train_options"] == training.TrainOptions(max_update=7)
     assert _settings(monkeypatch, DRY_RUN="1")["dry_run"]
     assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
@@ -464,7 +469,7 @@ def _demo_env(root):
 
 
 def _run_table(root, table_path, seeds="2", jobs="2"):
-    env = dict(_demo_env(root), PYTHONUNBUFFERED="1", THREADS="1", JOBS=jobs)
+    env = dict(_demo_env(root), PYTHONUNBUFFERED="1", THREADS="1", JOBS=jobs, PROGRESS_INTERVAL="1")
     cmd = [sys.executable, "-m", "diverse_fairseq.tables", str(table_path), "--dataset", "demo", "--scale", "demo",
            "--data-bin", str(root / "data-bin"), "--out", str(root / "results"), "--train-args", TINY,
            "--generate-args", "--beam 2 --max-len-b 5", "--seeds", seeds]
@@ -487,10 +492,14 @@ def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_bin):
             assert f"row {row} of 2 (seed {seed}) {label}: started; elapsed " in out
             assert f"row {row} of 2 (seed {seed}) {label}: finished in " in out
     assert "estimated remaining" in out and "[4/4 jobs done]" in out
+    logs = demo_bin / "results" / "demo-demo" / "logs"
+    for row, seed in (("base", 1), ("dis", 2)):  # the start line names the job's log
+        assert f"; log: {logs / f'{row}-seed{seed}.log'}\n" in out
+    # the progress line, read from the run's train.log while the job runs (here: its last update, 3 of 3)
+    assert re.search(r"\(seed \d\) [^:]+: update 3/3 \(100%\), train loss \d+\.\d{3}.*; training done", out), out
     runs = demo_bin / "results" / "demo-demo" / "runs"
     record = json.loads((runs / "dis" / "seed2" / "train.json").read_text())
     assert record["key"]["seed"] == 2 and record["threads"] == 1 and "--disagreement-terms" in record["key"]["command"]
-    logs = demo_bin / "results" / "demo-demo" / "logs"
     assert "fairseq" in (logs / "dis-seed2.log").read_text()  # the job's own output went to its log
 
     summary = json.loads((demo_bin / "results" / "demo.json").read_text())
@@ -518,6 +527,7 @@ def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_bin):
     # A changed row: its runs are moved aside and retrained; the unchanged row is reused, not even decoded.
     table_path.write_text(TABLE.replace("--disagreement-terms, out]", "--disagreement-terms, out, --dropout, '0.1']"))
     out = _run_table(demo_bin, table_path, seeds="1", jobs="1")  # in this process: the job output is printed
+    assert f"; training log: {runs / 'dis' / 'seed1' / 'train.log'}\n" in out
     assert out.count("training finished earlier") == 1 and "[base seed 1]" in out
     assert "[dis seed 1] the run in" in out and "changed: command (removed -; added --dropout 0.1)" in out
     assert "evaluating" in out and out.count("evaluating") == 1

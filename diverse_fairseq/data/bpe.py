@@ -5,8 +5,11 @@ Joint models are learned on the concatenation of both languages' training text.
 """
 
 import functools
+import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -47,41 +50,66 @@ def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joi
             f"{' + '.join(Path(f).name for f in files)} -> {target.name}")
         with heartbeat(f"learn {kind} {target.name}", log=log):
             if kind == "subword-nmt":
-                _learn_subword_nmt(files, target, size, workers)
+                _learn_subword_nmt(files, target, size, workers, log=log)
             else:
-                _learn_sentencepiece(files, target, size, workers, zh="zh" in langs)
+                _learn_sentencepiece(files, target, size, workers, zh="zh" in langs, log=log)
     return models
 
 
-def _learn_subword_nmt(files: List[Path], target: Path, size: int, workers: int):
-    from subword_nmt.learn_bpe import learn_bpe
-
+def _learn_subword_nmt(files: List[Path], target: Path, size: int, workers: int, log=print):
+    """subword-nmt's ``learn_bpe`` in its own process, with tqdm's progress bar off through tqdm's own
+    ``TQDM_DISABLE`` (tqdm reads its ``TQDM_*`` variables when it is imported, so only a fresh process can be
+    told; subword-nmt has no option for its bar). Warns when fewer merges than ``size`` could be learned."""
     joined = target.with_name(target.name + ".input")
     with open(joined, "wb") as out:
         for f in files:
             with open(f, "rb") as src:
                 shutil.copyfileobj(src, out)
     tmp = target.with_name(target.name + ".tmp")
+    names = ", ".join(Path(f).name for f in files)
+    cmd = [sys.executable, "-m", "subword_nmt.learn_bpe", "--input", str(joined), "--output", str(tmp),
+           "--symbols", str(size), "--num-workers", str(max(1, workers))]
     try:
-        try:
-            with open(joined, encoding="utf-8") as fin, open(tmp, "w", encoding="utf-8") as fout:
-                learn_bpe(fin, fout, size, num_workers=max(1, workers))
-        except ValueError:  # no symbol pair occurs twice (e.g. Chinese segmented into single characters)
+        proc = subprocess.run(cmd, env=dict(os.environ, TQDM_DISABLE="1"), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, errors="replace")
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines()
+            if not (lines and lines[-1].startswith("ValueError")):
+                raise RuntimeError(f"subword-nmt learn_bpe failed on {names} (exit {proc.returncode}):\n"
+                                   + "\n".join(lines[-20:]))
+            # max() of no pair statistics: no symbol pair occurs at all (e.g. Chinese in single characters)
             tmp.write_text("#version: 0.2\n", encoding="utf-8")
-            print(f"  warning: no BPE merges can be learned from {', '.join(Path(f).name for f in files)}: "
-                  f"every word is a single symbol; the text is used unsegmented", flush=True)
+        learned = count_merges(tmp)
         tmp.replace(target)
     finally:
         joined.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
+    if learned == 0:
+        log(f"  warning: no BPE merges can be learned from {names}: every word is a single symbol; the text is "
+            f"used unsegmented")
+    elif learned < size:
+        log(f"  warning: subword-nmt learned {learned:,} of the {size:,} BPE merges asked for: after that no symbol "
+            f"pair occurs twice in {names}, so every word that occurs at least twice is already one symbol and "
+            f"the corpus supports no more merges. Lower BPE_SIZE (--bpe-size) to {learned:,} or less, e.g. "
+            f"make data DATASET=custom ... BPE_SIZE=N")
+    return learned
 
 
-def _learn_sentencepiece(files: List[Path], target: Path, size: int, workers: int, zh: bool):
+def count_merges(codes: Path) -> int:
+    """The merge operations in a subword-nmt codes file (its lines but the ``#version`` header)."""
+    with open(codes, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip() and not line.startswith("#version"))
+
+
+def _learn_sentencepiece(files: List[Path], target: Path, size: int, workers: int, zh: bool, log=print) -> int:
+    """Train the sentencepiece model; warn when its vocabulary is smaller than ``size`` (``hard_vocab_limit=False``
+    makes sentencepiece stop, without an error, where the corpus has no more pieces to offer)."""
     import sentencepiece as spm
 
     prefix = str(target)[: -len(".model")]
     tmp_prefix = prefix + ".tmp"
     sample = target.with_name(target.name + ".sample")
+    names = ", ".join(Path(f).name for f in files)
     try:
         if _seeded_sample(files, SPM_INPUT_SENTENCES, sample):
             files = [sample]
@@ -95,6 +123,12 @@ def _learn_sentencepiece(files: List[Path], target: Path, size: int, workers: in
         sample.unlink(missing_ok=True)
     Path(tmp_prefix + ".model").replace(target)
     Path(tmp_prefix + ".vocab").replace(prefix + ".vocab")
+    made = spm.SentencePieceProcessor(model_file=str(target)).get_piece_size()
+    if made < size:
+        log(f"  warning: sentencepiece made a vocabulary of {made:,} of the {size:,} entries asked for: "
+            f"the corpus ({names}) supports no more pieces. Lower BPE_SIZE (--bpe-size) to {made:,} or less, e.g. "
+            f"make data DATASET=custom ... BPE_SIZE=N")
+    return made
 
 
 def _seeded_sample(files: List[Path], limit: int, out: Path) -> bool:

@@ -67,6 +67,10 @@ def build_parser():
                    help="1: run a paper-scale table on data that prepare.json records as not the published data "
                         "(skipped or partial CWMT, a corpus count that differs from the published one); "
                         "SentEval stand-ins are still refused [ALLOW_UNVERIFIED_DATA]")
+    p.add_argument("--progress-interval", default=env("PROGRESS_INTERVAL", "30"),
+                   help="seconds between two progress lines of a training row (update, losses, time left), "
+                        "printed only when fairseq has logged since the last one; 0: every record it logs "
+                        "[PROGRESS_INTERVAL] (default 30)")
     p.add_argument("--dry-run", default=env("DRY_RUN", ""),
                    help="1: print every row's training and evaluation commands, run and write nothing [DRY_RUN]")
     return p
@@ -148,6 +152,8 @@ def check_settings(args) -> dict:
                 "allow_unverified_data": env_checks.parse_flag("ALLOW_UNVERIFIED_DATA (--allow-unverified-data)",
                                                                args.allow_unverified_data),
                 "subsets": parse_subsets(args.subsets), "train_hook": parse_hook(args.train_hook),
+                "progress_interval": env_checks.parse_float("PROGRESS_INTERVAL (--progress-interval)",
+                                                             args.progress_interval, 0),
                 # scripts/train.sh's launch variables (MAX_UPDATE, PRECISION, ...) apply to every row's training
                 "train_options": training.options_from_env(os.environ)}
     if settings["gpus"]:  # more GPUs than are visible: stop now, not when the first row starts training
@@ -283,7 +289,7 @@ def main(argv: Optional[List[str]] = None):
                     threads=settings["threads"], jobs=min(settings["jobs"] or default_jobs(n_jobs, settings["gpus"]),
                                                           n_jobs), dry_run=settings["dry_run"],
                     train_options=settings["train_options"], train_hook=settings["train_hook"],
-                    subsets=settings["subsets"])
+                    subsets=settings["subsets"], progress_interval=settings["progress_interval"])
     if scale == "paper":
         check_paper_data(run.data_bin / dataset, settings["allow_unverified_data"])
     if run.dry_run:

@@ -21,6 +21,7 @@ class RunConfig:
     generate_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-generate flags
     threads: int = 1  # CPU threads of every job (fairseq-train, fairseq-generate, in-process torch)
     jobs: int = 1  # row/seed jobs run at once (each in its own process when > 1)
+    progress_interval: float = 30.0  # seconds between two progress lines of a training job (0: each log record)
     probing_tasks: List[str] = field(default_factory=list)  # SentEval probing tasks of every run (table's probing)
     probing_dir: Optional[Path] = None  # where their files are
     dry_run: bool = False  # print every job's commands, run and write nothing (DRY_RUN=1)

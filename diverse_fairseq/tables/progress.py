@@ -1,17 +1,14 @@
-"""The runner's progress line: one line when a job starts and one when it ends, with the progress (row i of n,
-seed, elapsed time, estimated time remaining)."""
+"""The runner's progress lines: one when a job starts (with its log), one when it ends, with the progress (row i
+of n, seed, elapsed time, estimated time remaining), and while it trains a line every ``run.progress_interval``
+seconds with the update, the losses and the time left of its training (:mod:`.live`)."""
 
+import threading
 import time
 from typing import Dict, Optional
 
 from .config import RunConfig
+from .live import LogWatcher, clock
 from .spec import Row, Table
-
-
-def clock(seconds: float) -> str:
-    """``h:mm:ss``."""
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 class Progress:
@@ -23,6 +20,8 @@ class Progress:
     def __init__(self, table: Table, run: RunConfig, total: int):
         self.name, self.rows, self.run, self.total = table.table, table.rows, run, total
         self.start, self.started, self.durations, self.done = time.time(), {}, [], 0
+        self.watchers: Dict[tuple, LogWatcher] = {}
+        self._print_lock = threading.Lock()  # the watchers print from their own threads
 
     def _where(self, row: Row, seed: int) -> str:
         i = next(i for i, r in enumerate(self.rows, 1) if r.id == row.id)
@@ -38,15 +37,29 @@ class Progress:
         work = queued * mean + sum(max(mean - (now - t), 0.0) for t in self.started.values())
         return clock(work / max(1, min(self.run.jobs, self.total - self.done)))
 
-    def _line(self, text: str):
+    def _print(self, text: str):
+        with self._print_lock:
+            print(text, flush=True)
+
+    def _line(self, text: str, after: str = ""):
         now = time.time()
-        print(f"{text}; elapsed {clock(now - self.start)}, estimated remaining {self.remaining(now)}", flush=True)
+        self._print(f"{text}; elapsed {clock(now - self.start)}, estimated remaining {self.remaining(now)}{after}")
 
     def begin(self, row: Row, seed: int):
+        """The start line, with the log to follow (the job's own with ``jobs > 1``, else fairseq's), and the
+        watcher of the job's training log."""
         self.started[(row.id, seed)] = time.time()
-        self._line(f"{self._where(row, seed)}: started")
+        train_log = self.run.run_dir(row, seed) / "train.log"
+        log = f"log: {self.run.log_path(row, seed)}" if self.run.jobs > 1 else f"training log: {train_log}"
+        self._line(f"{self._where(row, seed)}: started", after=f"; {log}")
+        where = self._where(row, seed)
+        self.watchers[(row.id, seed)] = LogWatcher(train_log, self.run.progress_interval,
+                                                   lambda line: self._print(f"{where}: {line}")).start()
 
     def end(self, row: Row, seed: int, record: Optional[Dict] = None, error: Optional[str] = None):
+        watcher = self.watchers.pop((row.id, seed), None)
+        if watcher is not None:
+            watcher.stop()
         seconds = time.time() - self.started.pop((row.id, seed))
         self.done += 1
         if error is not None:
