@@ -19,7 +19,7 @@ help:
 	@echo "make bench     speed/memory ratios against stock fairseq, under 4 GB (the large cases: scripts/benchmark.py --large)"
 	@echo "make data DATASET=iwslt14_de_en|wmt14_en_de|wmt14_en_de_joined|wmt17_zh_en|demo   download and binarize"
 	@echo "make data DATASET=custom SRC=xx TGT=yy CORPUS_DIR=dir        your own corpus -> data-bin/custom_xx_yy"
-	@echo "make train DATASET=... SETTING=small|base|big|fairseq_base|fairseq_big|tiny [GPUS=N] [ARGS='...']  train"
+	@echo "make train DATASET=... SETTING=small|base|big|big_300k|fairseq_base|fairseq_big|tiny [GPUS=N] [ARGS='...']  train"
 	@echo "make evaluate CHECKPOINT=... DATASET=...                     BLEU (sacrebleu + tokenized), speed"
 	@echo "make average INPUTS=save_dir N=5 OUTPUT=avg.pt               average the last N update checkpoints"
 	@echo "make significance REF=... BASELINE=... SYSTEM=...            paired bootstrap and sign test"

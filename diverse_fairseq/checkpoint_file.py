@@ -24,14 +24,26 @@ ANOTHER = ("use another checkpoint of the run (checkpoint_best.pt, checkpoint_la
            "or copy the file again")
 
 
+class UnreadableCheckpoint(SystemExit):
+    """The SystemExit of :func:`read_checkpoint` for a file it cannot read; ``what`` says why without the advice
+    (``truncated (1,024 bytes; its zip archive has no end)``, ``not a checkpoint (...)``), for callers that give
+    their own (:func:`refuse_damaged_last`)."""
+
+    def __init__(self, message: str, what: str):
+        super().__init__(message)
+        self.what = what
+
+
 def _truncated(path: Path, size: int, why: str) -> SystemExit:
-    return SystemExit(f"error: {path} is truncated ({size:,} bytes; {why}): its save or copy did not finish; "
-                      + ANOTHER.format(dir=path.parent))
+    what = f"truncated ({size:,} bytes; {why})"
+    return UnreadableCheckpoint(f"error: {path} is {what}: its save or copy did not finish; "
+                                + ANOTHER.format(dir=path.parent), what)
 
 
 def _not_a_checkpoint(path: Path, why: str) -> SystemExit:
-    return SystemExit(f"error: {path} is not a checkpoint ({why}); give a .pt file written by fairseq-train, e.g. "
-                      f"checkpoint_best.pt of a save dir")
+    what = f"not a checkpoint ({why})"
+    return UnreadableCheckpoint(f"error: {path} is {what}; give a .pt file written by fairseq-train, e.g. "
+                                f"checkpoint_best.pt of a save dir", what)
 
 
 def read_checkpoint(path) -> Dict:
@@ -131,3 +143,43 @@ def check_dataset(state: Dict, checkpoint, data_dir, src: str, tgt: str):
                 f"error: {checkpoint} was trained on a dictionary of {weight.shape[0]:,} symbols ({lang}, {side}), "
                 f"this dataset has {size:,} ({dict_file}){trained_on}. A model only reads the dataset it was "
                 f"trained on (the same preparation: BPE model and dictionary): give that dataset")
+
+
+def refuse_damaged_last(save_dir, rerun: str = "run the same command again") -> None:
+    """SystemExit, before training, when ``save_dir/checkpoint_last.pt`` (what fairseq-train resumes from) cannot
+    be read, naming the fix: resume from the intact checkpoint with the most updates (``checkpoint_best.pt`` or an
+    interval checkpoint) by copying it to ``checkpoint_last.pt``, or move the damaged file aside to start afresh.
+    ``rerun`` says what to run afterwards (the same command: train.sh's or the table runner's). fairseq itself
+    would say "resuming", crash in torch's zip reader and leave the file as it is, so the same command would fail
+    again.
+
+    The update counts are read memory-mapped (:func:`diverse_fairseq.save_dir.trained_updates`); the full read
+    that says what is wrong (:func:`read_checkpoint`) only runs on a file that fails that cheap read."""
+    from .save_dir import trained_updates
+
+    save_dir = Path(save_dir)
+    last = save_dir / "checkpoint_last.pt"
+    if not last.is_file() or trained_updates(last) is not None:
+        return
+    try:
+        read_checkpoint(last)
+        return  # readable after all (e.g. no optimizer history): fairseq decides
+    except UnreadableCheckpoint as e:
+        what = e.what
+    aside = last.with_name(last.name + ".damaged")
+    intact = []
+    for candidate in save_dir.glob("checkpoint*.pt"):
+        if candidate.name != last.name and not candidate.name.startswith(("checkpoint_avg", "crash")):
+            updates = trained_updates(candidate)
+            if updates is not None:
+                intact.append((updates, candidate.name == "checkpoint_best.pt", candidate))
+    move = f"mv {last} {aside}"
+    if intact:
+        updates, _, best = max(intact)
+        fix = (f"resume from {best.name} (update {updates}, intact): {move} && cp {best} {last}, then {rerun} to "
+               f"resume; "
+               f"or, to train afresh in {save_dir}, only {move}")
+    else:
+        fix = f"no other checkpoint there is intact: move it aside ({move}) and {rerun} to train afresh"
+    raise SystemExit(f"error: {last} is {what}, so fairseq-train cannot resume from it (its save or copy did not "
+                     f"finish); {fix}")

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional
 from . import env_checks
 from .checkpoint_file import check_dataset, read_checkpoint
 from .paper_bleu import authors_bleu
+from .training import LENGTH_PENALTIES, task_args
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 _TRANSLATED = re.compile(
@@ -143,6 +144,14 @@ def build_parser():
     p.add_argument("--subset", default=env("SUBSET", "test"), help="valid or test [SUBSET]")
     p.add_argument("--beam", default=env("BEAM"), help="default: the recipe's [BEAM]")
     p.add_argument("--lenpen", default=env("LENPEN"), help="default: the recipe's [LENPEN]")
+    p.add_argument("--length-penalty", default=env("LENGTH_PENALTY", "fairseq"),
+                   help="how --lenpen normalises a finished hypothesis' score by its length |y| (EOS included): "
+                        "'fairseq' divides by |y|^lenpen, 'gnmt' by ((5 + |y|)/6)^lenpen (GNMT's, as the THUMT "
+                        "papers decoded: their settings base and big use it) [LENGTH_PENALTY; default fairseq]")
+    p.add_argument("--max-len-a", default=env("MAX_LEN_A"),
+                   help="at most max-len-a * source length (with its EOS) + max-len-b output tokens; default: the "
+                        "recipe's (the THUMT settings: 1, with --max-len-b 49: |x| + 50 tokens) [MAX_LEN_A]")
+    p.add_argument("--max-len-b", default=env("MAX_LEN_B"), help="default: the recipe's [MAX_LEN_B]")
     p.add_argument("--batch-size", default=env("BATCH_SIZE", "128"), help="sentences per batch [BATCH_SIZE]")
     p.add_argument("--out", default=env("OUT"), help="output directory [OUT]")
     p.add_argument("--cpu", action="store_true", default=None, help="decode on CPU even with a GPU [CPU=1]")
@@ -158,6 +167,12 @@ def check_args(args):
     args.subset = env_checks.parse_choice("SUBSET (--subset)", args.subset, ("test", "valid"))
     args.beam = None if args.beam in (None, "") else env_checks.parse_int("BEAM (--beam)", args.beam, 1)
     args.lenpen = None if args.lenpen in (None, "") else env_checks.parse_float("LENPEN (--lenpen)", args.lenpen)
+    args.length_penalty = env_checks.parse_choice("LENGTH_PENALTY (--length-penalty)", args.length_penalty,
+                                                  LENGTH_PENALTIES)
+    args.max_len_a = (None if args.max_len_a in (None, "")
+                      else env_checks.parse_float("MAX_LEN_A (--max-len-a)", args.max_len_a))
+    args.max_len_b = (None if args.max_len_b in (None, "")
+                      else env_checks.parse_int("MAX_LEN_B (--max-len-b)", args.max_len_b, 0))
     args.batch_size = env_checks.parse_int("BATCH_SIZE (--batch-size)", args.batch_size, 1)
     if args.cpu is None:
         args.cpu = env_checks.parse_flag("CPU", os.environ.get("CPU"))
@@ -171,6 +186,37 @@ def check_args(args):
     return args
 
 
+def decoding(args, meta: Dict[str, object]) -> Dict[str, object]:
+    """Beam, length penalty (value and form) and length limit: the options' where given, else the recipe's
+    (``prepare.json``)."""
+    return {"beam": args.beam or meta.get("beam", 5),
+            "lenpen": args.lenpen if args.lenpen is not None else meta.get("lenpen", 1.0),
+            "length_penalty": args.length_penalty,
+            "max_len_a": args.max_len_a if args.max_len_a is not None else meta.get("max_len_a", 0),
+            "max_len_b": args.max_len_b if args.max_len_b is not None else meta.get("max_len_b", 200)}
+
+
+def generate_command(args, meta: Dict[str, object], data_dir: Path, ckpt: Path, out: Path, on_gpu: bool
+                     ) -> List[str]:
+    """The fairseq-generate command (checked ``args``) that decodes ``args.subset`` of ``data_dir`` with ``ckpt``
+    into ``out``, as :func:`decoding` says: GNMT's length penalty through the plugin's
+    ``--task translation_length_penalty`` (:func:`diverse_fairseq.training.task_args`)."""
+    d = decoding(args, meta)
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", str(data_dir), "--path", str(ckpt), "--user-dir", USER_DIR,
+           *task_args(d["length_penalty"]), "--source-lang", meta["source_lang"], "--target-lang",
+           meta["target_lang"], "--gen-subset", args.subset, "--beam", str(d["beam"]), "--lenpen", str(d["lenpen"]),
+           "--batch-size", str(args.batch_size),
+           "--max-len-a", f"{d['max_len_a']:g}", "--max-len-b", str(d["max_len_b"]),
+           "--post-process", meta["post_process"], "--results-path", str(out),
+           # fairseq 0.12 drops the sentences of a last, partial batch when this is 8 (its default)
+           "--required-batch-size-multiple", "1"]
+    if not on_gpu:
+        cmd.append("--cpu")
+    elif args.precision != "fp32":
+        cmd.append(f"--{args.precision}")
+    return cmd
+
+
 def main(argv=None):
     args, extra = build_parser().parse_known_args(argv)
     args = check_args(args)
@@ -182,26 +228,16 @@ def main(argv=None):
     check_dataset(read_checkpoint(ckpt), ckpt, data_dir, src, tgt)
     out = Path(args.out or ckpt.parent / f"eval-{meta['dataset']}-{args.subset}-{ckpt.stem}")
     out.mkdir(parents=True, exist_ok=True)
-    beam = args.beam or meta.get("beam", 5)
-    lenpen = args.lenpen if args.lenpen is not None else meta.get("lenpen", 1.0)
 
     import torch
 
     on_gpu = torch.cuda.is_available() and not args.cpu
-    cmd = [sys.executable, "-m", "fairseq_cli.generate", str(data_dir), "--path", str(ckpt), "--user-dir", USER_DIR,
-           "--task", "translation", "--source-lang", src, "--target-lang", tgt, "--gen-subset", args.subset,
-           "--beam", str(beam), "--lenpen", str(lenpen), "--batch-size", str(args.batch_size),
-           "--max-len-a", str(meta.get("max_len_a", 0)), "--max-len-b", str(meta.get("max_len_b", 200)),
-           "--post-process", meta["post_process"], "--results-path", str(out),
-           # fairseq 0.12 drops the sentences of a last, partial batch when this is 8 (its default)
-           "--required-batch-size-multiple", "1"]
-    if not on_gpu:
-        cmd.append("--cpu")
-    elif args.precision != "fp32":
-        cmd.append(f"--{args.precision}")
-    cmd += extra
-    print(f"[evaluate] step 1/3: decode {data_dir} {args.subset} with {ckpt} (beam {beam}, lenpen {lenpen}, "
-          f"{'GPU' if on_gpu else 'CPU'})", flush=True)
+    dec = decoding(args, meta)
+    beam, lenpen, max_len_a, max_len_b = dec["beam"], dec["lenpen"], dec["max_len_a"], dec["max_len_b"]
+    cmd = generate_command(args, meta, data_dir, ckpt, out, on_gpu) + extra
+    print(f"[evaluate] step 1/3: decode {data_dir} {args.subset} with {ckpt} (beam {beam}, lenpen {lenpen} "
+          f"({args.length_penalty}), at most {max_len_a:g}·|x|+{max_len_b} tokens, {'GPU' if on_gpu else 'CPU'})",
+          flush=True)
     print("  " + " ".join(cmd[1:]), flush=True)
     gen_file = out / f"generate-{args.subset}.txt"
     log_file = out / f"generate-{args.subset}.log"
@@ -234,7 +270,8 @@ def main(argv=None):
 
     print("[evaluate] step 3/3: score", flush=True)
     results = {"checkpoint": str(ckpt), "dataset": meta["dataset"], "data": str(data_dir), "subset": args.subset,
-               "sentences": n, "beam": beam, "lenpen": lenpen, "batch_size": args.batch_size,
+               "sentences": n, "beam": beam, "lenpen": lenpen, "length_penalty": args.length_penalty,
+               "max_len_a": max_len_a, "max_len_b": max_len_b, "batch_size": args.batch_size,
                "device": "gpu" if on_gpu else "cpu", "reference": ref_kind}
     results.update(bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta))
     # the paper authors' own scoring where their tables have one (diverse_fairseq.paper_bleu)

@@ -11,17 +11,20 @@ DATA_BIN or a prepared dataset's folder; without it, the dataset the checkpoint 
   tokenizer, ``--bpe subword_nmt`` alone segments ``file:`` as ``fi@@ le@@ :`` where training saw ``file :``.
 * ``BPE=sentencepiece``: the dataset's sentencepiece model on the raw text, no tokenizer.
 
-Both undo their segmentation on the output. Decoding uses the recipe's beam, length penalty and length limit,
-as the evaluation does. A checkpoint of another dataset is refused (:mod:`diverse_fairseq.checkpoint_file`).
+Both undo their segmentation on the output. Decoding uses the recipe's beam and length penalty, and the penalty
+form and length limit the checkpoint was validated with (:func:`stored_decoding`: GNMT's penalty and |x| + 50
+tokens for the THUMT papers' settings), as the evaluation does. A checkpoint of another dataset is refused
+(:mod:`diverse_fairseq.checkpoint_file`).
 See docs/translating.md.
 """
 
 import argparse
+import json
 import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from .checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
 from .evaluate import load_meta, resolve_data
@@ -43,14 +46,34 @@ def segmentation_options(data_dir: Path, meta: Dict[str, object]) -> List[str]:
     return moses + ["--bpe", "subword_nmt", "--bpe-codes", str(model)]
 
 
-def build_command(checkpoint, data_dir, meta: Dict[str, object]) -> List[str]:
+def stored_decoding(state: Dict) -> Dict[str, object]:
+    """How the checkpoint's training decoded its validation set: ``length_penalty`` (its task's
+    ``--length-penalty``; ``fairseq`` for the plain ``translation`` task) and, where ``--eval-bleu-args`` gave
+    them, ``max_len_a`` / ``max_len_b``."""
+    cfg = state.get("cfg") or {}
+    task = cfg.get("task") or vars(state.get("args") or argparse.Namespace())
+    decoding = {"length_penalty": str(task.get("length_penalty") or "fairseq")}
+    try:
+        generation = json.loads(task.get("eval_bleu_args") or "{}") if task.get("eval_bleu") else {}
+    except ValueError:
+        generation = {}
+    decoding.update({k: generation[k] for k in ("max_len_a", "max_len_b") if k in generation})
+    return decoding
+
+
+def build_command(checkpoint, data_dir, meta: Dict[str, object], decoding: Optional[Dict[str, object]] = None
+                  ) -> List[str]:
     """``fairseq-interactive`` with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
-    decoding settings."""
+    decoding settings, with ``decoding`` (:func:`stored_decoding`) over them."""
+    from .training import task_args
+
+    d = {"length_penalty": "fairseq", "max_len_a": meta.get("max_len_a", 0), "max_len_b": meta.get("max_len_b", 200),
+         **(decoding or {})}
     return ["fairseq-interactive", str(data_dir), "--path", str(checkpoint), "--user-dir", USER_DIR,
-            "--task", "translation", "--source-lang", meta["source_lang"], "--target-lang", meta["target_lang"],
-            *segmentation_options(data_dir, meta),
+            *task_args(str(d["length_penalty"])), "--source-lang", meta["source_lang"],
+            "--target-lang", meta["target_lang"], *segmentation_options(data_dir, meta),
             "--beam", str(meta.get("beam", 5)), "--lenpen", str(meta.get("lenpen", 1.0)),
-            "--max-len-a", str(meta.get("max_len_a", 0)), "--max-len-b", str(meta.get("max_len_b", 200))]
+            "--max-len-a", str(d["max_len_a"]), "--max-len-b", str(d["max_len_b"])]
 
 
 def caveats(meta: Dict[str, object]) -> List[str]:
@@ -81,7 +104,7 @@ def main(argv=None) -> int:
     check_dataset(state, checkpoint, data_dir, meta["source_lang"], meta["target_lang"])
     for note in caveats(meta):
         print(f"note: {note}", file=sys.stderr)
-    print(shlex.join(build_command(checkpoint, data_dir, meta)))
+    print(shlex.join(build_command(checkpoint, data_dir, meta, stored_decoding(state))))
     return 0
 
 

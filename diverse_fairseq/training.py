@@ -6,10 +6,11 @@ fairseq's examples (the comments on :data:`SETTINGS` and docs/paper-settings.md 
     python -m diverse_fairseq.training DATASET SETTING_OR_ARCH [extra fairseq-train options]
     scripts/train.sh DATASET SETTING_OR_ARCH [...]
 
-SETTING is ``small`` (Transformer-small, IWSLT), ``base``, ``big`` (Vaswani et al.) or ``tiny`` (the
-laptop-CPU demo scale); an architecture name (``transformer_wmt_en_de``,
-``diverse_transformer_vaswani_wmt_en_de_big``, ...) picks the setting its name implies (``big``,
-``iwslt`` → small, ``tiny``, else base) and replaces its architecture. Extra options go to
+SETTING is ``small`` (Transformer-small, IWSLT), ``base``, ``big`` (the THUMT papers' Transformer-Base and -Big,
+100k updates as the authors' trainer), ``big_300k`` (big for Vaswani et al.'s 300k updates), ``fairseq_base``,
+``fairseq_big`` (fairseq's Transformer, EMNLP 2020) or ``tiny`` (the laptop-CPU demo scale); an architecture name
+(``transformer_wmt_en_de``, ``diverse_transformer_vaswani_wmt_en_de_big``, ...) picks the setting its name implies
+(``big``, ``iwslt`` → small, ``tiny``, else base) and replaces its architecture. Extra options go to
 fairseq-train after ours, so they override them (e.g. ``--criterion ... --optimizer repulsive_adam``).
 
 Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs
@@ -48,9 +49,13 @@ import codecs
 import json
 import math
 import os
+import re
+import selectors
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -58,6 +63,7 @@ from typing import Dict, List, Optional, Tuple
 from . import env_checks
 from . import save_dir as save_dirs
 from .checkpoint_choice import check_metric, checkpoint_name
+from .checkpoint_file import refuse_damaged_last
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 
@@ -92,12 +98,28 @@ class Setting:
     # by validation loss (fairseq's default best metric, the EMNLP 2020 authors' fairseq settings)
     best_checkpoint_metric: Optional[str] = None
     keep_best: int = 0  # how many of the best checkpoints fairseq keeps (--keep-best-checkpoints)
+    # the decoding protocol of the setting's paper (validation BLEU and test): how a finished hypothesis' score is
+    # normalised by its length, "fairseq" (--lenpen: / |y|^a) or "gnmt" (/ ((5 + |y|)/6)^a, THUMT's), with a the
+    # dataset recipe's length penalty; and the output length limit max_len_a * |x| + max_len_b (fairseq's
+    # --max-len-a/-b; None: the dataset recipe's)
+    length_penalty: str = "fairseq"
+    max_len_a: Optional[float] = None
+    max_len_b: Optional[int] = None
 
     def __post_init__(self):
         check_metric(self.best_checkpoint_metric)
 
 
 EMBEDDINGS = ("shared", "untied")
+LENGTH_PENALTIES = ("fairseq", "gnmt")  # diverse_fairseq.methods.length_penalty.LENGTH_PENALTIES
+# THUMT decodes at most |x| + decode_length tokens (Diversify-MHA bin/trainer.py and bin/translator.py:
+# decode_length=50; utils/inference.py: max_length = source_length + decode_length, where source_length counts
+# the source's EOS, and the loop runs while step < max_length, the batch's longest; a finished hypothesis then
+# has at most |x| + 50 tokens before its EOS). fairseq's limit is max_len_a * src_len + max_len_b tokens before
+# the EOS, with src_len the batch's longest source *including* its EOS (src_tokens.size(1)), so |x| + 50 is
+# --max-len-a 1 --max-len-b 49.
+THUMT_DECODE_LENGTH = 50
+THUMT_MAX_LEN = dict(max_len_a=1.0, max_len_b=THUMT_DECODE_LENGTH - 1)
 
 
 TINY_LAYERS = 2
@@ -105,9 +127,12 @@ TINY_LAYERS = 2
 # fork of THUMT): untied source/target/output embeddings over separate dictionaries, pre-norm, Adam
 # (0.9, 0.98, 1e-9), the best checkpoints kept by validation BLEU (their trainer keeps the top 5). Dropout:
 # the journal's text (§4.1.1) says "all types of dropout rate is set to 0.1" (residual, attention, ReLU);
-# the released code has attention/ReLU dropout 0: we follow the text.
+# the released code has attention/ReLU dropout 0: we follow the text. Decoding as their THUMT (utils/inference.py):
+# GNMT's length penalty (alpha: the recipe's 0.6, decode_alpha=0.6 in bin/trainer.py) and at most |x| + 50 tokens.
+# Training length: their trainer's train_steps=100000 (bin/trainer.py) for every model, Big too; the papers say none.
 THUMT = dict(embeddings="untied", normalize_before=True, attention_dropout=0.1, activation_dropout=0.1,
-             adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5)
+             adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5, length_penalty="gnmt", **THUMT_MAX_LEN)
+THUMT_TRAIN_STEPS = 100000
 SETTINGS: Dict[str, Setting] = {
     # fairseq's IWSLT14 Transformer recipe: lr 5e-4, warmup 4000, dropout 0.3, weight decay 1e-4, 4096 tokens
     # on one GPU as the repulsive-attention paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes
@@ -118,16 +143,21 @@ SETTINGS: Dict[str, Setting] = {
                      batch_tokens=4096, max_update=50000, adam_eps=1e-8, best_checkpoint_metric="loss"),
     # The papers follow Vaswani et al. 2017 (journal §4.1.1): "learning rate initially 1.0" warmed up over
     # 4000 steps, i.e. a peak of 1.0 · d^-0.5 · 4000^-0.5 = 7e-4 for d = 512; 8 P40 GPUs x 4096 tokens;
-    # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates (Vaswani et al.).
-    # The model is the THUMT Transformer (above).
+    # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates: the authors'
+    # trainer (THUMT_TRAIN_STEPS). The model and its decoding are the THUMT Transformer's (above).
     "base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
-                    max_update=100000, save_interval_updates=1000, keep_checkpoints=10, **THUMT),
+                    max_update=THUMT_TRAIN_STEPS, save_interval_updates=1000, keep_checkpoints=10, **THUMT),
     # big (16 heads, d = 1024): the same schedule peaks at 1024^-0.5 · 4000^-0.5 = 4.9e-4; "for both Base and
     # Big models ... all types of dropout rate is set to 0.1" (journal §4.1.1, not Vaswani et al.'s 0.3);
-    # 300k updates (Vaswani et al.)
+    # 100k updates, as the authors' trainer runs every model
     "big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_tokens=4096,
-                   batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=10,
-                   **THUMT),
+                   batch_tokens=8 * 4096, max_update=THUMT_TRAIN_STEPS, save_interval_updates=1000,
+                   keep_checkpoints=10, **THUMT),
+    # big trained for Vaswani et al.'s 300k updates (their Transformer-big) instead of the authors' 100k: an
+    # option, not the papers' setting (SETTING=big_300k, or a table row's `setting: big_300k`)
+    "big_300k": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_tokens=4096,
+                        batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=10,
+                        **THUMT),
     # fairseq's Transformer-base as the EMNLP 2020 authors ran it (their WMT14 scripts): joined dictionary with
     # --share-all-embeddings, post-norm, lr 7e-4 warmed up over 8000 updates, Adam eps 1e-8, no weight decay;
     # their scripts batch 4 GPUs x 4096 tokens x update-freq 2 for MA but 4 for RMA, while the paper says
@@ -405,13 +435,45 @@ def model_args(s: Setting) -> List[str]:
     return args
 
 
-def eval_bleu_args(meta: Dict) -> List[str]:
+def decoding(meta: Dict, s: Optional[Setting] = None) -> Dict[str, object]:
+    """How setting ``s`` decodes the prepared data (``prepare.json``): the recipe's beam and length penalty
+    value, the setting's penalty form (``length_penalty``: fairseq's or GNMT's) and its length limit where it has
+    one (``max_len_a``/``max_len_b``), else the recipe's (without ``s``: fairseq's penalty, the recipe's limit).
+    The validation BLEU and the test evaluation both use it."""
+    a = s.max_len_a if s is not None and s.max_len_a is not None else meta.get("max_len_a", 0.0)
+    b = s.max_len_b if s is not None and s.max_len_b is not None else meta.get("max_len_b", 200)
+    return {"beam": meta.get("beam", 5), "lenpen": meta.get("lenpen", 1.0),
+            "length_penalty": s.length_penalty if s is not None else "fairseq", "max_len_a": a, "max_len_b": b}
+
+
+def decoding_args(meta: Dict, s: Optional[Setting] = None) -> List[str]:
+    """The options of :mod:`diverse_fairseq.evaluate` that decode as :func:`decoding` says (the table runner
+    passes them; the beam and the length penalty value stay the recipe's, which evaluate reads itself)."""
+    d = decoding(meta, s)
+    return ["--length-penalty", str(d["length_penalty"]), "--max-len-a", f"{d['max_len_a']:g}",
+            "--max-len-b", str(d["max_len_b"])]
+
+
+def task_args(length_penalty: str) -> List[str]:
+    """fairseq's ``--task`` for decoding with ``length_penalty``: ``translation`` for fairseq's penalty, the
+    plugin's ``translation_length_penalty --length-penalty gnmt`` for GNMT's
+    (:mod:`diverse_fairseq.methods.length_penalty`)."""
+    if length_penalty not in LENGTH_PENALTIES:
+        raise ValueError(f"length penalty {length_penalty!r}: use one of {', '.join(LENGTH_PENALTIES)}")
+    if length_penalty == "fairseq":
+        return ["--task", "translation"]
+    return ["--task", "translation_length_penalty", "--length-penalty", length_penalty]
+
+
+def eval_bleu_args(meta: Dict, s: Optional[Setting] = None) -> List[str]:
     """fairseq's validation BLEU (``--eval-bleu``) for choosing the best checkpoint, fitted to the prepared data
-    (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
+    (``prepare.json``) and the setting ``s`` (:func:`decoding`: beam, length penalty value and form, length
+    limit; without ``s``, fairseq's penalty and the recipe's limit); BPE removed as the data was
     segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
-    text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
-    generation = {"beam": meta.get("beam", 5), "lenpen": meta.get("lenpen", 1.0),
-                  "max_len_a": meta.get("max_len_a", 0.0), "max_len_b": meta.get("max_len_b", 200)}
+    text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does). The penalty
+    form is a task option (:func:`task_args`), not part of ``--eval-bleu-args``."""
+    generation = decoding(meta, s)
+    generation.pop("length_penalty")
     post = meta.get("post_process", "subword_nmt")
     args = ["--eval-bleu", "--eval-bleu-args", json.dumps(generation),
             "--eval-bleu-remove-bpe", "@@ " if post == "subword_nmt" else post]
@@ -445,7 +507,7 @@ def build_command(request: TrainRequest):
     name = f"{dataset}_{setting_or_arch}"
     placeholder = "\0SAVE_DIR\0"  # replaced below: the default save directory depends on the other options
     args = [
-        str(data), "--user-dir", USER_DIR, "--task", "translation",
+        str(data), "--user-dir", USER_DIR, *task_args(s.length_penalty),
         "--source-lang", meta["source_lang"], "--target-lang", meta["target_lang"],
         "--arch", arch, *s.extra,
         *embedding_args(o.embeddings or s.embeddings, bool(meta.get("joined_dictionary"))),
@@ -468,7 +530,7 @@ def build_command(request: TrainRequest):
     else:
         args += ["--keep-last-epochs", str(keep)]
     if s.best_checkpoint_metric == "bleu":  # "loss" is fairseq's default best metric: nothing to add
-        args += eval_bleu_args(meta) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
+        args += eval_bleu_args(meta, s) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
     precision = o.precision or ("fp16" if gpus else "fp32")
     if gpus == 0:
         args.append("--cpu")
@@ -517,7 +579,10 @@ def run(request: TrainRequest, env=None) -> Dict:
     overwriting the finished model. Model options the architecture lacks (``--routing-*`` without a routing
     architecture) stop the run before it starts. A failed fairseq-train raises SystemExit that offers to resume
     only where a checkpoint exists (a save directory left with nothing but ``train_args.json`` is removed) and
-    ends with fairseq's own error line (:func:`failure_message`).
+    ends with fairseq's own error line (:func:`failure_message`). A ``checkpoint_last.pt`` that cannot be read is
+    refused before training, naming the intact checkpoint to resume from (:func:`refuse_damaged_last`). Ctrl-C
+    raises :class:`Interrupted` whose ``message`` gives the update reached, the last checkpoint's update and the
+    command that resumes (:func:`interrupt_message`).
 
     ``info["checkpoint"]`` is the checkpoint to evaluate (:mod:`diverse_fairseq.checkpoint_choice`): the average of
     the last N checkpoints when ``AVERAGE=N`` asks for one and enough checkpoints exist, else the setting's single
@@ -531,12 +596,13 @@ def run(request: TrainRequest, env=None) -> Dict:
     env = dict(os.environ if env is None else env)
     gpus, device_env = select_gpus(request.gpus, env, visible_gpus())
     env.update(device_env)
-    request = replace(request, gpus=gpus)
+    asked, request = request, replace(request, gpus=gpus)
     dataset, setting_or_arch = request.dataset, request.setting
     args, launcher, info = build_command(request)
     cmd = launcher + args
     device = f"{info['world']} GPU(s)" if info["gpus"] else "the CPU"
-    print(f"[train] {dataset} {setting_or_arch}: {info['arch']} on {device}, "
+    arch = save_dirs.effective_options(args).get("--arch") or info["arch"]  # an --arch among the extra options
+    print(f"[train] {dataset} {setting_or_arch}: {arch} on {device}, "
           f"{info['max_tokens']} tokens x {info['world']} x update-freq {info['update_freq']} = "
           f"{info['tokens_per_update']} tokens per update (papers: {info['paper_tokens_per_update']})", flush=True)
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in device_env.items())
@@ -566,6 +632,9 @@ def run(request: TrainRequest, env=None) -> Dict:
         if not request.options.dry_run:
             _average(info, save_dir, reuse=True)
         return info
+    # fairseq would crash reading it, on every rerun; "the same command": train.sh's or the table runner's
+    refuse_damaged_last(save_dir)
+    rerun = resume_command(asked, save_dir)  # GPUS as the user gave it (unset: every visible GPU)
     resume = "resuming from" if (save_dir / "checkpoint_last.pt").exists() else "new run in"
     print(f"[train] {resume} {save_dir}; evaluate with: scripts/evaluate.sh {info['checkpoint']} {dataset}",
           flush=True)
@@ -573,35 +642,117 @@ def run(request: TrainRequest, env=None) -> Dict:
         return info
     save_dir.mkdir(parents=True, exist_ok=True)
     save_dirs.write_args(save_dir, args, info["data_meta"], cmd)
-    rc, last_error = call_keeping_error(cmd, env)
+    try:
+        rc, last_error = call_keeping_error(cmd, env)
+    except Interrupted as e:  # Ctrl-C: one line, what was saved and how to resume
+        raise Interrupted(e.update, interrupt_message(e.update, save_dir, rerun)) from None
     if rc != 0:
         raise SystemExit(failure_message(rc, last_error, save_dir))
     _average(info, save_dir)
     return info
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during fairseq-train: ``update`` is the last update fairseq's progress reported (None: none yet);
+    ``message`` (set by :func:`run`) the one line that says what was saved and how to resume."""
+
+    def __init__(self, update: Optional[int] = None, message: str = ""):
+        super().__init__(update, message)
+        self.update, self.message = update, message
+
+
+#: the update number in fairseq's progress lines: ``num_updates=50`` (simple, tqdm), ``"num_updates": "50"``
+#: (json), ``num_updates 200`` (end-of-epoch summaries), ``"train_num_updates": "200"``
+_NUM_UPDATES = re.compile(r"num_updates\W{1,4}(\d+)")
+INTERRUPT_EXIT = 130  # the shell's status for a command ended by SIGINT (128 + 2)
+
+
+def last_update(text: str) -> Optional[int]:
+    """The last update number that fairseq's progress output ``text`` reports, or None."""
+    found = _NUM_UPDATES.findall(text)
+    return int(found[-1]) if found else None
+
+
 def call_keeping_error(cmd: List[str], env) -> tuple:
     """Run ``cmd`` with its output shown as it comes; return (exit status, the last line it wrote to stderr).
 
-    stdout (fairseq's log) goes straight through; stderr is passed on chunk by chunk (progress bars with
-    carriage returns included) while its last 64 KiB are kept, so that fairseq's own error line (argparse's
-    ``error: ...``, a traceback's exception) can be repeated as the last line the user sees."""
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
-    decoder, tail = codecs.getincrementaldecoder("utf-8")("replace"), ""
+    stdout (fairseq's log) and stderr are passed on chunk by chunk (progress bars with carriage returns
+    included); the last 64 KiB of stderr are kept, so that fairseq's own error line (argparse's ``error: ...``, a
+    traceback's exception) can be repeated as the last line the user sees, and the update number of fairseq's
+    last progress line is followed. Ctrl-C reaches fairseq-train too (one process group): this waits for it to
+    stop, without passing on its KeyboardInterrupt traceback, and raises :class:`Interrupted` with that update
+    (an ``Interrupted`` also when fairseq-train alone was stopped by SIGINT)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    streams = {proc.stdout.fileno(): sys.stdout, proc.stderr.fileno(): sys.stderr}
+    decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in streams}
+    selector = selectors.DefaultSelector()
+    for fd in streams:
+        selector.register(fd, selectors.EVENT_READ)
+    tail, update, interrupted_at, carry = "", None, None, {fd: "" for fd in streams}
     try:
-        while True:
-            chunk = os.read(proc.stderr.fileno(), 65536)
-            text = decoder.decode(chunk, final=not chunk)
-            sys.stderr.write(text)
-            sys.stderr.flush()
-            tail = (tail + text)[-65536:]
-            if not chunk:
-                break
+        while selector.get_map():
+            try:
+                ready = selector.select(timeout=1.0)
+                for key, _ in ready:
+                    chunk = os.read(key.fd, 65536)
+                    text = decoders[key.fd].decode(chunk, final=not chunk)
+                    if not chunk:
+                        selector.unregister(key.fd)
+                    seen = last_update(carry[key.fd] + text)  # tqdm's progress bar writes to stderr
+                    update = update if seen is None else seen
+                    carry[key.fd] = (carry[key.fd] + text)[-64:]  # a number split between two chunks
+                    if key.fd == proc.stderr.fileno():
+                        tail = (tail + text)[-65536:]
+                    if interrupted_at is None or key.fd == proc.stdout.fileno():  # not its traceback
+                        streams[key.fd].write(text)
+                        streams[key.fd].flush()
+                if interrupted_at is not None and proc.poll() is None and time.time() - interrupted_at > 10:
+                    proc.send_signal(signal.SIGINT)  # the signal reached only this process: pass it on, once
+                    interrupted_at = float("inf")
+            except KeyboardInterrupt:
+                interrupted_at = interrupted_at or time.time()
     finally:
-        rc = proc.wait()  # also on Ctrl-C: fairseq got the signal too and saves or stops
+        selector.close()
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # a second Ctrl-C: fairseq is stopping already
+                interrupted_at = interrupted_at or time.time()
+        proc.stdout.close()
         proc.stderr.close()
+    if interrupted_at is not None or rc in (-signal.SIGINT, INTERRUPT_EXIT):
+        raise Interrupted(update)
     lines = [line.strip() for line in tail.replace("\r", "\n").split("\n")]
     return rc, next((line for line in reversed(lines) if line), "")
+
+
+def resume_command(request: TrainRequest, save_dir: Path) -> str:
+    """The ``scripts/train.sh`` command that continues ``request``'s training in ``save_dir``: its dataset,
+    setting and extra options, with the variables that set its options (``SAVE_DIR`` pins the directory)."""
+    o = request.options
+    variables = {"SAVE_DIR": str(save_dir), "DATA_BIN": str(request.data_bin),
+                 "SEED": str(request.seed) if request.seed != 1 else None,
+                 "GPUS": None if request.gpus is None else str(request.gpus),
+                 "MAX_TOKENS": o.max_tokens, "UPDATE_FREQ": o.update_freq, "MAX_UPDATE": o.max_update,
+                 "AVERAGE": o.average, "PRECISION": o.precision, "EMBEDDINGS": o.embeddings,
+                 "RESUME_ANYWAY": "1" if o.resume_anyway else None}
+    prefix = "".join(f"{k}={shlex.quote(str(v))} " for k, v in variables.items() if v is not None)
+    return prefix + shlex.join(["scripts/train.sh", request.dataset, request.setting, *request.extra])
+
+
+def interrupt_message(update: Optional[int], save_dir: Path, resume: str) -> str:
+    """The one line after Ctrl-C: the update fairseq reached, the update its last checkpoint holds (read from
+    ``save_dir/checkpoint_last.pt``, where fairseq resumes from) and the command that resumes."""
+    at = f"interrupted at update {update}" if update is not None else "interrupted before fairseq reported an update"
+    last = Path(save_dir) / "checkpoint_last.pt"
+    saved = save_dirs.trained_updates(last) if last.exists() else None
+    if saved is not None:
+        return f"{at}; the last checkpoint is at update {saved} ({last}); resume with: {resume}"
+    if last.exists():
+        return (f"{at}; {last} cannot be read (Ctrl-C during its save?): the next run refuses it and names the "
+                f"fix; then resume with: {resume}")
+    return f"{at}; no checkpoint was saved yet, so a new run starts from update 0 with: {resume}"
 
 
 def failure_message(rc: int, last_error: str, save_dir: Path) -> str:
@@ -672,7 +823,12 @@ def main(argv=None):
         setting, extra = default_setting(dataset, os.environ.get("DATA_BIN") or "data-bin"), rest
         print(f"[train] no setting given: {dataset} trains with {setting!r} (name one to choose: "
               f"{', '.join(SETTINGS)})", flush=True)
-    run_from_env(dataset, setting, extra)
+    try:
+        run_from_env(dataset, setting, extra)
+    except KeyboardInterrupt as e:  # Interrupted: during fairseq-train, with its line; else before or after it
+        print(f"[train] {getattr(e, 'message', '') or 'interrupted (outside fairseq-train)'}", file=sys.stderr,
+              flush=True)
+        return INTERRUPT_EXIT
     return 0
 
 

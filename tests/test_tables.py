@@ -677,3 +677,40 @@ def test_rows_and_subsets_are_chosen_on_the_command_line(capsys):
     assert parse_hook(str(REPO / "scripts" / "experiments" / "kernel_probe.py")).endswith("kernel_probe.py")
     with pytest.raises(SystemExit, match=r"TRAIN_HOOK \(--train-hook\)='nope.py' is not valid"):
         parse_hook("nope.py")
+
+
+def test_paper_dry_run_decodes_each_row_as_its_paper(tmp_path, monkeypatch, capsys):
+    """``DRY_RUN=1 make table-journal_t5 SCALE=paper``: the THUMT rows (base, big) validate and evaluate with GNMT's
+    length penalty and at most |x| + 50 tokens; EMNLP 2020's fairseq rows keep fairseq's --lenpen and the recipe's
+    200-token cap."""
+    from diverse_fairseq.tables.__main__ import main
+
+    for key in ("SEED", "SEEDS", "SAVE_DIR", "TRAIN_ARGS", "GENERATE_ARGS", "JOBS", "ROWS", "SCALE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("DRY_RUN", "1")
+    data_bin = tmp_path / "data-bin"
+    meta = {"source_lang": "en", "target_lang": "de", "joined_dictionary": True, "beam": 4, "lenpen": 0.6,
+            "max_len_a": 0.0, "max_len_b": 200, "post_process": "subword_nmt"}
+    for dataset in ("wmt14_en_de", "wmt14_en_de_joined"):
+        (data_bin / dataset).mkdir(parents=True)
+        (data_bin / dataset / "prepare.json").write_text(json.dumps(dict(meta, dataset=dataset)))
+
+    def commands(table, rows):
+        with pytest.raises(SystemExit) as done:
+            main([table, "--scale", "paper", "--data-bin", str(data_bin), "--out", str(tmp_path / table),
+                  "--rows", rows, "--gpus", "0"])
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        return ([line for line in text.splitlines() if line.strip().startswith("train:")],
+                [line for line in text.splitlines() if line.strip().startswith("evaluate:")])
+
+    train, evaluate = commands("journal_t5", "base,big")
+    assert len(train) == len(evaluate) == 2
+    for line in train:
+        assert "--task translation_length_penalty --length-penalty gnmt" in line and "--max-update 100000" in line
+        assert '"max_len_a": 1.0, "max_len_b": 49' in line
+    for line in evaluate:
+        assert "--length-penalty gnmt --max-len-a 1 --max-len-b 49" in line
+    train, evaluate = commands("emnlp20_t2_wmt14", "ma")
+    assert "--task translation " in train[0] and "--length-penalty" not in train[0]
+    assert "--length-penalty fairseq --max-len-a 0 --max-len-b 200" in evaluate[0]

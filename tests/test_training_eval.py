@@ -247,3 +247,91 @@ def test_demo_train_average_evaluate_end_to_end(tmp_path):
     assert lines(result_dir / "ref.detok.de") == refs
     assert len(lines(result_dir / "hyp.detok.de")) == len(refs)
     assert "BLEU (sacrebleu, detokenized) =" in out and "sentences/s" in out
+
+
+# ------------------------------------------- issue 30: the THUMT papers' decoding and training length
+def test_thumt_settings_train_the_authors_100k_updates_and_big_300k_is_named():
+    """The authors' trainer runs train_steps=100000 for every model (Diversify-MHA bin/trainer.py), Big too;
+    Vaswani et al.'s 300k stays an option named big_300k, otherwise the big setting."""
+    from dataclasses import replace
+
+    from diverse_fairseq.training import SETTINGS
+
+    assert SETTINGS["base"].max_update == SETTINGS["big"].max_update == 100000
+    assert SETTINGS["big_300k"] == replace(SETTINGS["big"], max_update=300000)
+    assert resolve_setting("big_300k")[:1] == ("big_300k",)
+
+
+def test_each_setting_decodes_as_its_paper(data_bin):
+    """THUMT settings (base, big): GNMT's penalty through the plugin's task and at most |x| + 50 tokens, in the
+    validation BLEU and in the table runner's evaluation; fairseq's settings keep --lenpen and the recipe's cap."""
+    from diverse_fairseq import training
+
+    meta = {"beam": 4, "lenpen": 0.6, "max_len_a": 0.0, "max_len_b": 200, "target_lang": "de"}
+    fake_prepared(data_bin, "wmt14_en_de", **meta)
+    env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
+    for setting in ("base", "big", "big_300k"):
+        s = training.SETTINGS[setting]
+        assert (s.length_penalty, s.max_len_a, s.max_len_b) == ("gnmt", 1.0, 49)
+        args, _, _ = command_from_env("wmt14_en_de", setting, [], env=env, gpus=8)
+        assert value(args, "--task") == ["translation_length_penalty"] and value(args, "--length-penalty") == ["gnmt"]
+        assert json.loads(value(args, "--eval-bleu-args")[0]) == {"beam": 4, "lenpen": 0.6, "max_len_a": 1.0,
+                                                                  "max_len_b": 49}
+        assert training.decoding_args(meta, s) == ["--length-penalty", "gnmt", "--max-len-a", "1",
+                                                   "--max-len-b", "49"]
+    for setting in ("small", "fairseq_base", "fairseq_big", "tiny"):
+        s = training.SETTINGS[setting]
+        assert (s.length_penalty, s.max_len_a, s.max_len_b) == ("fairseq", None, None)
+        args, _, _ = command_from_env("wmt14_en_de", setting, [], env=env, gpus=8)
+        assert value(args, "--task") == ["translation"] and "--length-penalty" not in args
+        assert training.decoding_args(meta, s) == ["--length-penalty", "fairseq", "--max-len-a", "0",
+                                                   "--max-len-b", "200"]
+    with pytest.raises(ValueError, match="use one of fairseq, gnmt"):
+        training.task_args("wu")
+
+
+def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path, monkeypatch):
+    """evaluate's fairseq-generate command: GNMT's penalty via --length-penalty gnmt (LENGTH_PENALTY), the cap
+    via --max-len-a/-b (MAX_LEN_A/B); by default fairseq's penalty and the recipe's cap."""
+    from diverse_fairseq import evaluate
+
+    for key in ("LENGTH_PENALTY", "MAX_LEN_A", "MAX_LEN_B", "BEAM", "LENPEN", "PRECISION", "CPU"):
+        monkeypatch.delenv(key, raising=False)
+    meta = {"source_lang": "en", "target_lang": "de", "beam": 4, "lenpen": 0.6, "max_len_a": 0, "max_len_b": 200,
+            "post_process": "subword_nmt"}
+
+    def command(argv):
+        args = evaluate.check_args(evaluate.build_parser().parse_args(["c.pt", "d", *argv]))
+        return evaluate.generate_command(args, meta, tmp_path, tmp_path / "c.pt", tmp_path, on_gpu=False)
+
+    cmd = command(["--length-penalty", "gnmt", "--max-len-a", "1", "--max-len-b", "49"])
+    assert value(cmd, "--task") == ["translation_length_penalty"] and value(cmd, "--length-penalty") == ["gnmt"]
+    assert value(cmd, "--lenpen") == ["0.6"] and value(cmd, "--max-len-a") == ["1"]
+    assert value(cmd, "--max-len-b") == ["49"]
+    cmd = command([])
+    assert value(cmd, "--task") == ["translation"] and "--length-penalty" not in cmd
+    assert value(cmd, "--max-len-a") == ["0"] and value(cmd, "--max-len-b") == ["200"]
+    monkeypatch.setenv("LENGTH_PENALTY", "gnmt")
+    assert value(command([]), "--length-penalty") == ["gnmt"]
+    monkeypatch.setenv("LENGTH_PENALTY", "wu")
+    with pytest.raises(SystemExit, match="LENGTH_PENALTY"):
+        command([])
+
+
+def test_interactive_command_decodes_as_the_checkpoint_was_validated(tmp_path):
+    """A THUMT-setting checkpoint (validated with GNMT's penalty and |x| + 50 tokens) gets the same decoding in
+    the printed fairseq-interactive command; a plain translation checkpoint keeps fairseq's and the recipe's."""
+    from diverse_fairseq.interactive_command import build_command, stored_decoding
+
+    meta = {"source_lang": "en", "target_lang": "de", "bpe": "sentencepiece", "bpe_models": {"en": "spm.model"},
+            "beam": 4, "lenpen": 0.6, "max_len_a": 0, "max_len_b": 200}
+    thumt = {"cfg": {"task": {"_name": "translation_length_penalty", "length_penalty": "gnmt", "eval_bleu": True,
+                              "eval_bleu_args": '{"beam": 4, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 49}'}}}
+    cmd = build_command("c.pt", tmp_path, meta, stored_decoding(thumt))
+    assert value(cmd, "--task") == ["translation_length_penalty"] and value(cmd, "--length-penalty") == ["gnmt"]
+    assert value(cmd, "--lenpen") == ["0.6"] and value(cmd, "--max-len-a") == ["1.0"]
+    assert value(cmd, "--max-len-b") == ["49"]
+    plain = {"cfg": {"task": {"_name": "translation", "eval_bleu": False}}}
+    cmd = build_command("c.pt", tmp_path, meta, stored_decoding(plain))
+    assert value(cmd, "--task") == ["translation"] and "--length-penalty" not in cmd
+    assert value(cmd, "--max-len-a") == ["0"] and value(cmd, "--max-len-b") == ["200"]

@@ -127,7 +127,7 @@ def test_failure_messages(tmp_path):
 
 # ----------------------------------------------------------- item 6: a setting that is not one
 def test_a_misspelled_setting_is_refused_with_the_nearest(env):
-    with pytest.raises(SystemExit, match=r"'tinny' is neither a setting \(small, base, big, fairseq_base, "
+    with pytest.raises(SystemExit, match=r"'tinny' is neither a setting \(small, base, big, big_300k, fairseq_base, "
                                          r"fairseq_big, tiny\) nor a registered architecture \(--arch\): "
                                          r"did you mean the setting 'tiny'\?"):
         training.resolve_setting("tinny")

@@ -17,11 +17,15 @@ models ``diverse_transformer_lm`` and ``diverse_roberta`` (:mod:`.language_model
 module whose heads can be observed and recombined (:mod:`.attention`), the one way to find attention modules
 (:mod:`.sites`), the list options' parser (:mod:`.options`), the one fairseq hook (:mod:`.hooks`) and the
 checkpoint allowlist for ``torch.load`` (:mod:`.checkpoint_compat`).
+
+Decoding as the THUMT papers did: ``--task translation_length_penalty --length-penalty gnmt`` divides finished
+hypotheses' scores by GNMT's length penalty (:mod:`.length_penalty`).
 """
 
 from diverse_fairseq.methods import (
     checkpoint_compat,  # noqa: F401  (allowlists fairseq's checkpoint globals)
     language_models,  # noqa: F401  (registers --arch diverse_transformer_lm*, diverse_roberta*)
+    length_penalty,  # noqa: F401  (registers --task translation_length_penalty)
     transformer,  # noqa: F401  (registers --arch diverse_transformer*, routing_transformer_*)
 )
 from diverse_fairseq.methods.disagreement import criterion  # noqa: F401  (registers the disagreement criterion)

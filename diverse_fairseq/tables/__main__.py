@@ -22,7 +22,7 @@ from ..data.recipes import RECIPES
 from .config import RunConfig
 from .keys import RUNNER_FLAGS
 from .report import summarise, write_report
-from .runner import run_table
+from .runner import TableInterrupted, interrupted_lines, run_table
 from .spec import REPO, TableSpecError, load_table
 
 SCALES = ("demo", "paper")
@@ -166,6 +166,23 @@ def check_settings(args) -> dict:
     return settings
 
 
+#: the variables the runner reads (its options' defaults, and scripts/train.sh's launch variables for every row)
+RUNNER_VARIABLES = ("DATASET", "SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "RESULTS", "DATA_BIN", "TRAIN_ARGS",
+                    "PROBING_DATA", "GENERATE_ARGS", "ROWS", "SUBSETS", "TRAIN_HOOK", "MAX_TOKENS", "UPDATE_FREQ",
+                    "PROGRESS_INTERVAL", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "RESUME_ANYWAY")
+
+
+def resume_command(argv: List[str], env) -> str:
+    """The command that continues an interrupted table: this one, with the runner's variables that are set
+    (``make table-<id> VAR=...`` when only the table is named, as the make target runs it)."""
+    variables = {name: env[name] for name in RUNNER_VARIABLES if env_checks.get(env, name) is not None}
+    if len(argv) == 1 and not argv[0].startswith("-") and "/" not in argv[0] and not argv[0].endswith(".yaml"):
+        target = "demo" if argv[0] == "demo" else f"table-{argv[0]}"  # the Makefile's targets
+        return shlex.join(["make", target, *(f"{k}={v}" for k, v in variables.items())])
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in variables.items())
+    return prefix + shlex.join(["python", "-m", "diverse_fairseq.tables", *argv])
+
+
 def ensure_demo_data(data: Path):
     """The demo corpus ships with the repository: prepare (segment and binarize) it, or check that it is.
 
@@ -299,7 +316,13 @@ def main(argv: Optional[List[str]] = None):
                                                                                  scale)
     if dataset == "demo":
         ensure_demo_data(run.data_bin / dataset)
-    results = run_table(table, run)
+    try:
+        results = run_table(table, run)
+    except TableInterrupted as e:  # Ctrl-C: one line per interrupted row, then the shell's status for SIGINT
+        resume = resume_command(sys.argv[1:] if argv is None else argv, os.environ)
+        for line in interrupted_lines(table, run, e.jobs, resume):
+            print(line, file=sys.stderr, flush=True)
+        raise SystemExit(training.INTERRUPT_EXIT) from None
     summary = summarise(table, results, dataset, scale, subset=run.subsets[0])
     md = write_report(summary, out)
     print("\n" + md.read_text(encoding="utf-8"))

@@ -23,7 +23,8 @@ For each table (``configs/tables/*.yaml``), row and scale (``demo``, ``paper``) 
    real dictionaries and prints them beside the paper's (:func:`real_dictionaries`); this count is printed, not
    judged: the status stays that of the recipe's assumed sizes.
 
-It prints one line per table/row/scale (``ok``, ``GAP`` or ``FAIL`` with the reason, and the parameters) and exits
+It prints one line per table/row/scale (``ok``, ``GAP`` or ``FAIL`` with the reason, and the parameters; at paper
+scale also how the row's setting decodes: beam, length penalty form and value, length limit) and exits
 non-zero when any line failed, naming every failure again at the end. Identical argument lists (the same
 model in several tables) are built once.
 
@@ -221,6 +222,14 @@ def build_and_step(args: List[str], layers: int, step: bool) -> Result:
         torch.set_num_threads(threads)
 
 
+def decoding_note(data: Path, setting: str) -> str:
+    """How the setting's runs decode (validation BLEU and test), e.g. `` [decoding: beam 4, gnmt length penalty
+    0.6, at most 1·|x| + 49 tokens]`` (:func:`diverse_fairseq.training.decoding`)."""
+    d = training.decoding(json.loads((data / "prepare.json").read_text()), training.SETTINGS[setting])
+    return (f" [decoding: beam {d['beam']}, {d['length_penalty']} length penalty {d['lenpen']:g}, at most "
+            f"{d['max_len_a']:g}·|x| + {d['max_len_b']} tokens]")
+
+
 def real_dictionaries(data_bin: Optional[Path], dataset: str) -> Optional[Dict[str, int]]:
     """``{lang: entries}`` (the 4 special symbols included, as fairseq loads them) of a prepared dataset's
     dictionaries under ``data_bin``, or None where it has none: no ``prepare.json``, a dictionary missing, or
@@ -290,6 +299,8 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                         setting = RunConfig(name, scale, [1], gpus, Path(tmp)).setting(row)
                         note = _mapped_note(row, setting)
                         write_synthetic_data(data_bin, name)
+                        if scale == "paper":
+                            note += decoding_note(data_bin / name, setting)
                         args = row_command(row, name, scale, data_bin, gpus,
                                            None if scale == "demo" else paper_precision)
                     except (Exception, SystemExit) as e:  # noqa: BLE001 -- reported with its type

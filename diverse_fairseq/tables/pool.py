@@ -65,8 +65,9 @@ def run_parallel(todo: List[Tuple[Row, int]], run: RunConfig,
 
     records, failed = {}, []
     queue, running = list(todo), {}
-    with ProcessPoolExecutor(run.jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init, initargs=(run.threads,)) as pool:
+    pool = ProcessPoolExecutor(run.jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(run.threads,))
+    try:
         while queue or running:
             while queue and len(running) < run.jobs:
                 row, seed = queue.pop(0)
@@ -74,11 +75,19 @@ def run_parallel(todo: List[Tuple[Row, int]], run: RunConfig,
                 running[pool.submit(_worker_job, row, run, seed)] = (row, seed)
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
-                row, seed = running.pop(future)
+                row, seed = running[future]  # still running for Ctrl-C until its result is taken
                 try:
-                    records[row.id, seed] = future.result()
+                    records[row.id, seed] = future.result()  # a worker's Ctrl-C: training.Interrupted
                     progress.end(row, seed, records[row.id, seed])
                 except Exception as e:  # noqa: BLE001 - reported by the runner with the job's log
                     failed.append((row, seed))
                     progress.end(row, seed, error=str(e) or type(e).__name__)
+                del running[future]
+    except KeyboardInterrupt:  # Ctrl-C reached the workers and their fairseq-train too: let them stop
+        pool.shutdown(wait=True, cancel_futures=True)
+        from .runner import TableInterrupted
+
+        raise TableInterrupted([(row, seed, None) for row, seed in running.values()]) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return records, failed

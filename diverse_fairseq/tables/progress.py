@@ -56,6 +56,12 @@ class Progress:
         self.watchers[(row.id, seed)] = LogWatcher(train_log, self.run.progress_interval,
                                                    lambda line: self._print(f"{where}: {line}")).start()
 
+    def stop_watching(self):
+        """Stop every running job's log watcher (Ctrl-C: the jobs end without :meth:`end`)."""
+        for watcher in self.watchers.values():
+            watcher.stop()
+        self.watchers.clear()
+
     def end(self, row: Row, seed: int, record: Optional[Dict] = None, error: Optional[str] = None):
         watcher = self.watchers.pop((row.id, seed), None)
         if watcher is not None:

@@ -14,7 +14,7 @@ of the four cached steps, the checkpoint identity), ``pool.py`` (the worker proc
 
 import shlex
 import sys
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 from .. import training
 from ..checkpoint_choice import checkpoint_name
@@ -30,6 +30,28 @@ from .steps import disagreement_scores, evaluate_command, evaluate_row, job_requ
 __all__ = ["LOG_FORMAT_ARGS", "RUNNER_FLAGS", "Progress", "Row", "RunConfig", "cache_key", "checkpoint_identity",
            "disagreement_scores", "dry_run_table", "evaluate_row", "key_difference", "limit_threads",
            "probing_scores", "run_job", "run_table", "same_key", "same_model_rows", "train_row"]
+
+
+class TableInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a table run: ``jobs`` are the ``(row, seed, update)`` jobs that were running, ``update`` the
+    last one fairseq-train reported (None: unknown; :func:`interrupted_lines` then reads the run's log)."""
+
+    def __init__(self, jobs: List[Tuple[Row, int, Optional[int]]]):
+        super().__init__(jobs)
+        self.jobs = jobs
+
+
+def interrupted_lines(table: Table, run: RunConfig, jobs, resume: str) -> List[str]:
+    """One line per interrupted job: the update reached, the update of its last checkpoint and ``resume``, the
+    command that continues the table (finished rows are reused, interrupted ones resume)."""
+    out = []
+    for row, seed, update in jobs:
+        log = run.run_dir(row, seed) / "train.log"
+        if update is None and log.exists():
+            update = training.last_update(log.read_text(encoding="utf-8", errors="replace"))
+        out.append(f"[{table.table}] row {row.id} seed {seed}: "
+                   + training.interrupt_message(update, run.run_dir(row, seed), resume))
+    return out
 
 
 def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
@@ -48,15 +70,22 @@ def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
     progress = Progress(table, run, len(todo))
     print(f"[{table.table}] {len(table.rows)} rows x {len(run.seeds)} seed(s) = {len(todo)} jobs, {run.jobs} at a "
           f"time, {run.threads} CPU thread(s) each", flush=True)
-    if run.jobs == 1:
-        records, failed = {}, []
-        limit_threads(run.threads)
-        for row, seed in todo:
-            progress.begin(row, seed)
-            records[row.id, seed] = run_job(row, run, seed)
-            progress.end(row, seed, records[row.id, seed])
-    else:
-        records, failed = run_parallel(todo, run, progress)
+    try:
+        if run.jobs == 1:
+            records, failed = {}, []
+            limit_threads(run.threads)
+            for row, seed in todo:
+                progress.begin(row, seed)
+                try:
+                    records[row.id, seed] = run_job(row, run, seed)
+                except KeyboardInterrupt as e:  # Ctrl-C: fairseq-train stopped too (training.Interrupted)
+                    raise TableInterrupted([(row, seed, getattr(e, "update", None))]) from None
+                progress.end(row, seed, records[row.id, seed])
+        else:
+            records, failed = run_parallel(todo, run, progress)
+    except KeyboardInterrupt:
+        progress.stop_watching()  # no progress line after the interrupted rows' lines
+        raise
     if failed:
         logs_ = "\n".join(f"  {row.id} seed {seed}: {run.log_path(row, seed)}" for row, seed in failed)
         raise SystemExit(f"error: {len(failed)} job(s) failed; their logs:\n{logs_}")

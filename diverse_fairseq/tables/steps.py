@@ -125,11 +125,20 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
     return dict(record, reused=False)
 
 
+def decoding_args(run: RunConfig, row: Row) -> List[str]:
+    """The row's decoding protocol as :mod:`diverse_fairseq.evaluate` options: its setting's length penalty form
+    and length limit (:func:`diverse_fairseq.training.decoding`: GNMT's penalty and |x| + 50 tokens for the THUMT
+    papers' settings, fairseq's penalty and the recipe's limit for the others)."""
+    from ..evaluate import load_meta
+
+    return training.decoding_args(load_meta(run.data_bin / run.dataset), training.SETTINGS[run.setting(row)])
+
+
 def evaluate_command(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: str) -> List[str]:
     """The arguments of :mod:`diverse_fairseq.evaluate` (without the program) that decode ``subset`` with
-    ``checkpoint`` into :meth:`RunConfig.eval_dir`."""
+    ``checkpoint`` into :meth:`RunConfig.eval_dir`, as the row's setting decodes (:func:`decoding_args`)."""
     return [checkpoint, str(run.data_bin / run.dataset), "--out", str(run.eval_dir(row, seed, subset)),
-            *(["--subset", subset] if subset != "test" else []), *run.generate_args,
+            *(["--subset", subset] if subset != "test" else []), *decoding_args(run, row), *run.generate_args,
             *(["--cpu"] if run.gpus == 0 else [])]
 
 
@@ -142,7 +151,8 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: s
 
     out = run.eval_dir(row, seed, subset)
     key = {"checkpoint": Path(checkpoint).name, "checkpoint_identity": checkpoint_identity(checkpoint),
-           "generate_args": run.generate_args, "cpu": run.gpus == 0, "version": package_version()}
+           "decoding": decoding_args(run, row), "generate_args": run.generate_args, "cpu": run.gpus == 0,
+           "version": package_version()}
     if (out / "results.json").exists() and lookup(out / "key.json", key, stored_key=whole_file).hit:
         results = json.loads((out / "results.json").read_text())
     else:

@@ -18,7 +18,10 @@ does (``reduce_mean([self, ecdc])``). So "all three attention types" weighs enc_
 weighs twice the authors' weight). Each active (term, type) value is logged as ``sim_<term>_<type>`` for
 training and validation.
 
-The model must expose its attention heads: on its first forward the criterion selects its attention sites
+The model must expose its attention heads. When fairseq-train builds the criterion, the model of its task is
+already built (:func:`diverse_fairseq.methods.hooks.model_built_for`): a model without such heads (``--arch
+transformer``), or without the chosen layers, is refused then, before the first step. On its first forward the
+criterion selects its attention sites
 (:func:`diverse_fairseq.methods.sites.select_sites`); each forward records exactly what the terms need
 (sub → V, pos → A, out → O) of those sites only (:func:`~diverse_fairseq.methods.sites.observe`), so
 unregularized modules keep fairseq's path. :class:`DisagreementTerm` holds all of this; each criterion only
@@ -42,6 +45,7 @@ from fairseq.logging import metrics
 from torch import Tensor
 
 from diverse_fairseq.methods.disagreement.similarity import output_similarity, position_similarity, subspace_similarity
+from diverse_fairseq.methods.hooks import model_built_for
 from diverse_fairseq.methods.options import (
     ALL_LAYERS,
     attention_types_field,
@@ -131,6 +135,9 @@ class DisagreementTerm:
         # the model whose sites self._sites holds, weakly referenced (an id() is reused once a model is freed)
         self._prepared_for: Optional[weakref.ref] = None
         self._sites: List[AttentionSite] = []
+        model = model_built_for(task)  # fairseq-train builds the model before the criterion
+        if model is not None:
+            self.regularized_sites(model)  # a wrong model is refused now, not at the first step (and its crash.pt)
 
     # ------------------------------------------------------------------ model set-up
 

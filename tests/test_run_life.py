@@ -1,0 +1,240 @@
+"""A run's life around fairseq-train (issue 31, item 6): Ctrl-C ends with one line saying what was saved and how to
+resume (``scripts/train.sh`` and the table runner), a damaged ``checkpoint_last.pt`` is refused before training
+with the fix, the disagreement criterion on a model without observable heads is refused when it is built (no
+crash.pt), hydra's noise stays out of fairseq's commands, and the header names the ``--arch`` given."""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, USER_DIR, fake_prepared, run_cli, tiny_train_args
+
+from diverse_fairseq import save_dir as save_dirs
+from diverse_fairseq import training
+from diverse_fairseq.tables import runner
+
+ENV_KEYS = ("SEEDS", "SEED", "TRAIN_ARGS", "DRY_RUN", "SAVE_DIR", "MAX_UPDATE", "GPUS", "AVERAGE", "RESUME_ANYWAY",
+            "SCALE", "JOBS", "MAX_TOKENS", "UPDATE_FREQ", "PRECISION", "EMBEDDINGS")
+SMALL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--max-tokens", "100",
+         "--save-interval-updates", "2", "--log-interval", "1", "--num-workers", "0"]
+INTERRUPTED = re.compile(r"\[train\] interrupted at update (\d+); the last checkpoint is at update (\d+) "
+                         r"\((\S+checkpoint_last\.pt)\); resume with: (.+)")
+#: what hydra printed before every fairseq command (torch's own warnings are not ours to hide)
+HYDRA_NOISE = ("DEBUG:hydra", "site-packages/hydra", "version_base", "ConfigStore schema", "strict flag",
+               "no longer experimental", "package header")
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=str(REPO), **extra)
+    for key in ENV_KEYS:
+        if key not in extra:
+            env.pop(key, None)
+    return env
+
+
+@pytest.fixture
+def toy_bin(tiny_data, tmp_path):
+    """``tmp_path/data-bin/toy``: the binarized toy corpus with the prepare.json that scripts/train.sh reads."""
+    dest = tmp_path / "data-bin" / "toy"
+    shutil.copytree(tiny_data, dest)
+    (dest / "prepare.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de",
+                                                   "joined_dictionary": True}))
+    return dest.parent
+
+
+def _checkpoint(path: Path, updates: int):
+    torch.save({"optimizer_history": [{"num_updates": updates}], "model": {"w": torch.zeros(2)}, "args": None,
+                "cfg": {"task": {}}}, path)
+
+
+# ------------------------------------------------------------------------------------------ Ctrl-C
+def test_ctrl_c_during_training_ends_with_one_line_and_resumes(toy_bin, tmp_path, capsys):
+    """A real tiny training (scripts/train.sh) interrupted by SIGINT to its process group, as Ctrl-C in a terminal:
+    exit 130, no traceback, the last line gives update N, the checkpoint's update M and a command that resumes."""
+    env = _env(DATA_BIN=str(toy_bin), CHECKPOINTS=str(tmp_path / "ck"), MAX_UPDATE="1000")
+    cmd = ["bash", str(REPO / "scripts" / "train.sh"), "toy", "tiny", *SMALL, "--arch", "diverse_transformer"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if re.search(r"num_updates=3\b", line):  # after the checkpoint of update 2
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        seen.append(proc.stdout.read())
+        assert proc.wait(timeout=120) == 130  # the shell's status for SIGINT
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = "".join(seen)
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    assert not [noise for noise in HYDRA_NOISE if noise in out], out[:3000]
+    assert "[train] toy tiny: diverse_transformer on the CPU" in out  # the --arch given, not the setting's
+    last = out.strip().splitlines()[-1]
+    found = INTERRUPTED.fullmatch(last)
+    assert found, last
+    reached, saved, checkpoint, resume = int(found[1]), int(found[2]), Path(found[3]), found[4]
+    assert reached >= 3 and 2 <= saved <= reached and save_dirs.trained_updates(checkpoint) == saved
+    assert resume.startswith(f"SAVE_DIR={checkpoint.parent} ") and " scripts/train.sh toy tiny " in resume
+    # the command resumes that run: the same directory, no option changed (its dry run, in this process, says so)
+    words = shlex.split(resume)
+    variables = dict(w.split("=", 1) for w in words[:words.index("scripts/train.sh")])
+    dataset, setting, *extra = words[words.index("scripts/train.sh") + 1:]
+    training.run_from_env(dataset, setting, extra, env=dict(variables, DRY_RUN="1", CUDA_VISIBLE_DEVICES=""))
+    assert f"[train] resuming from {checkpoint.parent};" in capsys.readouterr().out
+
+
+def test_interrupt_message_without_a_checkpoint(tmp_path):
+    assert training.interrupt_message(None, tmp_path, "CMD") == (
+        "interrupted before fairseq reported an update; no checkpoint was saved yet, so a new run starts from "
+        "update 0 with: CMD")
+    assert training.last_update('epoch 001:  5 / 58 loss=7.4, num_updates=5, lr=2e-05\n'
+                                '{"epoch": 1, "train_num_updates": "12"}') == 12
+
+
+def test_ctrl_c_in_a_table_names_each_interrupted_row_and_the_command(tmp_path, monkeypatch):
+    """The table runner (jobs run in this process): the interrupted row, its update and checkpoint, and the
+    same make command; finished rows are not listed."""
+    from diverse_fairseq.tables.__main__ import resume_command
+    from diverse_fairseq.tables.spec import load_table
+
+    table = load_table("naacl19_t3")
+    run = runner.RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path / "out", jobs=1)
+    run.data_bin = fake_prepared(tmp_path / "data-bin", "demo")
+    calls = []
+
+    def job(row, run_, seed):
+        calls.append(row.id)
+        if len(calls) == 2:
+            run_dir = run_.run_dir(row, seed)
+            run_dir.mkdir(parents=True)
+            _checkpoint(run_dir / "checkpoint_last.pt", 6)
+            raise training.Interrupted(7)
+        return {"row": row.id, "seed": seed, "eval": {"bleu": 1.0}}
+
+    monkeypatch.setattr(runner, "limit_threads", lambda threads: None)
+    monkeypatch.setattr(runner, "run_job", job)
+    with pytest.raises(runner.TableInterrupted) as caught:
+        runner.run_table(table, run)
+    (row, seed, update), = caught.value.jobs
+    assert (row.id, seed, update) == (calls[1], 1, 7)
+    resume = resume_command(["naacl19_t3"], {"SCALE": "demo", "SEEDS": "1", "HOME": "/root"})
+    assert resume == "make table-naacl19_t3 SCALE=demo SEEDS=1"
+    assert resume_command(["t.yaml", "--seeds", "2"], {}) == "python -m diverse_fairseq.tables t.yaml --seeds 2"
+    lines = runner.interrupted_lines(table, run, caught.value.jobs, resume)
+    checkpoint = run.run_dir(row, 1) / "checkpoint_last.pt"
+    assert lines == [f"[naacl19_t3] row {row.id} seed 1: interrupted at update 7; the last checkpoint is at update 6 "
+                     f"({checkpoint}); resume with: make table-naacl19_t3 SCALE=demo SEEDS=1"]
+
+
+# ------------------------------------------------------------------------------ damaged checkpoint_last.pt
+@pytest.fixture
+def env(tmp_path):
+    fake_prepared(tmp_path / "data-bin", "demo")
+    return {"DATA_BIN": str(tmp_path / "data-bin"), "CHECKPOINTS": str(tmp_path / "ck"), "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _damaged_run(env, where: Path, others=(("checkpoint_best.pt", 4), ("checkpoint_1_2.pt", 2))):
+    """``where`` as a run leaves it when checkpoint_last.pt's save was cut short: train_args.json, a truncated
+    checkpoint_last.pt and the intact ``others``."""
+    args, _, info = training.command_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    where.mkdir(parents=True)
+    save_dirs.write_args(where, args, info["data_meta"], args)
+    _checkpoint(where / "checkpoint_last.pt", 6)
+    data = (where / "checkpoint_last.pt").read_bytes()
+    (where / "checkpoint_last.pt").write_bytes(data[: len(data) // 2])
+    for name, updates in others:
+        _checkpoint(where / name, updates)
+
+
+def test_a_truncated_checkpoint_last_is_refused_before_training_with_the_fix(env, tmp_path, monkeypatch):
+    where = tmp_path / "run"
+    _damaged_run(env, where)
+    monkeypatch.setattr(training, "call_keeping_error", lambda cmd, env: pytest.fail("fairseq-train was started"))
+    with pytest.raises(SystemExit) as err:
+        training.run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    message = str(err.value)
+    last = where / "checkpoint_last.pt"
+    assert message.startswith(f"error: {last} is truncated (")
+    assert (f"resume from checkpoint_best.pt (update 4, intact): mv {last} {last}.damaged && "
+            f"cp {where}/checkpoint_best.pt {last}, then run the same command again to resume; ") in message
+    assert f"or, to train afresh in {where}, only mv {last} {last}.damaged" in message
+    # the fix works: after it, the run resumes from update 4
+    from diverse_fairseq.checkpoint_file import refuse_damaged_last
+
+    subprocess.run(f"mv {last} {last}.damaged && cp {where}/checkpoint_best.pt {last}", shell=True, check=True)
+    refuse_damaged_last(where, "rerun")
+    assert save_dirs.trained_updates(last) == 4
+
+
+def test_a_damaged_checkpoint_last_without_an_intact_one_is_moved_aside(env, tmp_path):
+    from diverse_fairseq.checkpoint_file import refuse_damaged_last
+
+    where = tmp_path / "run"
+    _damaged_run(env, where, others=())
+    (where / "checkpoint_best.pt").write_bytes(b"")  # empty: not a candidate either
+    with pytest.raises(SystemExit, match=r"no other checkpoint there is intact: move it aside \(mv \S+"
+                                         r"checkpoint_last\.pt \S+checkpoint_last\.pt\.damaged\) and rerun to "
+                                         r"train afresh"):
+        refuse_damaged_last(where, "rerun")
+
+
+# ------------------------------------------------------------------------------- plugin misuse at build
+def test_disagreement_on_a_plain_transformer_is_refused_when_built_without_crash_pt(tiny_data, tmp_path):
+    save = tmp_path / "save"
+    proc = run_cli("train", tiny_train_args(tiny_data, save, arch="transformer", max_update=2, extra=[
+        "--criterion", "label_smoothed_cross_entropy_with_disagreement"]), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "needs a model whose attention modules expose their heads (--arch diverse_transformer*" in out
+    assert not (save / "crash.pt").exists() and "num_updates" not in out  # before the first step
+
+
+def test_the_criterion_finds_the_model_of_its_task(tiny_data):
+    """The hook remembers the model each task built; the criterion checks it when built, and a model without
+    the chosen layers is refused too (the same check as at the first step)."""
+    from fairseq import options, tasks
+
+    from diverse_fairseq.methods.hooks import model_built_for
+
+    def build(arch, *extra):
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(parser, [str(a) for a in tiny_train_args(
+            tiny_data, "unused", arch=arch, extra=["--criterion", "label_smoothed_cross_entropy_with_disagreement",
+                                                   *extra])])
+        task = tasks.setup_task(args)
+        model = task.build_model(args)
+        assert model_built_for(task) is model
+        return task.build_criterion(args)
+
+    assert build("diverse_transformer").regularized_sites  # accepted
+    with pytest.raises(ValueError, match="--arch diverse_transformer"):
+        build("transformer")
+    with pytest.raises(ValueError, match="--disagreement-layers"):
+        build("diverse_transformer", "--disagreement-layers", "5")
+
+
+# --------------------------------------------------------------------------------------------- noise
+def test_no_hydra_noise_before_a_fairseq_command(tiny_data, tmp_path):
+    """fairseq-generate (the evaluation's and the interactive command's start-up): no hydra deprecation warnings,
+    no DEBUG:hydra lines; it then stops on the missing checkpoint."""
+    proc = run_cli("generate", [tiny_data, "--path", tmp_path / "missing.pt", "--user-dir", USER_DIR, "--cpu"],
+                   check=False)
+    out = proc.stdout + proc.stderr
+    assert "missing.pt" in out  # it got as far as loading the model, past the configuration
+    assert not [noise for noise in HYDRA_NOISE if noise in out], out[:3000]
+
+
+def test_the_header_names_the_arch_given(env, capsys):
+    training.run_from_env("demo", "tiny", ["--arch", "diverse_transformer"], env=dict(env, DRY_RUN="1"), gpus=0)
+    assert "[train] demo tiny: diverse_transformer on the CPU" in capsys.readouterr().out
