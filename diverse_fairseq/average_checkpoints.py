@@ -73,6 +73,24 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound: Optio
     return [os.path.join(path, name) for _, name in sorted(entries, reverse=True)[:n]]
 
 
+def average_last(save_dir: str, n: int, update_based: bool, output: str,
+                 upper_bound: Optional[int] = None) -> List[str]:
+    """Average the last ``n`` checkpoints of ``save_dir`` (update-based ``checkpoint_E_U.pt`` or per-epoch
+    ``checkpointE.pt``) into ``output``; return the averaged files. SystemExit when there are fewer than ``n``."""
+    return average_files(last_n_checkpoints(save_dir, n, update_based, upper_bound), output)
+
+
+def average_files(inputs: List[str], output: str) -> List[str]:
+    """Average the checkpoint files ``inputs`` into ``output`` (written atomically); return ``inputs``."""
+    print("averaging checkpoints:\n  " + "\n  ".join(inputs), flush=True)
+    state = average_checkpoints(inputs)
+    tmp = output + ".tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, output)
+    print(f"wrote the average of {len(inputs)} checkpoints to {output}", flush=True)
+    return inputs
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="Average the parameters of fairseq checkpoints.")
     p.add_argument("--inputs", required=True, nargs="+", help="checkpoint files, or one directory with "
@@ -90,13 +108,9 @@ def main(argv=None):
     if n is not None:
         if len(inputs) != 1 or not os.path.isdir(inputs[0]):
             p.error("with --num-*-checkpoints, --inputs must be one directory")
-        inputs = last_n_checkpoints(inputs[0], n, args.num_update_checkpoints is not None, args.checkpoint_upper_bound)
-    print("averaging checkpoints:\n  " + "\n  ".join(inputs), flush=True)
-    state = average_checkpoints(inputs)
-    tmp = args.output + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, args.output)
-    print(f"wrote the average of {len(inputs)} checkpoints to {args.output}", flush=True)
+        average_last(inputs[0], n, args.num_update_checkpoints is not None, args.output, args.checkpoint_upper_bound)
+    else:
+        average_files(inputs, args.output)
     return args.output
 
 

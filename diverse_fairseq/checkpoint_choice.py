@@ -1,6 +1,6 @@
 """Which checkpoint file of a run is evaluated: the one place where this is decided.
 
-A setting names its ``best_checkpoint_metric`` (:class:`diverse_fairseq.training.Setting`):
+A setting names its ``best_checkpoint_metric`` (:class:`diverse_fairseq.settings.Setting`):
 
 - ``None``: the last checkpoint, ``checkpoint_last.pt`` (the demo scale);
 - ``"bleu"``: ``checkpoint_best.pt``, the best by validation BLEU (fairseq's ``--eval-bleu`` with
@@ -42,7 +42,7 @@ def checkpoint_name(metric: Optional[str], average: int = 0) -> str:
 
 
 def evaluated_checkpoint(setting, average: int = 0) -> str:
-    """The file name of the checkpoint evaluated for ``setting`` (a :class:`~diverse_fairseq.training.Setting`)
+    """The file name of the checkpoint evaluated for ``setting`` (a :class:`~diverse_fairseq.settings.Setting`)
     when ``average`` checkpoints were averaged (0: a single checkpoint, the setting's)."""
     return checkpoint_name(setting.best_checkpoint_metric, average)
 
@@ -53,11 +53,3 @@ def describe(metric: Optional[str], averaged: int = 0) -> str:
     if averaged:
         return f"the average of the last {int(averaged)} checkpoints ({checkpoint_name(metric, averaged)})"
     return f"a single checkpoint ({METRICS[check_metric(metric)]}, {checkpoint_name(metric)})"
-
-
-def recorded_metric(record: dict) -> Optional[str]:
-    """The best checkpoint metric of a training record (``train.json``); records written before settings named
-    one evaluated ``checkpoint_best.pt`` only when it was chosen by validation BLEU."""
-    if "best_checkpoint_metric" in record:
-        return check_metric(record["best_checkpoint_metric"])
-    return "bleu" if str(record.get("checkpoint", "")).endswith("checkpoint_best.pt") else None

@@ -20,14 +20,21 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from . import env_checks
+from . import env_checks, paths
 from .checkpoint_file import check_dataset, read_checkpoint
+from .dataset_meta import DatasetMeta, load_dataset_meta
 from .paper_bleu import authors_bleu
-from .training import LENGTH_PENALTIES, task_args
+from .run_plan import task_args
+from .settings import LENGTH_PENALTIES
 from .user_dir import USER_DIR  # the package directory, for --user-dir
+
+#: the Chinese segmentation of the tokenized BLEU where prepare.json names none (a zh target without a recorded
+#: segmenter): characters, as WMT17 Zh results are commonly scored
+ZH_TOKENIZED_BLEU = "char"
 
 _TRANSLATED = re.compile(
     r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
@@ -68,13 +75,6 @@ def _in_order(by_id: Dict[int, str], n: int, what: str) -> List[str]:
     return [by_id[i] for i in range(n)]
 
 
-def load_meta(data_dir: Path) -> Dict[str, object]:
-    meta = data_dir / "prepare.json"
-    if not meta.exists():
-        raise SystemExit(f"error: {meta} not found: prepare the dataset first with scripts/prepare_data.sh")
-    return json.loads(meta.read_text())
-
-
 def resolve_data(dataset: str, data_bin: str) -> Path:
     path = Path(dataset)
     if (path / "prepare.json").exists():
@@ -83,37 +83,37 @@ def resolve_data(dataset: str, data_bin: str) -> Path:
 
 
 def bleu_scores(hyps_detok: List[str], refs_detok: List[str], hyps_tok: List[str], refs_tok: List[str],
-                meta: Dict[str, object]) -> Dict[str, object]:
+                meta: DatasetMeta) -> Dict[str, object]:
     """sacrebleu BLEU on detokenized text (with signature) and tokenized BLEU (tokenize=none)."""
     from sacrebleu.metrics import BLEU
 
-    sacre = BLEU(tokenize=meta.get("sacrebleu_tokenize", "13a"), lowercase=bool(meta.get("lowercase")))
+    sacre = BLEU(tokenize=meta.sacrebleu_tokenize, lowercase=meta.lowercase)
     score = sacre.corpus_score(hyps_detok, [refs_detok])
     tok = BLEU(tokenize="none", force=True)
     tok_score = tok.corpus_score(hyps_tok, [refs_tok])
     return {
         "bleu": round(score.score, 2), "bleu_detail": str(score), "signature": str(sacre.get_signature()),
         "tok_bleu": round(tok_score.score, 2), "tok_bleu_detail": str(tok_score),
-        "tok_bleu_kind": "tokenized" + (", compound-split" if meta.get("compound_split") else "") +
-                         (", lowercased" if meta.get("lowercase") else ""),
+        "tok_bleu_kind": "tokenized" + (", compound-split" if meta.compound_split else "") +
+                         (", lowercased" if meta.lowercase else ""),
     }
 
 
 def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: List[str], data_dir: Path, subset: str,
-                   meta: Dict[str, object]):
+                   meta: DatasetMeta):
     """The tokenized hypothesis and reference lines for the tokenized BLEU."""
     from .data.text import compound_split, tokenize
 
-    tgt = meta["target_lang"]
+    tgt = meta.target_lang
 
     def tok(lines):
-        return [tokenize(s, tgt, aggressive_dash=bool(meta.get("aggressive_dash")),
-                         lowercase=bool(meta.get("lowercase")), zh_seg=meta.get("zh_seg") or "char") for s in lines]
+        return [tokenize(s, tgt, aggressive_dash=meta.aggressive_dash, lowercase=meta.lowercase,
+                         zh_seg=meta.zh_seg or ZH_TOKENIZED_BLEU) for s in lines]
 
-    hyps = hyps_model if meta.get("moses_tokenized") else tok(hyps_detok)
+    hyps = hyps_model if meta.moses_tokenized else tok(hyps_detok)
     ref_file = data_dir / f"{subset}.tok.{tgt}"
     refs = ref_file.read_text(encoding="utf-8").splitlines() if ref_file.exists() else tok(refs_detok)
-    if meta.get("compound_split"):
+    if meta.compound_split:
         hyps = [compound_split(s) for s in hyps]
         refs = [compound_split(s) for s in refs]
     return hyps, refs
@@ -140,7 +140,7 @@ def build_parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoint file (.pt)")
     p.add_argument("dataset", help="dataset name under --data-bin, or a prepared dataset directory")
-    p.add_argument("--data-bin", default=env("DATA_BIN", "data-bin"), help="[DATA_BIN]")
+    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
     p.add_argument("--subset", default=env("SUBSET", "test"), help="valid or test [SUBSET]")
     p.add_argument("--beam", default=env("BEAM"), help="default: the recipe's [BEAM]")
     p.add_argument("--lenpen", default=env("LENPEN"), help="default: the recipe's [LENPEN]")
@@ -155,6 +155,8 @@ def build_parser():
     p.add_argument("--batch-size", default=env("BATCH_SIZE", "128"), help="sentences per batch [BATCH_SIZE]")
     p.add_argument("--out", default=env("OUT"), help="output directory [OUT]")
     p.add_argument("--cpu", action="store_true", default=None, help="decode on CPU even with a GPU [CPU=1]")
+    p.add_argument("--precision", default=None, choices=EVAL_PRECISIONS,
+                   help="decoding precision on a GPU (fp16, bf16; the others decode in fp32) [PRECISION]")
     p.add_argument("--fp16", action="store_true", default=None,
                    help="decode in fp16 on a GPU [PRECISION=fp16; bf16 decodes in bf16, the other training "
                         "precisions (amp, memory-efficient-fp16, fp32) in fp32]")
@@ -176,7 +178,7 @@ def check_args(args):
     args.batch_size = env_checks.parse_int("BATCH_SIZE (--batch-size)", args.batch_size, 1)
     if args.cpu is None:
         args.cpu = env_checks.parse_flag("CPU", os.environ.get("CPU"))
-    precision = env_checks.get(os.environ, "PRECISION")
+    precision = args.precision or env_checks.get(os.environ, "PRECISION")
     if precision is not None:
         precision = env_checks.parse_choice("PRECISION", precision, EVAL_PRECISIONS)
     args.precision = "fp16" if args.fp16 else precision if precision in ("fp16", "bf16") else "fp32"
@@ -186,61 +188,106 @@ def check_args(args):
     return args
 
 
-def decoding(args, meta: Dict[str, object]) -> Dict[str, object]:
-    """Beam, length penalty (value and form) and length limit: the options' where given, else the recipe's
+@dataclass(frozen=True)
+class EvalRequest:
+    """One evaluation: what :func:`evaluate` decodes and scores. ``main`` builds it from the command line and
+    the environment (``SUBSET``, ``BEAM``, ``LENPEN``, ``LENGTH_PENALTY``, ``MAX_LEN_A``/``B``, ``BATCH_SIZE``,
+    ``OUT``, ``CPU``, ``PRECISION``); the
+    table runner builds it from the table alone, so none of those variables changes what a table decodes."""
+
+    checkpoint: Path
+    data_dir: Path  # a prepared dataset (with prepare.json)
+    subset: str = "test"  # test | valid
+    beam: Optional[int] = None  # None: the recipe's (prepare.json)
+    lenpen: Optional[float] = None  # None: the recipe's
+    length_penalty: str = "fairseq"  # the penalty form: fairseq (|y|^lenpen) or gnmt (((5 + |y|)/6)^lenpen)
+    max_len_a: Optional[float] = None  # None: the recipe's length limit
+    max_len_b: Optional[int] = None
+    batch_size: int = 128
+    out: Optional[Path] = None  # None: <checkpoint dir>/eval-<dataset>-<subset>-<checkpoint name>
+    cpu: bool = False  # decode on the CPU even with a GPU
+    precision: str = "fp32"  # fp16 | bf16 decode in that precision on a GPU; fp32 otherwise
+    generate_args: Tuple[str, ...] = ()  # extra fairseq-generate options
+
+
+def command_line(request: EvalRequest) -> List[str]:
+    """``python -m diverse_fairseq.evaluate`` arguments that make ``request`` (every option spelled out, so
+    that no environment variable changes it); what a dry run prints."""
+    return [str(request.checkpoint), str(request.data_dir), "--subset", request.subset,
+            *(["--beam", str(request.beam)] if request.beam else []),
+            *(["--lenpen", str(request.lenpen)] if request.lenpen is not None else []),
+            "--length-penalty", request.length_penalty,
+            *(["--max-len-a", f"{request.max_len_a:g}"] if request.max_len_a is not None else []),
+            *(["--max-len-b", str(request.max_len_b)] if request.max_len_b is not None else []),
+            "--batch-size", str(request.batch_size), *(["--out", str(request.out)] if request.out else []),
+            *(["--cpu"] if request.cpu else []), "--precision", request.precision, *request.generate_args]
+
+
+def parse_request(argv=None) -> EvalRequest:
+    """The :class:`EvalRequest` of a command line and the environment (checked; SystemExit naming a bad value)."""
+    args, extra = build_parser().parse_known_args(argv)
+    args = check_args(args)
+    return EvalRequest(
+        checkpoint=Path(args.checkpoint), data_dir=resolve_data(args.dataset, args.data_bin), subset=args.subset,
+        beam=args.beam, lenpen=args.lenpen, length_penalty=args.length_penalty, max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b, batch_size=args.batch_size, out=Path(args.out) if args.out else None,
+        cpu=bool(args.cpu), precision=args.precision, generate_args=tuple(extra))
+
+
+def main(argv=None):
+    return evaluate(parse_request(argv))
+
+
+def resolved(request: EvalRequest, meta: DatasetMeta):
+    """(beam, length penalty value, max_len_a, max_len_b): the request's where it gives them, else the recipe's
     (``prepare.json``)."""
-    return {"beam": args.beam or meta.get("beam", 5),
-            "lenpen": args.lenpen if args.lenpen is not None else meta.get("lenpen", 1.0),
-            "length_penalty": args.length_penalty,
-            "max_len_a": args.max_len_a if args.max_len_a is not None else meta.get("max_len_a", 0),
-            "max_len_b": args.max_len_b if args.max_len_b is not None else meta.get("max_len_b", 200)}
+    return (request.beam or meta.beam, meta.lenpen if request.lenpen is None else request.lenpen,
+            meta.max_len_a if request.max_len_a is None else request.max_len_a,
+            meta.max_len_b if request.max_len_b is None else request.max_len_b)
 
 
-def generate_command(args, meta: Dict[str, object], data_dir: Path, ckpt: Path, out: Path, on_gpu: bool
-                     ) -> List[str]:
-    """The fairseq-generate command (checked ``args``) that decodes ``args.subset`` of ``data_dir`` with ``ckpt``
-    into ``out``, as :func:`decoding` says: GNMT's length penalty through the plugin's
-    ``--task translation_length_penalty`` (:func:`diverse_fairseq.training.task_args`)."""
-    d = decoding(args, meta)
-    cmd = [sys.executable, "-m", "fairseq_cli.generate", str(data_dir), "--path", str(ckpt), "--user-dir", USER_DIR,
-           *task_args(d["length_penalty"]), "--source-lang", meta["source_lang"], "--target-lang",
-           meta["target_lang"], "--gen-subset", args.subset, "--beam", str(d["beam"]), "--lenpen", str(d["lenpen"]),
-           "--batch-size", str(args.batch_size),
-           "--max-len-a", f"{d['max_len_a']:g}", "--max-len-b", str(d["max_len_b"]),
-           "--post-process", meta["post_process"], "--results-path", str(out),
+def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu: bool) -> List[str]:
+    """The fairseq-generate command that decodes ``request.subset`` into ``out`` as :func:`resolved` says, GNMT's
+    length penalty through the plugin's ``--task translation_length_penalty``."""
+    beam, lenpen, max_len_a, max_len_b = resolved(request, meta)
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", str(request.data_dir), "--path", str(request.checkpoint),
+           "--user-dir", USER_DIR, *task_args(request.length_penalty), "--source-lang", meta.source_lang,
+           "--target-lang", meta.target_lang, "--gen-subset", request.subset, "--beam", str(beam),
+           "--lenpen", str(lenpen), "--batch-size", str(request.batch_size),
+           "--max-len-a", f"{max_len_a:g}", "--max-len-b", str(max_len_b),
+           "--post-process", meta.post_process, "--results-path", str(out),
            # fairseq 0.12 drops the sentences of a last, partial batch when this is 8 (its default)
            "--required-batch-size-multiple", "1"]
     if not on_gpu:
         cmd.append("--cpu")
-    elif args.precision != "fp32":
-        cmd.append(f"--{args.precision}")
-    return cmd
+    elif request.precision in ("fp16", "bf16"):
+        cmd.append(f"--{request.precision}")
+    return cmd + list(request.generate_args)
 
 
-def main(argv=None):
-    args, extra = build_parser().parse_known_args(argv)
-    args = check_args(args)
-    data_dir = resolve_data(args.dataset, args.data_bin)
-    meta = load_meta(data_dir)
-    src, tgt = meta["source_lang"], meta["target_lang"]
-    ckpt = Path(args.checkpoint)
+def evaluate(request: EvalRequest) -> Dict:
+    """Decode ``request.subset`` with the checkpoint, detokenize, score; write the outputs and ``results.json``
+    into the output directory and return the results."""
+    data_dir, subset = Path(request.data_dir), request.subset
+    meta = load_dataset_meta(data_dir)
+    src, tgt = meta.source_lang, meta.target_lang
+    ckpt = Path(request.checkpoint)
     # before any output: a truncated file, one that is not a checkpoint, or a model of another dataset
     check_dataset(read_checkpoint(ckpt), ckpt, data_dir, src, tgt)
-    out = Path(args.out or ckpt.parent / f"eval-{meta['dataset']}-{args.subset}-{ckpt.stem}")
+    out = Path(request.out or ckpt.parent / f"eval-{meta.dataset}-{subset}-{ckpt.stem}")
     out.mkdir(parents=True, exist_ok=True)
 
     import torch
 
-    on_gpu = torch.cuda.is_available() and not args.cpu
-    dec = decoding(args, meta)
-    beam, lenpen, max_len_a, max_len_b = dec["beam"], dec["lenpen"], dec["max_len_a"], dec["max_len_b"]
-    cmd = generate_command(args, meta, data_dir, ckpt, out, on_gpu) + extra
-    print(f"[evaluate] step 1/3: decode {data_dir} {args.subset} with {ckpt} (beam {beam}, lenpen {lenpen} "
-          f"({args.length_penalty}), at most {max_len_a:g}·|x|+{max_len_b} tokens, {'GPU' if on_gpu else 'CPU'})",
-          flush=True)
+    on_gpu = torch.cuda.is_available() and not request.cpu
+    cmd = generate_command(request, meta, out, on_gpu)
+    beam, lenpen, max_len_a, max_len_b = resolved(request, meta)
+    print(f"[evaluate] step 1/3: decode {data_dir} {subset} with {ckpt} (beam {beam}, lenpen {lenpen} "
+          f"({request.length_penalty}), at most {max_len_a:g}·|x|+{max_len_b} tokens, "
+          f"{'GPU' if on_gpu else 'CPU'})", flush=True)
     print("  " + " ".join(cmd[1:]), flush=True)
-    gen_file = out / f"generate-{args.subset}.txt"
-    log_file = out / f"generate-{args.subset}.log"
+    gen_file = out / f"generate-{subset}.txt"
+    log_file = out / f"generate-{subset}.log"
     returncode = run_logged(cmd, log_file)
     if returncode != 0 or not gen_file.exists():
         raise SystemExit(f"error: fairseq-generate failed (exit {returncode}); its log is {log_file}")
@@ -252,31 +299,31 @@ def main(argv=None):
     hyps_model = _in_order(parsed["hyps"], n, "hypotheses")
     from .data.text import detokenize
 
-    hyps_detok = [detokenize(h, tgt) for h in hyps_model] if meta.get("moses_tokenized") else hyps_model
-    ref_name = meta.get("references", {}).get(args.subset)
+    hyps_detok = [detokenize(h, tgt) for h in hyps_model] if meta.moses_tokenized else hyps_model
+    ref_name = meta.references.get(subset)
     if ref_name:
         refs_detok = (data_dir / ref_name).read_text(encoding="utf-8").split("\n")[:-1]
         ref_kind = f"raw reference {ref_name}"
     else:
         targets = _in_order(parsed["targets"], n, "targets")
-        refs_detok = [detokenize(t, tgt) for t in targets] if meta.get("moses_tokenized") else targets
+        refs_detok = [detokenize(t, tgt) for t in targets] if meta.moses_tokenized else targets
         ref_kind = "processed target side of the binarized data (no raw reference for this split)"
     if len(refs_detok) != len(hyps_detok):
         raise SystemExit(f"error: {len(hyps_detok)} hypotheses but {len(refs_detok)} references in {ref_name}")
-    hyps_tok, refs_tok = tokenized_pair(hyps_model, hyps_detok, refs_detok, data_dir, args.subset, meta)
+    hyps_tok, refs_tok = tokenized_pair(hyps_model, hyps_detok, refs_detok, data_dir, subset, meta)
     for name, lines in ((f"hyp.detok.{tgt}", hyps_detok), (f"ref.detok.{tgt}", refs_detok),
                         (f"hyp.tok.{tgt}", hyps_tok), (f"ref.tok.{tgt}", refs_tok)):
         (out / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
     print("[evaluate] step 3/3: score", flush=True)
-    results = {"checkpoint": str(ckpt), "dataset": meta["dataset"], "data": str(data_dir), "subset": args.subset,
-               "sentences": n, "beam": beam, "lenpen": lenpen, "length_penalty": args.length_penalty,
-               "max_len_a": max_len_a, "max_len_b": max_len_b, "batch_size": args.batch_size,
+    results = {"checkpoint": str(ckpt), "dataset": meta.dataset, "data": str(data_dir), "subset": subset,
+               "sentences": n, "beam": beam, "lenpen": lenpen, "length_penalty": request.length_penalty,
+               "max_len_a": max_len_a, "max_len_b": max_len_b, "batch_size": request.batch_size,
                "device": "gpu" if on_gpu else "cpu", "reference": ref_kind}
     results.update(bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta))
     # the paper authors' own scoring where their tables have one (diverse_fairseq.paper_bleu)
     targets = _in_order(parsed["targets"], n, "targets") if parsed["targets"] else None
-    results.update(authors_bleu(meta["dataset"], hyps_model, targets, refs_detok, tgt))
+    results.update(authors_bleu(meta.dataset, hyps_model, targets, refs_detok, tgt))
     results["speed"] = parsed["speed"]
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     speed = parsed["speed"]

@@ -20,29 +20,30 @@ See docs/translating.md.
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from . import paths
 from .checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
-from .evaluate import load_meta, resolve_data
+from .dataset_meta import DatasetMeta, load_dataset_meta
+from .evaluate import resolve_data
 from .user_dir import USER_DIR
 
 
-def segmentation_options(data_dir: Path, meta: Dict[str, object]) -> List[str]:
+def segmentation_options(data_dir: Path, meta: DatasetMeta) -> List[str]:
     """The tokenizer and BPE options that repeat the dataset's preparation on the source text."""
-    src = meta["source_lang"]
-    model = Path(data_dir) / meta["bpe_models"][src]
-    if meta["bpe"] == "sentencepiece":
+    src = meta.source_lang
+    model = Path(data_dir) / meta.bpe_models[src]
+    if meta.bpe == "sentencepiece":
         return ["--bpe", "sentencepiece", "--sentencepiece-model", str(model)]
-    if meta["bpe"] != "subword-nmt":
-        raise SystemExit(f"error: {data_dir}/prepare.json names the segmentation {meta['bpe']!r}; this command knows "
+    if meta.bpe != "subword-nmt":
+        raise SystemExit(f"error: {data_dir}/prepare.json names the segmentation {meta.bpe!r}; this command knows "
                          "subword-nmt and sentencepiece")
     # fairseq's Moses tokenizer escapes like ours; it splits hyphens unless told not to, which the recipes
     # other than WMT14 (aggressive_dash) do not do
-    moses = ["--tokenizer", "moses"] + ([] if meta.get("aggressive_dash") else ["--moses-no-dash-splits"])
+    moses = ["--tokenizer", "moses"] + ([] if meta.aggressive_dash else ["--moses-no-dash-splits"])
     return moses + ["--bpe", "subword_nmt", "--bpe-codes", str(model)]
 
 
@@ -61,29 +62,28 @@ def stored_decoding(state: Dict) -> Dict[str, object]:
     return decoding
 
 
-def build_command(checkpoint, data_dir, meta: Dict[str, object], decoding: Optional[Dict[str, object]] = None
+def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Optional[Dict[str, object]] = None
                   ) -> List[str]:
     """``fairseq-interactive`` with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
     decoding settings, with ``decoding`` (:func:`stored_decoding`) over them."""
-    from .training import task_args
+    from .run_plan import task_args
 
-    d = {"length_penalty": "fairseq", "max_len_a": meta.get("max_len_a", 0), "max_len_b": meta.get("max_len_b", 200),
-         **(decoding or {})}
+    d = {"length_penalty": "fairseq", "max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **(decoding or {})}
     return ["fairseq-interactive", str(data_dir), "--path", str(checkpoint), "--user-dir", USER_DIR,
-            *task_args(str(d["length_penalty"])), "--source-lang", meta["source_lang"],
-            "--target-lang", meta["target_lang"], *segmentation_options(data_dir, meta),
-            "--beam", str(meta.get("beam", 5)), "--lenpen", str(meta.get("lenpen", 1.0)),
+            *task_args(str(d["length_penalty"])), "--source-lang", meta.source_lang,
+            "--target-lang", meta.target_lang, *segmentation_options(data_dir, meta),
+            "--beam", str(meta.beam), "--lenpen", str(meta.lenpen),
             "--max-len-a", str(d["max_len_a"]), "--max-len-b", str(d["max_len_b"])]
 
 
-def caveats(meta: Dict[str, object]) -> List[str]:
+def caveats(meta: DatasetMeta) -> List[str]:
     """What the command does not repeat of the dataset's preparation, for the user to do on the input."""
     notes = []
-    if meta.get("lowercase"):
+    if meta.lowercase:
         notes.append("the dataset was lowercased: give lowercase input (fairseq-interactive does not lowercase); "
                      "the output is lowercase too")
-    if meta["source_lang"] == "zh" and meta.get("moses_tokenized"):
-        seg = meta.get("zh_seg") or "jieba"
+    if meta.source_lang == "zh" and meta.moses_tokenized:
+        seg = meta.zh_seg or "jieba"  # prepare_data's default segmenter
         notes.append(f"the Chinese source was segmented ({seg}) before Moses tokenization: give input segmented "
                      f"the same way (words separated by spaces" + (", characters" if seg == "char" else "") + ")")
     return notes
@@ -95,13 +95,13 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint", help="checkpoint file (.pt)")
     p.add_argument("dataset", nargs="?", help="dataset name under --data-bin, or a prepared dataset folder "
                                               "(default: the one the checkpoint was trained on)")
-    p.add_argument("--data-bin", default=os.environ.get("DATA_BIN") or "data-bin", help="[DATA_BIN]")
+    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
     args = p.parse_args(argv)
     checkpoint = Path(args.checkpoint)
     state = read_checkpoint(checkpoint)
     data_dir = resolve_data(args.dataset, args.data_bin) if args.dataset else stored_data_dir(state, checkpoint)
-    meta = load_meta(data_dir)
-    check_dataset(state, checkpoint, data_dir, meta["source_lang"], meta["target_lang"])
+    meta = load_dataset_meta(data_dir)
+    check_dataset(state, checkpoint, data_dir, meta.source_lang, meta.target_lang)
     for note in caveats(meta):
         print(f"note: {note}", file=sys.stderr)
     print(shlex.join(build_command(checkpoint, data_dir, meta, stored_decoding(state))))

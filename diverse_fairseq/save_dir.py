@@ -1,42 +1,28 @@
 """One save directory per training variant, and no silent resume of a different one.
 
 :func:`diverse_fairseq.training.run` (``scripts/train.sh``) names its default save directory
-``CHECKPOINTS/<DATASET>_<SETTING>-<hash>``: the hash (8 hex digits) is taken over the *effective* fairseq-train
-options (every option with its last value, extra flags included) and the prepared data's ``prepare.json``, so
-two method variants never share a directory, and rerunning the same command finds its own directory again and
-resumes it. An explicit ``SAVE_DIR`` is used as given.
+``CHECKPOINTS/<DATASET>_<SETTING>-<hash>``: the hash (8 hex digits) is taken over the run's identity
+(:func:`diverse_fairseq.identity.run_identity`: the effective, model-changing fairseq-train option values and
+the prepared data), so two method variants never share a directory, and rerunning the same command, or one that
+only spells out defaults, finds its own directory again and resumes it. An explicit ``SAVE_DIR`` is used as given.
 
-Before training, the effective options are written to ``SAVE_DIR/train_args.json``. A run that would resume
-a directory (one with ``checkpoint_last.pt``) whose stored options differ from the requested ones stops before
-training, naming each differing option with its old and new value; ``RESUME_ANYWAY=1`` resumes anyway (and
-records the new options), another ``SAVE_DIR`` or deleting the directory starts afresh.
-
-Options that may differ on resume (:data:`RESUMABLE_OPTIONS`) are left out of the hash and the comparison: they
-change where and how often things are logged or saved, how data is loaded, or (``--max-update``) how long
-training goes on, not the model being trained: so ``MAX_UPDATE=N`` extends a run in its own directory,
-``AVERAGE=N`` (which only keeps more checkpoints) averages the run trained without it, and a resubmitted SLURM job
-(another ``--distributed-port``) resumes its run. Everything else counts,
-the batch options that depend on the number of GPUs (``--update-freq``, ``--distributed-world-size``,
-``--cpu``, precision) included: the same command on another machine trains in another directory.
+Before training, the identity is written to ``SAVE_DIR/train_args.json``. A run that would resume a directory
+(one with ``checkpoint_last.pt``) whose stored identity differs from the requested one stops before training,
+naming each differing option with its old and new value; ``RESUME_ANYWAY=1`` resumes anyway (and records the
+new options), another ``SAVE_DIR`` or deleting the directory starts afresh. The options that may differ on
+resume are :data:`diverse_fairseq.identity.NOT_THE_MODEL` (logging, saving, ``--max-update``, ...): so
+``MAX_UPDATE=N`` extends a run in its own directory, ``AVERAGE=N`` (which only keeps more checkpoints) averages
+the run trained without it, and a resubmitted SLURM job (another ``--distributed-port``) resumes its run.
 """
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .identity import NOT_THE_MODEL, differences, identity_hash
+
 ARGS_FILE = "train_args.json"
 RESUME_ENV = "RESUME_ANYWAY"
-#: where and how fairseq-train logs: the table runner sets these itself and leaves them out of its cache key
-LOG_OPTIONS = ("--log-format", "--log-file")
-# options that may change between a run and its resumption (see the module docstring)
-RESUMABLE_OPTIONS = frozenset({
-    *LOG_OPTIONS, "--max-update", "--save-dir", "--tensorboard-logdir", "--user-dir",
-    "--log-interval", "--no-progress-bar", "--num-workers", "--keep-interval-updates", "--keep-last-epochs",
-    "--keep-best-checkpoints", "--save-interval", "--save-interval-updates", "--no-epoch-checkpoints",
-    "--no-last-checkpoints", "--wandb-project", "--azureml-logging",
-    "--distributed-port",  # under SLURM derived from the job id: a resubmitted job resumes its run
-})
 
 
 def effective_options(args: List[str]) -> Dict[str, Optional[str]]:
@@ -61,44 +47,15 @@ def effective_options(args: List[str]) -> Dict[str, Optional[str]]:
     return options
 
 
-def experiment(args: List[str], data_meta: Dict) -> Dict:
-    """What identifies a variant: the effective options without :data:`RESUMABLE_OPTIONS` (the data path as the
-    dataset's ``prepare.json`` without its creation time). JSON-normalised, so it equals a stored one."""
-    options = {k: v for k, v in effective_options(args).items() if k not in RESUMABLE_OPTIONS and k != "DATA"}
-    meta = {k: v for k, v in data_meta.items() if k != "created"}
-    return json.loads(json.dumps({"options": dict(sorted(options.items())), "data": meta}))
+def default_save_dir(checkpoints: Path, name: str, identity: Dict) -> Path:
+    """``checkpoints/<name>-<hash of the run's identity>`` (``name`` is ``<DATASET>_<SETTING>``)."""
+    return Path(checkpoints) / f"{name}-{identity_hash(identity)}"
 
 
-def variant_hash(args: List[str], data_meta: Dict) -> str:
-    """8 hex digits of the SHA-256 of :func:`experiment`."""
-    text = json.dumps(experiment(args, data_meta), sort_keys=True)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
-
-
-def default_save_dir(checkpoints: Path, name: str, args: List[str], data_meta: Dict) -> Path:
-    """``checkpoints/<name>-<hash>`` (``name`` is ``<DATASET>_<SETTING>``)."""
-    return Path(checkpoints) / f"{name}-{variant_hash(args, data_meta)}"
-
-
-def differences(old: Dict, new: Dict) -> List[str]:
-    """``["--lr 0.0007 → 0.001", "--criterion (absent) → ..."]`` and ``"prepared data"`` where they differ."""
-    def show(options, name):
-        if name not in options:
-            return "(absent)"
-        return "(set)" if options[name] is None else str(options[name])
-
-    before, after = old.get("options", {}), new["options"]
-    lines = [f"{name} {show(before, name)} → {show(after, name)}" for name in sorted(set(before) | set(after))
-             if (name in before) != (name in after) or before.get(name) != after.get(name)]
-    if old.get("data") != new["data"]:
-        lines.append("the prepared data (prepare.json of DATA_BIN/DATASET)")
-    return lines
-
-
-def check_resume(save_dir: Path, args: List[str], data_meta: Dict, resume_anyway: bool = False) -> Optional[str]:
-    """Refuse (``SystemExit``) to resume ``save_dir`` when it was trained with other options, unless
-    ``resume_anyway`` (``RESUME_ANYWAY=1``); return a warning to print, or ``None``. Called before training, also
-    by a dry run."""
+def check_resume(save_dir: Path, identity: Dict, resume_anyway: bool = False) -> Optional[str]:
+    """Refuse (``SystemExit``) to resume ``save_dir`` when it was trained as another run (another
+    :func:`~diverse_fairseq.identity.run_identity`), unless ``resume_anyway`` (``RESUME_ANYWAY=1``); return a
+    warning to print, or ``None``. Called before training, also by a dry run."""
     save_dir = Path(save_dir)
     if not (save_dir / "checkpoint_last.pt").exists():
         return None
@@ -106,8 +63,7 @@ def check_resume(save_dir: Path, args: List[str], data_meta: Dict, resume_anyway
     if not stored.exists():
         return (f"{save_dir} has a checkpoint_last.pt but no {ARGS_FILE} (trained by an older version): "
                 f"resuming it without checking that it was trained with the same options")
-    new = experiment(args, data_meta)
-    changed = differences(json.loads(stored.read_text(encoding="utf-8")).get("experiment", {}), new)
+    changed = differences(json.loads(stored.read_text(encoding="utf-8")).get("identity", {}), identity)
     if not changed:
         return None
     listing = "\n  ".join(changed)
@@ -119,14 +75,13 @@ def check_resume(save_dir: Path, args: List[str], data_meta: Dict, resume_anyway
         f"To train the requested options from scratch, give another SAVE_DIR (or leave SAVE_DIR unset: "
         f"every variant then gets its own directory) or delete {save_dir}; to continue the stored run with "
         f"the new options anyway, set {RESUME_ENV}=1. Options that may change on resume: "
-        f"{', '.join(sorted(RESUMABLE_OPTIONS))}.")
+        f"{', '.join(sorted('--' + name.replace('_', '-') for name in NOT_THE_MODEL))}.")
 
 
-def write_args(save_dir: Path, args: List[str], data_meta: Dict, command: List[str]) -> Path:
-    """Write ``SAVE_DIR/train_args.json``: the full command and the :func:`experiment` it is checked by."""
+def write_args(save_dir: Path, identity: Dict, command: List[str]) -> Path:
+    """Write ``SAVE_DIR/train_args.json``: the full command and the identity it is checked by."""
     path = Path(save_dir) / ARGS_FILE
-    payload = {"experiment": experiment(args, data_meta), "hash": variant_hash(args, data_meta),
-               "command": list(command)}
+    payload = {"identity": identity, "hash": identity_hash(identity), "command": list(command)}
     path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     return path
 

@@ -434,8 +434,9 @@ def test_score_checkpoint_equals_the_full_pass(tiny_checkpoints, tiny_data):
 
 @pytest.mark.slow
 def test_table_runner_scores_the_whole_set_per_layer_and_caches(tiny_checkpoints, tiny_data, tmp_path, capsys):
-    from diverse_fairseq.tables.runner import RunConfig, disagreement_scores
+    from diverse_fairseq.tables.config import RunConfig
     from diverse_fairseq.tables.spec import Row
+    from diverse_fairseq.tables.steps import disagreement_scores
 
     run = RunConfig(dataset=tiny_data.name, scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
                     data_bin=tiny_data.parent)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import lines
 
-from diverse_fairseq import training
+from diverse_fairseq import settings, training
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.data.text import tokenize
 
@@ -140,15 +140,15 @@ def test_a_custom_dataset_trains_with_a_setting_for_its_size(tmp_path, monkeypat
     data_bin = tmp_path / "data-bin"
     for name, pairs, setting in (("custom_en_de", 300, "tiny"), ("mid", 160_000, "small"), ("big", 4_500_000, "base")):
         _meta(data_bin, name, pairs)
-        assert training.default_setting(name, data_bin) == setting
-    assert training.default_setting("wmt14_en_de", data_bin) == "base"  # the papers' datasets keep theirs
+        assert settings.default_setting(name, data_bin) == setting
+    assert settings.default_setting("wmt14_en_de", data_bin) == "base"  # the papers' datasets keep theirs
     _meta(data_bin, "unknown", None)
     with pytest.raises(SystemExit, match="no setting can be chosen for unknown: name one"):
-        training.default_setting("unknown", data_bin)
+        settings.default_setting("unknown", data_bin)
     with pytest.raises(SystemExit, match="prepare the data first"):
-        training.default_setting("missing", data_bin)
+        settings.default_setting("missing", data_bin)
     # the table runner at paper scale takes the same default; the command line without a setting too
-    from diverse_fairseq.tables.runner import RunConfig
+    from diverse_fairseq.tables.config import RunConfig
     from diverse_fairseq.tables.spec import Row
 
     run = RunConfig(dataset="mid", scale="paper", seeds=[1], gpus=0, out_dir=tmp_path, data_bin=data_bin)

@@ -281,3 +281,19 @@ def test_wmt14_joined_follows_macaron_nets_scripts_and_shares_the_downloads(tmp_
     # cleaned on the tokenized words (clean/), no cleaning after BPE (final/)
     assert (own / "clean" / "train.en.tok").exists() and not (own / "final").exists()
     assert meta["sentences"] == _dataset_sizes(dest, "en", "de") and meta["sentences"]["valid"] == 6
+
+
+def test_prepare_is_a_library_function_of_typed_options(tmp_path, monkeypatch):
+    """The table runner prepares data with :func:`prepare` and typed options: the command line's variables
+    (``BPE_SIZE``, ``DEMO_DIR``, ``WORK_DIR``) are read by ``main`` only."""
+    from diverse_fairseq.data.prepare import PrepareOptions
+    from diverse_fairseq.data.prepare import prepare as prepare_options
+
+    foreign = {"BPE_SIZE": "7", "DEMO_DIR": str(tmp_path / "nowhere"), "WORK_DIR": str(tmp_path / "w")}
+    for name, value in foreign.items():
+        monkeypatch.setenv(name, value)
+    dest = prepare_options(PrepareOptions("demo", bpe_size=100, work_dir=tmp_path / "work",
+                                          data_bin=tmp_path / "data-bin", demo_dir=str(FIXTURES / "demo_text")))
+    meta = json.loads((dest / "prepare.json").read_text())
+    assert dest == tmp_path / "data-bin" / "demo" and meta["bpe_size"] == 100 and (tmp_path / "work").is_dir()
+    assert not (tmp_path / "w").exists()

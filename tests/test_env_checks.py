@@ -12,7 +12,7 @@ from conftest import fake_prepared
 from diverse_fairseq import env_checks
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.evaluate import main as evaluate
-from diverse_fairseq.training import command_from_env
+from diverse_fairseq.training import request_from_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,12 +43,12 @@ def data_bin(tmp_path):
 ])
 def test_training_refuses_a_bad_variable(data_bin, name, value, message):
     with pytest.raises(SystemExit, match=rf"{name}='{value}' is not valid: .*{message}"):
-        command_from_env("demo", "tiny", [], env={"DATA_BIN": str(data_bin), name: value}, gpus=0)
+        request_from_env("demo", "tiny", [], env={"DATA_BIN": str(data_bin), name: value}, gpus=0)
 
 
 def test_training_node_rank_must_be_below_the_node_count(data_bin):
     with pytest.raises(SystemExit, match=r"NODE_RANK='2' is not valid: use an integer from 0 to 1"):
-        command_from_env("demo", "tiny", [], env={"DATA_BIN": str(data_bin), "NNODES": "2", "NODE_RANK": "2"}, gpus=1)
+        request_from_env("demo", "tiny", [], env={"DATA_BIN": str(data_bin), "NNODES": "2", "NODE_RANK": "2"}, gpus=1)
 
 
 def test_train_sh_refuses_a_bad_variable(data_bin, tmp_path):

@@ -5,7 +5,7 @@ For every ``configs/<method>/<dataset>_*.yaml``:
 
 * its keys become fairseq-train flags (``section.key: value`` → ``--key value``; ``_name`` → ``--task``,
   ``--arch``, ``--criterion``, ``--optimizer``, ``--lr-scheduler``; lists → comma lists; ``true`` → a switch);
-* :func:`diverse_fairseq.training.build_command` builds the command of the same dataset and architecture, with
+* :func:`diverse_fairseq.run_plan.plan` builds the command of the same dataset and architecture, with
   only the config's method options (criterion name, ``disagreement_*``, ``routing_*``, ``repulsive_*``) as
   extra flags, for the GPUs the config is written for (8 × 4096 tokens for base/big, one GPU for small) in fp32
   (the configs say to add ``common.fp16=true`` on GPUs);
@@ -19,15 +19,18 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from diverse_fairseq import training
 from diverse_fairseq.data.recipes import RECIPES
+from diverse_fairseq.run_plan import plan
+from diverse_fairseq.settings import resolve_setting
+from diverse_fairseq.training import request_from_env
+from diverse_fairseq.user_dir import USER_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for d in ("disagreement", "routing", "repulsive") for p in (REPO / "configs" / d).glob("*.yaml"))
 NAME_FLAGS = {"task": "--task", "model": "--arch", "criterion": "--criterion", "optimizer": "--optimizer",
               "lr_scheduler": "--lr-scheduler"}
 METHOD_PREFIXES = ("disagreement_", "routing_", "repulsive_")
-# where a run writes, and the resume flag build_command adds for several GPUs: not hyper-parameters
+# where a run writes, and the resume flag the plan adds for several GPUs: not hyper-parameters
 RUN_SPECIFIC = {"data", "save_dir", "tensorboard_logdir", "user_dir", "load_checkpoint_on_all_dp_ranks"}
 
 
@@ -43,7 +46,7 @@ def hydra_flags(cfg: dict):
             elif key == "data":
                 data = value
             elif key == "user_dir":
-                flags += ["--user-dir", training.USER_DIR]
+                flags += ["--user-dir", USER_DIR]
             elif value is True:
                 flags.append("--" + key.replace("_", "-"))
             elif value not in (False, None):
@@ -88,10 +91,10 @@ def differences(cfg: dict, path: Path, tmp_path: Path):
          "beam": recipe.beam, "lenpen": recipe.lenpen, "max_len_a": recipe.max_len_a, "max_len_b": recipe.max_len_b,
          "post_process": "subword_nmt", "moses_tokenized": True}))
     arch = cfg["model"]["_name"]
-    setting = training.resolve_setting(arch)[1]
+    setting = resolve_setting(arch)[1]
     gpus = setting.batch_tokens // setting.max_tokens  # the GPUs the papers' batch is made of
-    args, _, _ = training.command_from_env(dataset, arch, method_flags(cfg), gpus=gpus,
-                                        env={"DATA_BIN": str(data_bin), "PRECISION": "fp32"})
+    args = list(plan(request_from_env(dataset, arch, method_flags(cfg), gpus=gpus,
+                                      env={"DATA_BIN": str(data_bin), "PRECISION": "fp32"})).args)
     data, flags = hydra_flags(cfg)
     assert data == "???", f"{path.name}: task.data must be left to the command line"
     from_hydra, from_training = parse([args[0], *flags]), parse(args)

@@ -5,6 +5,7 @@ import pytest
 from test_tables import _fake_run, _refs, _table
 
 from diverse_fairseq.data.text import tokenize
+from diverse_fairseq.dataset_meta import meta_from_dict
 from diverse_fairseq.evaluate import tokenized_pair
 from diverse_fairseq.paper_bleu import atat_split, authors_bleu, iwslt14_bleu, wmt14_bleu, wmt14_tokens
 from diverse_fairseq.tables import report
@@ -61,9 +62,9 @@ def test_wmt14_hyphens_are_split_as_the_authors_script_does(tmp_path):
                     "##AT##-##AT## System kostet 3 ##AT##-##AT## 4 Euro .")
     assert "@" not in ours.replace("##AT##", "")
     # the compound split of our tokenized BLEU, on -a tokenized text, gives the other form
-    hyps, _ = tokenized_pair([model], [raw], [raw], tmp_path, "test",
-                             {"target_lang": "de", "moses_tokenized": True, "compound_split": True,
-                              "aggressive_dash": True})
+    meta = meta_from_dict({"source_lang": "en", "target_lang": "de", "moses_tokenized": True, "compound_split": True,
+                           "aggressive_dash": True})
+    hyps, _ = tokenized_pair([model], [raw], [raw], tmp_path, "test", meta)
     assert "@ ##AT##-##AT## @" in hyps[0]
     # Perl's s{(\S)-(\S)}{...}g is left to right and does not overlap: the middle of a-b-c is consumed
     assert atat_split("a-b-c") == "a ##AT##-##AT## b-c"

@@ -251,14 +251,15 @@ def test_probe_command_end_to_end_is_deterministic(tiny_checkpoints, tiny_data, 
 
 @pytest.mark.slow
 def test_table_runner_probes_each_run_once(tiny_checkpoints, tiny_data, tmp_path, monkeypatch):
-    from diverse_fairseq.tables import runner
+    from diverse_fairseq.tables import steps
+    from diverse_fairseq.tables.config import RunConfig
 
-    run = runner.RunConfig(dataset=tiny_data.name, scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
+    run = RunConfig(dataset=tiny_data.name, scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
                            data_bin=tiny_data.parent, probing_tasks=["SentLen"],
                            probing_dir=_toy_task(tmp_path / "probing"))
     row = load_table("naacl19_t1").rows[0]
     ckpt = str(tiny_checkpoints["transformer"])
-    first = runner.probing_scores(row, run, 1, ckpt)
+    first = steps.probing_scores(row, run, 1, ckpt)
     assert set(first) == {"SentLen"} and 0 <= first["SentLen"]["accuracy"] <= 100
     assert (run.run_dir(row, 1) / "analysis" / "probing.json").is_file()
 
@@ -266,4 +267,4 @@ def test_table_runner_probes_each_run_once(tiny_checkpoints, tiny_data, tmp_path
         raise AssertionError("probed again although the cache matches")
 
     monkeypatch.setattr(probing, "probe_checkpoint", fail)
-    assert runner.probing_scores(row, run, 1, ckpt) == first
+    assert steps.probing_scores(row, run, 1, ckpt) == first

@@ -126,8 +126,8 @@ def train(demo_bins, tmp_path_factory):
                        PYTHONUNBUFFERED="1")
             for name in ("MAX_TOKENS", "UPDATE_FREQ", "PRECISION", "AVERAGE", "NNODES", "SLURM_NNODES", "DRY_RUN"):
                 env.pop(name, None)
-            info = training.run_from_env("demo", "tiny", ROWS[row], env=env, gpus=0)
-            state = torch.load(info["checkpoint"], map_location="cpu", weights_only=False)
+            result = training.run_from_env("demo", "tiny", ROWS[row], env=env, gpus=0)
+            state = torch.load(result.checkpoint, map_location="cpu", weights_only=False)
             assert state["optimizer_history"][-1]["num_updates"] == UPDATES
             done[key] = state
         return done[key]

@@ -18,7 +18,9 @@ from conftest import REPO, USER_DIR, fake_prepared, run_cli, tiny_train_args
 
 from diverse_fairseq import save_dir as save_dirs
 from diverse_fairseq import training
+from diverse_fairseq.run_plan import plan
 from diverse_fairseq.tables import runner
+from diverse_fairseq.tables.config import RunConfig
 
 ENV_KEYS = ("SEEDS", "SEED", "TRAIN_ARGS", "DRY_RUN", "SAVE_DIR", "MAX_UPDATE", "GPUS", "AVERAGE", "RESUME_ANYWAY",
             "SCALE", "JOBS", "MAX_TOKENS", "UPDATE_FREQ", "PRECISION", "EMBEDDINGS")
@@ -109,7 +111,7 @@ def test_ctrl_c_in_a_table_names_each_interrupted_row_and_the_command(tmp_path, 
     from diverse_fairseq.tables.spec import load_table
 
     table = load_table("naacl19_t3")
-    run = runner.RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path / "out", jobs=1)
+    run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path / "out", jobs=1)
     run.data_bin = fake_prepared(tmp_path / "data-bin", "demo")
     calls = []
 
@@ -147,9 +149,9 @@ def env(tmp_path):
 def _damaged_run(env, where: Path, others=(("checkpoint_best.pt", 4), ("checkpoint_1_2.pt", 2))):
     """``where`` as a run leaves it when checkpoint_last.pt's save was cut short: train_args.json, a truncated
     checkpoint_last.pt and the intact ``others``."""
-    args, _, info = training.command_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    p = plan(training.request_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where)), gpus=0))
     where.mkdir(parents=True)
-    save_dirs.write_args(where, args, info["data_meta"], args)
+    save_dirs.write_args(where, p.identity, p.command)
     _checkpoint(where / "checkpoint_last.pt", 6)
     data = (where / "checkpoint_last.pt").read_bytes()
     (where / "checkpoint_last.pt").write_bytes(data[: len(data) // 2])

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 from conftest import fake_prepared
 
+from diverse_fairseq import run_plan
 from diverse_fairseq import save_dir as save_dirs
-from diverse_fairseq.training import command_from_env, run_from_env
+from diverse_fairseq.run_plan import plan
+from diverse_fairseq.training import request_from_env, run_from_env
 
 REPO = Path(__file__).resolve().parents[1]
 DISAGREEMENT = ["--arch", "diverse_transformer", "--criterion", "label_smoothed_cross_entropy_with_disagreement",
-                "--disagreement-lambda", "1.0"]
+                "--disagreement-lambda", "0.5"]
 
 
 @pytest.fixture
@@ -24,8 +26,12 @@ def env(tmp_path):
     return {"DATA_BIN": str(tmp_path / "data-bin"), "CHECKPOINTS": str(tmp_path / "ck")}
 
 
+def plan_of(env, extra, **more):
+    return plan(request_from_env("demo", "tiny", extra, env=dict(env, **more), gpus=0))
+
+
 def save_dir(env, extra, **more):
-    return command_from_env("demo", "tiny", extra, env=dict(env, **more), gpus=0)[2]["save_dir"]
+    return str(plan_of(env, extra, **more).save_dir)
 
 
 def test_every_variant_gets_its_own_directory(env):
@@ -43,26 +49,58 @@ def test_every_variant_gets_its_own_directory(env):
     assert save_dir(env, ["--criterion", "label_smoothed_cross_entropy"]) == baseline
 
 
+REPULSIVE = ["--arch", "diverse_transformer", "--optimizer", "repulsive_adam"]
+
+
+def test_spelled_out_defaults_are_the_same_run(env):
+    """Tried as a new user would (issue 31): spelling out the plugin's defaults, or fairseq's, is the same run,
+    in the same directory (the identity is taken over the effective option values)."""
+    plain = save_dir(env, REPULSIVE)
+    assert save_dir(env, REPULSIVE + ["--repulsive-method", "svgd", "--repulsive-alpha", "0.01",
+                                      "--repulsive-stepsize", "0.1"]) == plain
+    assert save_dir(env, REPULSIVE + ["--dropout", "0.1"]) == plain  # the tiny setting's dropout
+    assert save_dir(env, REPULSIVE + ["--repulsive-alpha", "0.02"]) != plain  # a real change still counts
+    assert save_dir(env, REPULSIVE + ["--dropout", "0.2"]) != plain
+
+
+def test_tensorboard_does_not_change_the_run(env, monkeypatch):
+    """``--tensorboard-logdir`` is added only where a writer is installed: a results folder moved to a machine
+    without one must name, resume and reuse the same run."""
+    monkeypatch.setattr(run_plan, "tensorboard_available", lambda: True)
+    with_tb = plan_of(env, DISAGREEMENT)
+    monkeypatch.setattr(run_plan, "tensorboard_available", lambda: False)
+    without = plan_of(env, DISAGREEMENT)
+    assert "--tensorboard-logdir" in with_tb.args and "--tensorboard-logdir" not in without.args
+    assert with_tb.save_dir == without.save_dir and with_tb.identity == without.identity
+
+
 def test_explicit_save_dir_wins(env, tmp_path):
     assert save_dir(env, DISAGREEMENT, SAVE_DIR=str(tmp_path / "mine")) == str(tmp_path / "mine")
-    args, _, info = command_from_env("demo", "tiny", ["--save-dir", str(tmp_path / "flag")], env=env, gpus=0)
-    assert info["save_dir"] == str(tmp_path / "flag") and args[-2:] == ["--save-dir", str(tmp_path / "flag")]
+    p = plan_of(env, ["--save-dir", str(tmp_path / "flag")])
+    assert p.save_dir == tmp_path / "flag" and list(p.args[-2:]) == ["--save-dir", str(tmp_path / "flag")]
+
+
+def _checkpoint(path):
+    """A small file that torch reads as a fairseq checkpoint at update 1 (a damaged one is refused to resume)."""
+    import torch
+
+    torch.save({"optimizer_history": [{"num_updates": 1}], "model": {}}, path)
 
 
 def fake_trained(env, extra, where):
     """A save directory as a finished (or interrupted) run with ``extra`` leaves it."""
-    args, _, info = command_from_env("demo", "tiny", extra, env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    p = plan_of(env, extra, SAVE_DIR=str(where))
     where.mkdir(parents=True)
-    save_dirs.write_args(where, args, info["data_meta"], args)
-    (where / "checkpoint_last.pt").write_bytes(b"not a real checkpoint")
+    save_dirs.write_args(where, p.identity, p.command)
+    _checkpoint(where / "checkpoint_last.pt")
 
 
 def test_the_same_options_resume(env, tmp_path, capsys):
     where = tmp_path / "run"
     fake_trained(env, DISAGREEMENT, where)
-    info = run_from_env("demo", "tiny", DISAGREEMENT + ["--log-interval", "7"],
-               env=dict(env, SAVE_DIR=str(where), DRY_RUN="1", MAX_UPDATE="2000"), gpus=0)
-    assert info["save_dir"] == str(where) and f"resuming from {where}" in capsys.readouterr().out
+    result = run_from_env("demo", "tiny", DISAGREEMENT + ["--log-interval", "7"],
+                          env=dict(env, SAVE_DIR=str(where), DRY_RUN="1", MAX_UPDATE="2000"), gpus=0)
+    assert result.plan.save_dir == where and f"resuming from {where}" in capsys.readouterr().out
 
 
 def test_other_options_are_refused_naming_them(env, tmp_path):
@@ -73,7 +111,7 @@ def test_other_options_are_refused_naming_them(env, tmp_path):
             env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
     message = str(err.value)
     assert "--criterion label_smoothed_cross_entropy_with_disagreement → label_smoothed_cross_entropy" in message
-    assert "--disagreement-lambda 1.0 → (absent)" in message and "--lr 0.002 → 1e-3" in message
+    assert "--disagreement-lambda 0.5 → (default)" in message and "--lr [0.002] → [0.001]" in message
     assert "--arch" not in message and "RESUME_ANYWAY=1" in message and "SAVE_DIR" in message
 
 
@@ -93,7 +131,7 @@ def test_changed_data_is_refused_and_resume_anyway_overrides(env, tmp_path, caps
 def test_a_directory_without_stored_options_resumes_with_a_warning(env, tmp_path, capsys):
     where = tmp_path / "old"
     where.mkdir()
-    (where / "checkpoint_last.pt").write_bytes(b"x")
+    _checkpoint(where / "checkpoint_last.pt")
     run_from_env("demo", "tiny", DISAGREEMENT, env=dict(env, SAVE_DIR=str(where), DRY_RUN="1"), gpus=0)
     assert "no train_args.json (trained by an older version)" in capsys.readouterr().out
 
@@ -105,5 +143,5 @@ def test_train_sh_refuses_before_training(env, tmp_path):
     full.pop("DRY_RUN", None)  # a real run: it must stop before fairseq-train starts
     proc = subprocess.run(["bash", str(REPO / "scripts" / "train.sh"), "demo", "tiny", "--lr", "1e-3"], env=full,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "--lr 0.002 → 1e-3" in proc.stderr
+    assert proc.returncode != 0 and "--lr [0.002] → [0.001]" in proc.stderr
     assert "fairseq_cli.train" in proc.stdout and "| INFO |" not in proc.stdout + proc.stderr

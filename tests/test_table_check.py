@@ -11,10 +11,14 @@ import time
 import pytest
 import yaml
 
-from diverse_fairseq import training
 from diverse_fairseq.methods.length_penalty import GnmtSequenceGenerator
-from diverse_fairseq.tables import check, runner, scale
+from diverse_fairseq.run_plan import plan
+from diverse_fairseq.settings import SETTINGS
+from diverse_fairseq.tables import check, scale, steps
+from diverse_fairseq.tables.config import RunConfig
 from diverse_fairseq.tables.spec import TABLE_DIR, load_table
+from diverse_fairseq.training import request_from_env
+from diverse_fairseq.user_dir import USER_DIR
 
 TABLES = [load_table(p) for p in sorted(TABLE_DIR.glob("*.yaml"))]
 
@@ -56,7 +60,7 @@ def test_row_args_map_every_layer_flag_and_nothing_else():
         "--routing-encoder-layers 3,4,5→1", "--routing-encoder-decoder-layers=5→--routing-encoder-decoder-layers=1",
         "--repulsive-layers -1→1", "--disagreement-layers 0,1,2→0"]
     for setting in ("small", "base", "big"):  # the paper's depth: unchanged
-        assert training.SETTINGS[setting].layers == scale.PAPER_LAYERS
+        assert SETTINGS[setting].layers == scale.PAPER_LAYERS
         assert scale.row_args(args, setting) == args
 
 
@@ -66,7 +70,7 @@ def test_layer_flags_are_every_layer_option_of_the_plugin():
 
     def layer_options(arch, criterion, optimizer):
         parser = options.get_training_parser()
-        options.parse_args_and_arch(parser, ["data-dummy", "--user-dir", training.USER_DIR, "--task", "translation",
+        options.parse_args_and_arch(parser, ["data-dummy", "--user-dir", USER_DIR, "--task", "translation",
                                              "--arch", arch, "--criterion", criterion, "--optimizer", optimizer])
         return {o for o in parser._option_string_actions if o.endswith("-layers")}
 
@@ -92,13 +96,13 @@ def test_runner_trains_with_the_checked_command(table, row_id, scale_name, tmp_p
     seen = {}
 
     def fake_run(request, env=None):
-        seen["args"] = training.build_command(request)[0]
+        seen["args"] = list(plan(request).args)
         raise _Captured
 
-    monkeypatch.setattr(runner.training, "run", fake_run)
-    run = runner.RunConfig(dataset=dataset, scale=scale_name, seeds=[1], gpus=0, out_dir=tmp_path, data_bin=data_bin)
+    monkeypatch.setattr(steps.training, "run", fake_run)
+    run = RunConfig(dataset=dataset, scale=scale_name, seeds=[1], gpus=0, out_dir=tmp_path, data_bin=data_bin)
     with pytest.raises(_Captured):
-        runner.train_row(row, run, 1)
+        steps.train_row(row, run, 1)
     expected = check.row_command(row, dataset, scale_name, data_bin, gpus=0)
 
     def without_paths(args):  # the run's own directories and log file
@@ -209,10 +213,10 @@ def test_the_shared_embedding_model_stays_available_and_is_not_the_papers(tmp_pa
     data_bin = tmp_path / "data-bin"
     check.write_synthetic_data(data_bin, "wmt14_en_de")
     env = {"DATA_BIN": str(data_bin), "SAVE_DIR": str(tmp_path / "run"), "PRECISION": "fp32"}
-    args, _, _ = training.command_from_env("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="shared"), gpus=8)
+    args = list(plan(request_from_env("wmt14_en_de", "base", [], env=dict(env, EMBEDDINGS="shared"), gpus=8)).args)
     assert "--share-decoder-input-output-embed" in args
     built = check.count_parameters(args)
-    untied, _, _ = training.command_from_env("wmt14_en_de", "base", [], env=env, gpus=8)
+    untied = list(plan(request_from_env("wmt14_en_de", "base", [], env=env, gpus=8)).args)
     assert check.count_parameters(untied) - built == 28_544 * 512  # the output matrix of the German dictionary
     assert not check.compare_parameters(built, 88.0)[0]
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from diverse_fairseq import training
+from diverse_fairseq import settings
 from diverse_fairseq.methods.options import parse_layers, parse_names
 from diverse_fairseq.tables.spec import TABLE_DIR, TableSpecError, load_table, parse_table
+from diverse_fairseq.user_dir import USER_DIR
 
-USER_DIR = training.USER_DIR
 PAPER_DATASETS = ("iwslt14_de_en", "wmt14_en_de", "wmt14_en_de_joined", "wmt17_zh_en")
 DISAGREEMENT = "label_smoothed_cross_entropy_with_disagreement"
 REPULSIVE = "repulsive_adam"
@@ -79,7 +79,7 @@ def test_table_file_loads(path: Path):
 def _setting(table, row) -> str:
     if table.paper_dataset is None:
         return "tiny"
-    return row.setting or training.DEFAULT_SETTING[table.paper_dataset]
+    return row.setting or settings.DEFAULT_SETTING[table.paper_dataset]
 
 
 def _flag_values(args):
@@ -117,7 +117,7 @@ def _check_layers(value, depth: int, flag: str):
 def test_row_args_parse_with_fairseq(table, row):
     from fairseq import options
 
-    setting = training.SETTINGS[_setting(table, row)]
+    setting = settings.SETTINGS[_setting(table, row)]
     arch = row.arch(setting.arch)
     # as diverse_fairseq.training puts them: our defaults first, the row's flags after (they override),
     # and --fp16 as on GPU, so that the repulsive optimizer's precision check sees the real set-up

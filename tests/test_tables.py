@@ -20,11 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diverse_fairseq import training
+from diverse_fairseq import run_plan, training
 from diverse_fairseq.env_checks import parse_seeds
-from diverse_fairseq.tables import report, runner
+from diverse_fairseq.run_plan import TrainOptions
+from diverse_fairseq.tables import report, runner, steps
 from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs
-from diverse_fairseq.tables.spec import parse_table
+from diverse_fairseq.tables.config import RunConfig
+from diverse_fairseq.tables.keys import cache_key, key_difference, same_key
+from diverse_fairseq.tables.progress import Progress
+from diverse_fairseq.tables.spec import Row, parse_table
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
@@ -110,7 +114,9 @@ def _fake_run(root: Path, row_id: str, seed: int, hyps, refs, **record):
     bleu = _bleu(sum(_bleu_stats(h, r) for h, r in zip(hyps, refs)))
     base = {"seed": seed, "parameters": 1_440_000, "train_steps_per_second": 5.0, "updates": 3,
             "checkpoint": str(root / row_id / f"seed{seed}" / "checkpoint_last.pt"),
-            "train_args": ["data", "--share-all-embeddings"], "averaged_checkpoints": 0, "reused": False,
+            "train_args": ["data", "--share-all-embeddings"], "embeddings": "all", "averaged_checkpoints": 0,
+            "best_checkpoint_metric": None,
+            "reused": False, "args": [], "valid_loss": 4.0, "valid_nll_loss": 3.0,
             "trained_at": "2024-01-01 00:00:00",
             "eval": {"out": str(out), "target_lang": "de", "bleu": bleu, "tok_bleu": bleu,
                      "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:x",
@@ -233,7 +239,7 @@ def test_markdown_and_picture_with_several_seeds(two_sizes, tmp_path):
 def test_markdown_with_one_seed_and_averaged_checkpoints(two_sizes, tmp_path):
     table, results, _ = two_sizes
     one = {k: v[:1] for k, v in results.items()}
-    one["big"][0]["averaged_checkpoints"] = None  # an older record: the checkpoint's name tells
+    one["big"][0]["averaged_checkpoints"] = 5
     one["big"][0]["checkpoint"] = "/x/checkpoint_avg_last5.pt"
     md = report.to_markdown(report.summarise(table, one, "demo", "demo"))
     assert "| per seed |" not in md and " ± " not in md and "seeds > baseline" not in md
@@ -241,7 +247,7 @@ def test_markdown_with_one_seed_and_averaged_checkpoints(two_sizes, tmp_path):
             "checkpoints for Big.") in md
     assert "Every run was trained by this invocation." in md
     for runs in one.values():  # the THUMT papers' rows at paper scale: the best checkpoint by validation BLEU
-        runs[0].update(averaged_checkpoints=0, checkpoint="/x/checkpoint_best.pt")
+        runs[0].update(averaged_checkpoints=0, checkpoint="/x/checkpoint_best.pt", best_checkpoint_metric="bleu")
     best = report.to_markdown(report.summarise(table, one, "demo", "demo"))
     assert "Checkpoints: a single checkpoint (the best by validation BLEU) for every run" in best
     assert ("The paper columns are the paper's numbers at full scale" in md
@@ -260,22 +266,21 @@ def prepared(tmp_path):
 
 
 def _key(root: Path, out="results", seed=1, args=(), env=None, train_args=()):
-    run = runner.RunConfig(dataset="demo", scale="demo", seeds=[seed], gpus=0, out_dir=root / out,
-                           data_bin=root / "data-bin", train_args=list(train_args))
-    row = runner.Row(id="r", label="R", family="transformer", args=list(args))
-    run_dir = run.run_dir(row, seed)
-    extra = ["--arch", "transformer", *args, "--log-file", str(run_dir / "train.log"), *run.train_args]
-    request = training.TrainRequest("demo", "tiny", tuple(extra), seed=seed, save_dir=run_dir, data_bin=run.data_bin,
-                                    gpus=0, options=training.options_from_env(env or {}))
-    return runner.cache_key(run, request)
+    """The cache key of a one-row table's job, from the row's plan (steps.job_plan)."""
+    run = RunConfig(dataset="demo", scale="demo", seeds=[seed], gpus=0, out_dir=root / out,
+                    data_bin=root / "data-bin", train_args=list(train_args),
+                    train_options=training.options_from_env(env or {}))
+    row = Row(id="r", label="R", family="transformer", args=list(args))
+    return cache_key(steps.job_plan(row, run, seed))
 
 
-def test_cache_key_is_the_effective_command(prepared):
+def test_cache_key_is_the_runs_identity(prepared):
     key = _key(prepared)
-    assert key == _key(prepared) and key["seed"] == 1 and key["dataset"] == "demo"
-    assert "<run>/train.log" in key["command"] and not any(str(prepared) in a for a in key["command"])
-    assert key == _key(prepared, out="moved")  # the results directory may move
-    for changed in (_key(prepared, args=["--dropout", "0.1"]), _key(prepared, seed=2),
+    assert key == _key(prepared) and key["identity"]["options"]["--arch"] == "transformer" and key["dataset"] == "demo"
+    assert str(prepared) not in json.dumps(key)  # no path of the run: the results directory may move
+    assert key == _key(prepared, out="moved")
+    assert key == _key(prepared, args=["--dropout", "0.1"])  # the tiny setting's dropout, spelled out
+    for changed in (_key(prepared, args=["--dropout", "0.2"]), _key(prepared, seed=2),
                     _key(prepared, train_args=["--max-update", "5"]), _key(prepared, env={"MAX_UPDATE": "7"}),
                     _key(prepared, env={"AVERAGE": "2"})):
         assert changed != key
@@ -285,21 +290,24 @@ def test_cache_key_is_the_effective_command(prepared):
     assert _key(prepared) == key  # re-made, same data
     meta_path.write_text(json.dumps(dict(meta, bpe_size=8000)))
     assert _key(prepared) != key
-    diff = runner.key_difference(key, _key(prepared, args=["--dropout", "0.1"]))
-    assert "command (removed -; added --dropout 0.1)" in diff and "data" in diff
-    assert "older runner" in runner.key_difference(None, key)
+    diff = key_difference(key, _key(prepared, args=["--dropout", "0.2"]))
+    assert "--dropout (default) → 0.2" in diff and "prepared data" in diff
+    assert "older runner" in key_difference(None, key)
 
 
-def test_logging_flags_are_not_part_of_the_comparison(prepared):
-    """Runs trained when the runner logged text (``--log-format simple`` from the setting) are reused now that it
-    adds ``--log-format json``; any other change of the command still counts."""
-    new = _key(prepared, train_args=["--log-format", "json"])
+def test_logging_flags_and_tensorboard_are_not_part_of_the_key(prepared, monkeypatch):
+    """The log format and file, and ``--tensorboard-logdir`` (present only where a writer is installed) change
+    what is written, not what is trained: a results folder moved to a machine without tensorboard is reused.
+    Any other change of the command still counts."""
     old = _key(prepared)
-    assert old["command"].count("--log-format") == 1 and new != old
-    assert runner.same_key(old, new) and runner.same_key(new, old) and not runner.same_key(None, new)
-    assert not runner.same_key(old, _key(prepared, train_args=["--log-format", "json", "--dropout", "0.1"]))
-    assert runner.key_difference(old, _key(prepared, train_args=["--log-format=json", "--dropout", "0.1"])) == \
-        "changed: command (removed -; added --dropout 0.1)"
+    assert _key(prepared, train_args=["--log-format", "simple"]) == old
+    installed = run_plan.tensorboard_available()
+    monkeypatch.setattr(run_plan, "tensorboard_available", lambda: not installed)
+    assert _key(prepared) == old
+    assert same_key(old, _key(prepared)) and not same_key(None, old)
+    assert not same_key(old, _key(prepared, train_args=["--log-format", "json", "--dropout", "0.2"]))
+    assert key_difference(old, _key(prepared, train_args=["--log-format=json", "--dropout", "0.2"])) == \
+        "changed: --dropout (default) → 0.2"
 
 
 def test_train_args_may_not_set_the_runners_log_flags(monkeypatch):
@@ -330,22 +338,23 @@ def test_log_reader_takes_fairseq_json_records():
 
 
 def test_training_without_a_tensorboard_writer_leaves_the_flag_out(prepared, monkeypatch, capsys):
-    from diverse_fairseq import training
-
     env = {"DATA_BIN": str(prepared / "data-bin"), "SAVE_DIR": str(prepared / "run"), "DRY_RUN": "1"}
-    monkeypatch.setattr(training, "tensorboard_available", lambda: True)
-    args, _, _ = training.command_from_env("demo", "tiny", [], env=env, gpus=0)
-    assert args[args.index("--tensorboard-logdir") + 1] == str(prepared / "run" / "tensorboard")
-    monkeypatch.setattr(training, "tensorboard_available", lambda: False)
+
+    def args():
+        return list(run_plan.plan(training.request_from_env("demo", "tiny", [], env=env, gpus=0)).args)
+
+    monkeypatch.setattr(run_plan, "tensorboard_available", lambda: True)
+    assert args()[args().index("--tensorboard-logdir") + 1] == str(prepared / "run" / "tensorboard")
+    monkeypatch.setattr(run_plan, "tensorboard_available", lambda: False)
     training.run_from_env("demo", "tiny", [], env=env, gpus=0)
-    assert "--tensorboard-logdir" not in training.command_from_env("demo", "tiny", [], env=env, gpus=0)[0]
+    assert "--tensorboard-logdir" not in args()
     assert "no tensorboard logs: neither tensorboardX nor tensorboard is installed" in capsys.readouterr().out
 
 
 def test_progress_lines(capsys):
     table = _table("  - {id: base, label: B, family: transformer}\n  - {id: d, label: D, family: transformer}\n")
-    run = runner.RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=Path("/tmp/x"), jobs=1)
-    progress = runner.Progress(table, run, total=4)
+    run = RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=Path("/tmp/x"), jobs=1)
+    progress = Progress(table, run, total=4)
     progress.begin(table.rows[0], 1)
     progress.started[("base", 1)] -= 60  # it ran a minute
     progress.end(table.rows[0], 1, {"eval": {"bleu": 12.345}})
@@ -364,8 +373,8 @@ def test_rows_with_one_demo_model_are_trained_once(tmp_path, monkeypatch):
     from diverse_fairseq.tables.spec import load_table
 
     table = load_table("naacl19_t3")
-    demo = runner.RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=tmp_path, jobs=1)
-    paper = runner.RunConfig(dataset="wmt14_en_de", scale="paper", seeds=[1], gpus=0, out_dir=tmp_path, jobs=1)
+    demo = RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=tmp_path, jobs=1)
+    paper = RunConfig(dataset="wmt14_en_de", scale="paper", seeds=[1], gpus=0, out_dir=tmp_path, jobs=1)
     assert runner.same_model_rows(table, demo) == {"l1_2": "l1_3", "l1": "l1_3", "l6": "l4_6"}
     assert runner.same_model_rows(table, paper) == {}
 
@@ -432,10 +441,10 @@ def test_good_environment(monkeypatch):
                          TRAIN_ARGS="--lr '1e-3'")
     assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
                         "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False,
-                        "allow_unverified_data": False, "train_options": training.TrainOptions(), "subsets": ["test"],
+                        "allow_unverified_data": False, "train_options": TrainOptions(), "subsets": ["test"],
                         "train_hook": None, "progress_interval": 30.0}
     assert _settings(monkeypatch, PROGRESS_INTERVAL="0")["progress_interval"] == 0
-    assert _settings(monkeypatch, MAX_UPDATE="7")["train_options"] == training.TrainOptions(max_update=7)
+    assert _settings(monkeypatch, MAX_UPDATE="7")["train_options"] == TrainOptions(max_update=7)
     assert _settings(monkeypatch, DRY_RUN="1")["dry_run"]
     assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
     assert parse_seeds("SEEDS", "5,2") == [5, 2]
@@ -499,7 +508,11 @@ def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_bin):
     assert re.search(r"\(seed \d\) [^:]+: update 3/3 \(100%\), train loss \d+\.\d{3}.*; training done", out), out
     runs = demo_bin / "results" / "demo-demo" / "runs"
     record = json.loads((runs / "dis" / "seed2" / "train.json").read_text())
-    assert record["key"]["seed"] == 2 and record["threads"] == 1 and "--disagreement-terms" in record["key"]["command"]
+    options = record["key"]["identity"]["options"]
+    assert options["--seed"] == 2 and record["threads"] == 1
+    # --disagreement-terms out is the criterion's default: not part of the identity
+    assert options["--criterion"] == "label_smoothed_cross_entropy_with_disagreement"
+    logs = demo_bin / "results" / "demo-demo" / "logs"
     assert "fairseq" in (logs / "dis-seed2.log").read_text()  # the job's own output went to its log
 
     summary = json.loads((demo_bin / "results" / "demo.json").read_text())
@@ -525,14 +538,14 @@ def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_bin):
     assert (demo_bin / "results" / "demo.png").stat().st_size > 1000
 
     # A changed row: its runs are moved aside and retrained; the unchanged row is reused, not even decoded.
-    table_path.write_text(TABLE.replace("--disagreement-terms, out]", "--disagreement-terms, out, --dropout, '0.1']"))
+    table_path.write_text(TABLE.replace("--disagreement-terms, out]", "--disagreement-terms, out, --dropout, '0.2']"))
     out = _run_table(demo_bin, table_path, seeds="1", jobs="1")  # in this process: the job output is printed
     assert f"; training log: {runs / 'dis' / 'seed1' / 'train.log'}\n" in out
     assert out.count("training finished earlier") == 1 and "[base seed 1]" in out
-    assert "[dis seed 1] the run in" in out and "changed: command (removed -; added --dropout 0.1)" in out
+    assert "[dis seed 1] the run in" in out and "changed: --dropout (default) → 0.2" in out
     assert "evaluating" in out and out.count("evaluating") == 1
     assert [p.name for p in (runs / "dis").iterdir() if ".stale-" in p.name][0].startswith("seed1.stale-")
-    assert json.loads((runs / "dis" / "seed1" / "train.json").read_text())["args"][-2:] == ["--dropout", "0.1"]
+    assert json.loads((runs / "dis" / "seed1" / "train.json").read_text())["args"][-2:] == ["--dropout", "0.2"]
     md = (demo_bin / "results" / "demo.md").read_text()
     assert "Reused from earlier invocations (finished runs made by the same command): Transformer (seed 1" in md
 
@@ -580,7 +593,7 @@ def test_dry_run_prints_every_rows_commands_and_writes_nothing(prepared, monkeyp
               "--seeds", "2", "--jobs", "1"])
     assert done.value.code == 0 and not out.exists()
     text = capsys.readouterr().out
-    assert "[tables] warning: SEED=3 is not read by the table runner: use SEEDS" in text
+    assert "[tables] warning: SEED=3 is not read by the table runner (ignored): use SEEDS" in text
     assert "DRY_RUN=1: the commands of 14 job(s); nothing is run or written" in text
     for row in ("none", "sub", "pos", "out", "sub_pos", "sub_out", "all"):
         for seed in (1, 2):
@@ -604,37 +617,86 @@ def test_dry_run_of_an_unprepared_dataset_says_what_a_run_would_prepare(tmp_path
 def test_evaluation_cache_sees_a_changed_checkpoint(prepared, monkeypatch):
     """A checkpoint changed after its evaluation (the run resumed or retrained in place) is evaluated again;
     the same file in a moved results directory is not."""
-    from diverse_fairseq import evaluate
-
     calls = []
 
-    def fake_evaluate(args):
-        calls.append(args[0])
-        out = Path(args[args.index("--out") + 1])
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"bleu": float(len(calls))}))
+    def fake_evaluate(request):
+        calls.append(request.checkpoint)
+        request.out.mkdir(parents=True, exist_ok=True)
+        (request.out / "results.json").write_text(json.dumps({"bleu": float(len(calls))}))
         return {"bleu": float(len(calls))}
 
-    monkeypatch.setattr(evaluate, "main", fake_evaluate)
-    run = runner.RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
-                           data_bin=prepared / "data-bin")
-    row = runner.Row(id="r", label="R", family="transformer")
+    monkeypatch.setattr(steps, "evaluate", fake_evaluate)
+    run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
+                    data_bin=prepared / "data-bin")
+    row = Row(id="r", label="R", family="transformer")
     checkpoint = run.run_dir(row, 1) / "checkpoint_last.pt"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"model at update 150")
-    assert runner.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 1.0
-    assert runner.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 1.0 and len(calls) == 1  # cached
+    assert steps.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 1.0
+    assert steps.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 1.0 and len(calls) == 1  # cached
     checkpoint.write_bytes(b"model at update 151")
-    assert runner.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 2.0 and len(calls) == 2
+    assert steps.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 2.0 and len(calls) == 2
     moved = prepared / "moved"
     (prepared / "results").rename(moved)
     run.out_dir = moved
-    assert runner.evaluate_row(row, run, 1, str(run.run_dir(row, 1) / "checkpoint_last.pt"))["bleu"] == 2.0
+    assert steps.evaluate_row(row, run, 1, str(run.run_dir(row, 1) / "checkpoint_last.pt"))["bleu"] == 2.0
     assert len(calls) == 2
 
 
+def test_a_table_decodes_what_the_table_says_whatever_the_environment(tmp_path, monkeypatch):
+    """With scripts/evaluate.sh's variables exported (``SUBSET=valid BEAM=1 LENPEN=2 BATCH_SIZE=3 CPU=0``), a
+    table still decodes its own subset (test) with the recipe's beam and length penalty: the same fairseq-generate
+    command and results as without them (issue 31). fairseq-generate is replaced by a fake that echoes the
+    references; everything between the table and it is the real code."""
+    from diverse_fairseq import evaluate
+
+    data = tmp_path / "data-bin" / "demo"
+    data.mkdir(parents=True)
+    refs = {"test": ["ein test", "noch ein test"], "valid": ["anders"]}
+    (data / "prepare.json").write_text(json.dumps({
+        "dataset": "demo", "source_lang": "en", "target_lang": "de", "post_process": "subword_nmt", "beam": 4,
+        "lenpen": 0.6, "moses_tokenized": False}))
+    commands = []
+
+    def fake_generate(cmd, log_file):
+        commands.append(cmd)
+        subset = cmd[cmd.index("--gen-subset") + 1]
+        out = Path(cmd[cmd.index("--results-path") + 1])
+        (out / f"generate-{subset}.txt").write_text("".join(
+            f"S-{i}\tx\nT-{i}\t{r}\nH-{i}\t-0.1\t{r}\n" for i, r in enumerate(refs[subset])))
+        Path(log_file).write_text("")
+        return 0
+
+    monkeypatch.setattr(evaluate, "run_logged", fake_generate)
+    monkeypatch.setattr(evaluate, "read_checkpoint", lambda path: {})
+    monkeypatch.setattr(evaluate, "check_dataset", lambda *args: None)
+    run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path / "results",
+                    data_bin=tmp_path / "data-bin")
+    row = Row(id="r", label="R", family="transformer")
+    checkpoint = run.run_dir(row, 1) / "checkpoint_last.pt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"a model")
+    for name, value in {"SUBSET": "valid", "BEAM": "1", "LENPEN": "2", "BATCH_SIZE": "3", "CPU": "0"}.items():
+        monkeypatch.setenv(name, value)
+    results = steps.evaluate_row(row, run, 1, str(checkpoint))
+    (cmd,) = commands
+    assert cmd[cmd.index("--gen-subset") + 1] == "test" and results["subset"] == "test" and results["sentences"] == 2
+    assert cmd[cmd.index("--beam") + 1] == "4" and cmd[cmd.index("--lenpen") + 1] == "0.6"
+    assert cmd[cmd.index("--batch-size") + 1] == "128" and "--cpu" in cmd
+    assert (run.eval_dir(row, 1, "test") / "results.json").exists() and not run.eval_dir(row, 1, "valid").exists()
+
+
+def test_the_table_runner_names_the_decoding_variables_it_ignores():
+    from diverse_fairseq.tables.__main__ import foreign_variable_warnings
+
+    warnings = foreign_variable_warnings({"SUBSET": "valid", "BEAM": "1", "PRECISION": "fp16"})
+    assert len(warnings) == 2  # PRECISION is the runner's own (training and decoding precision)
+    assert warnings[0].startswith("SUBSET=valid is not read by the table runner (ignored): use SUBSETS")
+    assert warnings[1].startswith("BEAM=1 is not read by the table runner (ignored): use GENERATE_ARGS='--beam N'")
+
+
 def test_a_row_launched_through_torchrun_records_its_fairseq_train_arguments(prepared, monkeypatch):
-    """NNODES=1 makes training start fairseq through torchrun (``training.build_command``): the run record keeps
+    """NNODES=1 makes training start fairseq through torchrun (the run's plan): the run record keeps
     fairseq-train's own arguments, not a slice of the launcher's command line."""
     started = []
 
@@ -645,19 +707,20 @@ def test_a_row_launched_through_torchrun_records_its_fairseq_train_arguments(pre
         return 0, ""
 
     monkeypatch.setattr(training, "call_keeping_error", fake_fairseq)
-    run = runner.RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
-                           data_bin=prepared / "data-bin", train_options=training.options_from_env({"NNODES": "1"}))
-    row = runner.Row(id="r", label="R", family="transformer", args=["--dropout", "0.2"])
-    record = runner.train_row(row, run, 1)
+    run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
+                    data_bin=prepared / "data-bin", train_options=training.options_from_env({"NNODES": "1"}))
+    row = Row(id="r", label="R", family="transformer", args=["--dropout", "0.2"])
+    record, reused = steps.train_row(row, run, 1)
+    assert not reused
     [cmd] = started
     assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[cmd.index("--nnodes") + 1] == "1"
     entry = cmd.index("fairseq_cli.train")
-    assert cmd[entry - 1] == "-m" and record["train_args"] == cmd[entry + 1:]
-    assert record["train_args"][0] == str(prepared / "data-bin" / "demo")
-    assert record["train_args"][-6:] == ["--dropout", "0.2", "--log-file", str(run.run_dir(row, 1) / "train.log"),
+    assert cmd[entry - 1] == "-m" and record.train_args == cmd[entry + 1:]
+    assert record.train_args[0] == str(prepared / "data-bin" / "demo")
+    assert record.train_args[-6:] == ["--dropout", "0.2", "--log-file", str(run.run_dir(row, 1) / "train.log"),
                                          "--log-format", "json"]
-    assert json.loads((run.run_dir(row, 1) / "train.json").read_text())["train_args"] == record["train_args"]
-    assert record["updates"] == 3 and record["train_loss"] == 5.5
+    assert json.loads((run.run_dir(row, 1) / "train.json").read_text())["train_args"] == record.train_args
+    assert record.updates == 3 and record.train_loss == 5.5 and record.embeddings == "all"
 
 
 def test_rows_and_subsets_are_chosen_on_the_command_line(capsys):

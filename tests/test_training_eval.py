@@ -15,7 +15,9 @@ from conftest import fake_prepared, lines
 
 from diverse_fairseq.average_checkpoints import average_checkpoints, last_n_checkpoints
 from diverse_fairseq.evaluate import parse_generate_output, parse_generate_speed
-from diverse_fairseq.training import command_from_env, resolve_setting, update_freq
+from diverse_fairseq.run_plan import plan, update_freq
+from diverse_fairseq.settings import resolve_setting
+from diverse_fairseq.training import request_from_env
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -24,6 +26,12 @@ FIXTURES = REPO / "tests" / "fixtures"
 @pytest.fixture
 def data_bin(tmp_path):
     return fake_prepared(tmp_path / "data-bin", "wmt14_en_de")
+
+
+def command_from_env(dataset, setting, extra, env, gpus):
+    """(fairseq-train arguments, launcher, plan) of ``scripts/train.sh DATASET SETTING EXTRA`` under ``env``."""
+    p = plan(request_from_env(dataset, setting, extra, env=env, gpus=gpus))
+    return list(p.args), list(p.launcher), p
 
 
 def value(args, flag):
@@ -48,9 +56,11 @@ def test_settings_and_architecture_names():
 
 def test_command_on_gpus_with_passthrough(data_bin):
     env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
-    args, launcher, info = command_from_env("wmt14_en_de", "big", ["--criterion", "x", "--lr", "1e-3"], env=env, gpus=2)
-    assert (launcher == [sys.executable, "-m", "fairseq_cli.train"] and info["update_freq"] == 4
-            and info["tokens_per_update"] == 8 * 4096)
+    args, launcher, info = command_from_env(
+        "wmt14_en_de", "big", ["--criterion", "label_smoothed_cross_entropy_with_disagreement", "--lr", "1e-3"],
+        env=env, gpus=2)
+    assert (launcher == [sys.executable, "-m", "fairseq_cli.train"] and info.update_freq == 4
+            and info.tokens_per_update == 8 * 4096)
     assert value(args, "--arch") == ["transformer_vaswani_wmt_en_de_big"] and "--fp16" in args
     # the papers' big setting: dropout 0.1 and lr 5e-4 (journal §4.1.1), single models (no averaging)
     assert value(args, "--dropout") == ["0.1"] and value(args, "--lr")[0] == "0.0005"
@@ -61,15 +71,15 @@ def test_command_on_gpus_with_passthrough(data_bin):
     assert value(args, "--attention-dropout") == ["0.1"] and value(args, "--activation-dropout") == ["0.1"]
     assert value(args, "--adam-eps") == ["1e-09"] and value(args, "--best-checkpoint-metric") == ["bleu"]
     assert "--eval-bleu" in args and "--maximize-best-checkpoint-metric" in args
-    assert info["best_checkpoint_metric"] == "bleu"
+    assert info.best_checkpoint_metric == "bleu" and info.single_checkpoint.name == "checkpoint_best.pt"
     assert value(args, "--lr")[-1] == "1e-3" and args[-2:] == ["--lr", "1e-3"]  # extra options come last
     save = value(args, "--save-dir")[0]
     assert "--load-checkpoint-on-all-dp-ranks" in args and re.fullmatch(r"/ck/wmt14_en_de_big-[0-9a-f]{8}", save)
-    assert value(args, "--tensorboard-logdir") == [save + "/tensorboard"] and info["save_dir"] == save
-    assert info["average"] == 0 and info["update_based"]
+    assert value(args, "--tensorboard-logdir") == [save + "/tensorboard"] and str(info.save_dir) == save
+    assert info.average == 0 and info.update_based
     # averaging stays an option: AVERAGE=N keeps at least the last N checkpoints
     args, _, info = command_from_env("wmt14_en_de", "big", [], env=dict(env, AVERAGE="30"), gpus=2)
-    assert info["average"] == 30 and value(args, "--keep-interval-updates") == ["30"]
+    assert info.average == 30 and value(args, "--keep-interval-updates") == ["30"]
 
 
 def test_embeddings_choice(data_bin):
@@ -84,7 +94,8 @@ def test_embeddings_choice(data_bin):
     assert "--share-all-embeddings" in args and "--encoder-normalize-before" not in args and "--eval-bleu" not in args
     assert value(args, "--adam-eps") == ["1e-08"] and value(args, "--warmup-updates") == ["8000"]
     # fairseq's default best metric (loss): nothing to add, and checkpoint_best.pt is evaluated
-    assert "--best-checkpoint-metric" not in args and info["best_checkpoint_metric"] == "loss"
+    assert "--best-checkpoint-metric" not in args and info.best_checkpoint_metric == "loss"
+    assert info.single_checkpoint.name == "checkpoint_best.pt"
     args, _, _ = command_from_env("wmt14_en_de", "small", [], env=env, gpus=1)
     assert value(args, "--adam-eps") == ["1e-08"] and "--share-all-embeddings" in args
 
@@ -107,9 +118,9 @@ def test_the_demo_command_is_unchanged(tmp_path):
 def test_run_records_whether_checkpoints_were_averaged(data_bin, monkeypatch):
     from diverse_fairseq import training
     monkeypatch.setattr(training, "visible_gpus", lambda: 8)
-    info = training.run_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "DRY_RUN": "1"}, gpus=8)
+    result = training.run_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "DRY_RUN": "1"}, gpus=8)
     # the setting's single model (checkpoint_choice): the best by validation BLEU for the THUMT base setting
-    assert info["averaged"] == 0 and info["checkpoint"].endswith("/checkpoint_best.pt")
+    assert result.averaged == 0 and result.checkpoint.name == "checkpoint_best.pt"
 
 
 def test_command_multi_node_and_cpu(data_bin):
@@ -117,13 +128,13 @@ def test_command_multi_node_and_cpu(data_bin):
     args, launcher, info = command_from_env("wmt14_en_de", "base", [], env=env, gpus=8)
     assert launcher[1:4] == ["-m", "torch.distributed.run", "--nnodes"] and "fairseq_cli.train" in launcher
     assert value(launcher, "--nproc-per-node") == ["8"] and value(launcher, "--master-addr") == ["10.0.0.1"]
-    assert value(args, "--distributed-world-size") == ["16"] and info["update_freq"] == 1 and not info["rank0"]
+    assert value(args, "--distributed-world-size") == ["16"] and info.update_freq == 1 and not info.rank0
     slurm = {"DATA_BIN": str(data_bin), "SLURM_NNODES": "2", "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
     args, launcher, info = command_from_env("wmt14_en_de", "base", [], env=slurm, gpus=4)
     assert (launcher == [sys.executable, "-m", "fairseq_cli.train"] and value(args, "--distributed-port") == ["12077"]
-            and info["world"] == 8)
+            and info.world == 8)
     args, _, info = command_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin)}, gpus=0)
-    assert "--cpu" in args and "--fp16" not in args and info["update_freq"] == 8
+    assert "--cpu" in args and "--fp16" not in args and info.update_freq == 8
     with pytest.raises(SystemExit, match="only PRECISION=fp32"):
         command_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "PRECISION": "fp16"}, gpus=0)
     with pytest.raises(SystemExit, match="prepare the data first"):
@@ -234,7 +245,7 @@ def test_demo_train_average_evaluate_end_to_end(tmp_path):
     (save,) = (tmp_path / "checkpoints").glob("demo_tiny-*")  # one directory per variant
     assert "update-freq 1" in out and (save / "checkpoint_1_4.pt").exists() and (save / "tensorboard").is_dir()
     stored = json.loads((save / "train_args.json").read_text())  # the options, checked when the run resumes
-    assert stored["experiment"]["options"]["--arch"] == "transformer" and save.name.endswith(stored["hash"])
+    assert stored["identity"]["options"]["--arch"] == "transformer" and save.name.endswith(stored["hash"])
     avg = save / "checkpoint_avg_last2.pt"
     assert "averaging the last 2 checkpoints" in out and avg.exists()
     out = run(REPO / "scripts" / "evaluate.sh", avg, "demo", "--max-len-b", "5")
@@ -255,7 +266,7 @@ def test_thumt_settings_train_the_authors_100k_updates_and_big_300k_is_named():
     Vaswani et al.'s 300k stays an option named big_300k, otherwise the big setting."""
     from dataclasses import replace
 
-    from diverse_fairseq.training import SETTINGS
+    from diverse_fairseq.settings import SETTINGS
 
     assert SETTINGS["base"].max_update == SETTINGS["big"].max_update == 100000
     assert SETTINGS["big_300k"] == replace(SETTINGS["big"], max_update=300000)
@@ -265,29 +276,31 @@ def test_thumt_settings_train_the_authors_100k_updates_and_big_300k_is_named():
 def test_each_setting_decodes_as_its_paper(data_bin):
     """THUMT settings (base, big): GNMT's penalty through the plugin's task and at most |x| + 50 tokens, in the
     validation BLEU and in the table runner's evaluation; fairseq's settings keep --lenpen and the recipe's cap."""
-    from diverse_fairseq import training
+    from diverse_fairseq import settings
+    from diverse_fairseq.dataset_meta import load_dataset_meta
+    from diverse_fairseq.run_plan import decoding, task_args
 
-    meta = {"beam": 4, "lenpen": 0.6, "max_len_a": 0.0, "max_len_b": 200, "target_lang": "de"}
-    fake_prepared(data_bin, "wmt14_en_de", **meta)
+    fake_prepared(data_bin, "wmt14_en_de", beam=4, lenpen=0.6, max_len_a=0.0, max_len_b=200)
+    meta = load_dataset_meta(data_bin / "wmt14_en_de")
     env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
     for setting in ("base", "big", "big_300k"):
-        s = training.SETTINGS[setting]
+        s = settings.SETTINGS[setting]
         assert (s.length_penalty, s.max_len_a, s.max_len_b) == ("gnmt", 1.0, 49)
         args, _, _ = command_from_env("wmt14_en_de", setting, [], env=env, gpus=8)
         assert value(args, "--task") == ["translation_length_penalty"] and value(args, "--length-penalty") == ["gnmt"]
         assert json.loads(value(args, "--eval-bleu-args")[0]) == {"beam": 4, "lenpen": 0.6, "max_len_a": 1.0,
                                                                   "max_len_b": 49}
-        assert training.decoding_args(meta, s) == ["--length-penalty", "gnmt", "--max-len-a", "1",
-                                                   "--max-len-b", "49"]
+        d = decoding(meta, s)  # what the table runner's evaluation decodes with
+        assert (d.length_penalty, d.max_len_a, d.max_len_b) == ("gnmt", 1.0, 49)
     for setting in ("small", "fairseq_base", "fairseq_big", "tiny"):
-        s = training.SETTINGS[setting]
+        s = settings.SETTINGS[setting]
         assert (s.length_penalty, s.max_len_a, s.max_len_b) == ("fairseq", None, None)
         args, _, _ = command_from_env("wmt14_en_de", setting, [], env=env, gpus=8)
         assert value(args, "--task") == ["translation"] and "--length-penalty" not in args
-        assert training.decoding_args(meta, s) == ["--length-penalty", "fairseq", "--max-len-a", "0",
-                                                   "--max-len-b", "200"]
+        d = decoding(meta, s)
+        assert (d.length_penalty, d.max_len_a, d.max_len_b) == ("fairseq", 0.0, 200)
     with pytest.raises(ValueError, match="use one of fairseq, gnmt"):
-        training.task_args("wu")
+        task_args("wu")
 
 
 def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path, monkeypatch):
@@ -297,12 +310,13 @@ def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path, monkeypatch)
 
     for key in ("LENGTH_PENALTY", "MAX_LEN_A", "MAX_LEN_B", "BEAM", "LENPEN", "PRECISION", "CPU"):
         monkeypatch.delenv(key, raising=False)
-    meta = {"source_lang": "en", "target_lang": "de", "beam": 4, "lenpen": 0.6, "max_len_a": 0, "max_len_b": 200,
-            "post_process": "subword_nmt"}
+    from diverse_fairseq.dataset_meta import meta_from_dict
+
+    meta = meta_from_dict({"source_lang": "en", "target_lang": "de", "beam": 4, "lenpen": 0.6, "max_len_a": 0,
+                           "max_len_b": 200, "post_process": "subword_nmt"})
 
     def command(argv):
-        args = evaluate.check_args(evaluate.build_parser().parse_args(["c.pt", "d", *argv]))
-        return evaluate.generate_command(args, meta, tmp_path, tmp_path / "c.pt", tmp_path, on_gpu=False)
+        return evaluate.generate_command(evaluate.parse_request(["c.pt", "d", *argv]), meta, tmp_path, on_gpu=False)
 
     cmd = command(["--length-penalty", "gnmt", "--max-len-a", "1", "--max-len-b", "49"])
     assert value(cmd, "--task") == ["translation_length_penalty"] and value(cmd, "--length-penalty") == ["gnmt"]
@@ -321,10 +335,12 @@ def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path, monkeypatch)
 def test_interactive_command_decodes_as_the_checkpoint_was_validated(tmp_path):
     """A THUMT-setting checkpoint (validated with GNMT's penalty and |x| + 50 tokens) gets the same decoding in
     the printed fairseq-interactive command; a plain translation checkpoint keeps fairseq's and the recipe's."""
+    from diverse_fairseq.dataset_meta import meta_from_dict
     from diverse_fairseq.interactive_command import build_command, stored_decoding
 
-    meta = {"source_lang": "en", "target_lang": "de", "bpe": "sentencepiece", "bpe_models": {"en": "spm.model"},
-            "beam": 4, "lenpen": 0.6, "max_len_a": 0, "max_len_b": 200}
+    meta = meta_from_dict({"source_lang": "en", "target_lang": "de", "bpe": "sentencepiece",
+                           "bpe_models": {"en": "spm.model"}, "beam": 4, "lenpen": 0.6, "max_len_a": 0,
+                           "max_len_b": 200})
     thumt = {"cfg": {"task": {"_name": "translation_length_penalty", "length_penalty": "gnmt", "eval_bleu": True,
                               "eval_bleu_args": '{"beam": 4, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 49}'}}}
     cmd = build_command("c.pt", tmp_path, meta, stored_decoding(thumt))

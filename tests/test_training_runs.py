@@ -12,6 +12,8 @@ from conftest import fake_prepared
 
 from diverse_fairseq import save_dir as save_dirs
 from diverse_fairseq import training
+from diverse_fairseq.run_plan import plan
+from diverse_fairseq.settings import resolve_setting
 
 ENV_KEYS = ("SEEDS", "SEED", "TRAIN_ARGS", "DRY_RUN", "SAVE_DIR", "MAX_UPDATE", "GPUS", "AVERAGE", "RESUME_ANYWAY")
 
@@ -25,9 +27,9 @@ def env(tmp_path):
 def trained(env, where: Path, updates: int, extra=()):
     """``where`` as a run of ``extra`` leaves it after ``updates`` updates: its train_args.json and a
     checkpoint_last.pt that records ``updates`` where fairseq does (optimizer_history[-1]["num_updates"])."""
-    args, _, info = training.command_from_env("demo", "tiny", list(extra), env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    p = plan(training.request_from_env("demo", "tiny", list(extra), env=dict(env, SAVE_DIR=str(where)), gpus=0))
     where.mkdir(parents=True)
-    save_dirs.write_args(where, args, info["data_meta"], args)
+    save_dirs.write_args(where, p.identity, p.command)
     torch.save({"optimizer_history": [{"num_updates": updates - 1}, {"num_updates": updates}],
                 "model": {"w": torch.zeros(2)}}, where / "checkpoint_last.pt")
 
@@ -43,11 +45,11 @@ def test_a_finished_run_is_left_alone(env, tmp_path, monkeypatch, capsys):
     before = (where / "checkpoint_last.pt").read_bytes()
     monkeypatch.setattr(subprocess, "Popen", no_training)
     monkeypatch.setattr(subprocess, "call", no_training)
-    info = training.run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="150"), gpus=0)
+    result = training.run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="150"), gpus=0)
     out = capsys.readouterr().out
     assert f"already trained to 150 updates (--max-update 150): {where}; left as it is" in out
     assert "raise MAX_UPDATE (e.g. MAX_UPDATE=300" in out and "resuming from" not in out
-    assert info["finished_earlier"] and info["checkpoint"] == str(where / "checkpoint_last.pt")
+    assert result.finished_earlier and result.checkpoint == where / "checkpoint_last.pt"
     assert (where / "checkpoint_last.pt").read_bytes() == before
     # the same through an extra --max-update (the last one counts), and in a dry run
     training.run_from_env("demo", "tiny", ["--max-update", "100"], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="900",
@@ -60,8 +62,8 @@ def test_a_run_short_of_max_update_resumes(env, tmp_path, monkeypatch, capsys):
     trained(env, where, 150)
     started = []
     monkeypatch.setattr(training, "call_keeping_error", lambda cmd, env: started.append(cmd) or (0, ""))
-    info = training.run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="300"), gpus=0)
-    assert len(started) == 1 and not info["finished_earlier"] and f"resuming from {where}" in capsys.readouterr().out
+    result = training.run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="300"), gpus=0)
+    assert len(started) == 1 and not result.finished_earlier and f"resuming from {where}" in capsys.readouterr().out
 
 
 def test_trained_updates_reads_what_fairseq_resumes_from(tmp_path):
@@ -94,17 +96,31 @@ def test_a_variable_of_the_table_runner_is_named(env, monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------ item 5: failures of fairseq-train
-def test_a_configuration_error_offers_no_resume_and_leaves_no_folder(env, tmp_path, capfd):
+def test_a_configuration_error_is_refused_before_training(env, tmp_path, monkeypatch):
+    """An option fairseq-train does not accept is refused when the run is planned (fairseq's own parser gives
+    the run's identity), with argparse's error line, before fairseq-train starts or a folder is made."""
     where = tmp_path / "ck" / "new-run"
+    monkeypatch.setattr(subprocess, "Popen", no_training)
     with pytest.raises(SystemExit) as err:
         training.run_from_env("demo", "tiny", ["--no-such-option"], env=dict(env, SAVE_DIR=str(where)), gpus=0)
     message = str(err.value)
-    assert message.startswith("error: fairseq-train failed (exit 2): it wrote no checkpoint, so there is nothing "
+    assert message.startswith("error: fairseq-train would not accept these options: ")
+    assert message.endswith("error: unrecognized arguments: --no-such-option") and not where.exists()
+
+
+def test_a_failed_training_offers_no_resume_and_leaves_no_folder(env, tmp_path, capfd):
+    """fairseq-train fails at start (the fake dataset has no dictionaries): no checkpoint, so nothing to resume;
+    the folder is removed, and fairseq's own error line comes last."""
+    where = tmp_path / "ck" / "new-run"
+    with pytest.raises(SystemExit) as err:
+        training.run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where)), gpus=0)
+    message = str(err.value)
+    assert message.startswith("error: fairseq-train failed (exit 1): it wrote no checkpoint, so there is nothing "
                               f"to resume; removed the unused {where}")
     assert "resume from" not in message and not where.exists() and (tmp_path / "ck").exists()
     last = message.splitlines()[-1]
-    assert last.startswith("fairseq-train said: ") and last.endswith("error: unrecognized arguments: --no-such-option")
-    assert "unrecognized arguments: --no-such-option" in capfd.readouterr().err  # also shown as it happened
+    assert last.startswith("fairseq-train said: ") and "dict.en.txt" in last
+    assert "dict.en.txt" in capfd.readouterr().err  # also shown as it happened
 
 
 def test_failure_messages(tmp_path):
@@ -130,11 +146,11 @@ def test_a_misspelled_setting_is_refused_with_the_nearest(env):
     with pytest.raises(SystemExit, match=r"'tinny' is neither a setting \(small, base, big, big_300k, fairseq_base, "
                                          r"fairseq_big, tiny\) nor a registered architecture \(--arch\): "
                                          r"did you mean the setting 'tiny'\?"):
-        training.resolve_setting("tinny")
+        resolve_setting("tinny")
     with pytest.raises(SystemExit, match="did you mean the setting 'base'"):
-        training.command_from_env("demo", "bsae", [], env=env, gpus=0)
-    assert training.resolve_setting("transformer_tiny")[2] == "transformer_tiny"  # fairseq's own: accepted
-    assert training.resolve_setting("routing_transformer_wmt_en_de")[:1] == ("base",)
+        plan(training.request_from_env("demo", "bsae", [], env=env, gpus=0))
+    assert resolve_setting("transformer_tiny")[2] == "transformer_tiny"  # fairseq's own: accepted
+    assert resolve_setting("routing_transformer_wmt_en_de")[:1] == ("base",)
 
 
 # ------------------------------------------------- item 7: routing flags on an architecture without routing
@@ -153,5 +169,5 @@ def test_routing_flags_need_a_routing_architecture(env, monkeypatch, setting, ex
 def test_routing_flags_with_a_routing_architecture_pass(env):
     for extra in (["--arch", "diverse_transformer", "--routing-encoder-layers", "0"],
                   ["--arch", "routing_transformer_wmt_en_de", "--routing-iterations", "2"]):
-        info = training.run_from_env("demo", "tiny", extra, env=dict(env, DRY_RUN="1"), gpus=0)
-        assert info["command"][-len(extra):] == extra
+        result = training.run_from_env("demo", "tiny", extra, env=dict(env, DRY_RUN="1"), gpus=0)
+        assert result.plan.command[-len(extra):] == extra

@@ -53,21 +53,21 @@ def source_segmenter(data_dir: Path, log=print) -> Callable[[str], str]:
     Without ``prepare.json`` (data not made by this toolkit) the sentences are used as they are."""
     from ..data.bpe import segment
     from ..data.text import detokenize, tokenize
+    from ..dataset_meta import load_dataset_meta
 
     meta_path = Path(data_dir) / "prepare.json"
     if not meta_path.is_file():
         log(f"  note: {data_dir} has no prepare.json: the sentences are looked up in the dictionary as they are")
         return lambda s: s
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    src = meta.get("source_lang")
+    meta = load_dataset_meta(data_dir)
+    src = meta.source_lang
     if src != "en":
         raise SystemExit(f"error: the probing tasks are English sentences, but this model translates from "
                          f"{src!r} ({meta_path})")
-    model = Path(data_dir) / meta["bpe_models"][src]
+    model = Path(data_dir) / meta.bpe_models[src]
     if not model.is_file():
         raise SystemExit(f"error: the segmentation model {model} named in {meta_path} is missing")
-    kind, moses, lower = meta["bpe"], bool(meta.get("moses_tokenized")), bool(meta.get("lowercase"))
-    dash = bool(meta.get("aggressive_dash"))
+    kind, moses, lower, dash = meta.bpe, meta.moses_tokenized, meta.lowercase, meta.aggressive_dash
 
     def prepare(sentence: str) -> str:
         text = detokenize(sentence, src)  # SentEval's text is Moses-tokenized; start from plain text

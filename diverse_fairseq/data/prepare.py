@@ -7,12 +7,15 @@ DATASET is one of demo, iwslt14_de_en, wmt14_en_de, wmt17_zh_en, or ``custom``: 
 DATA_BIN/custom_xx_yy (or DATA_BIN/DATASET_NAME). The steps (download, extract,
 collect, normalize, tokenize, clean, learn-bpe, apply-bpe, [clean-bpe], binarize) are each skipped
 when their outputs exist and are complete, so an interrupted run continues where it stopped.
-Intermediate files go to WORK_DIR/DATASET (default work/), the binarized data to DATA_BIN/DATASET
-(default data-bin/), together with ``prepare.json`` (how the data was made, read by the evaluation),
-the test references (``test.ref.TGT`` raw, ``test.tok.TGT`` tokenized) and the BPE model. Long steps print
-progress lines (done of all, elapsed, time left) every PROGRESS_INTERVAL seconds (:mod:`.progress`).
+Intermediate files go to WORK_DIR/DATASET, the binarized data to DATA_BIN/DATASET (defaults: the repository's
+work/ and data-bin/, :mod:`diverse_fairseq.paths`), together with ``prepare.json`` (how the data was made, read
+through :mod:`diverse_fairseq.dataset_meta`), the test references (``test.ref.TGT`` raw, ``test.tok.TGT``
+tokenized) and the BPE model. Long steps print progress lines (done of all, elapsed, time left) every
+PROGRESS_INTERVAL seconds (:mod:`.progress`).
 
-Every option also has an environment variable (in brackets), which the Makefile passes through.
+Every option also has an environment variable (in brackets), which the Makefile passes through. Other code
+calls :func:`prepare` with typed :class:`PrepareOptions`; only :func:`parse_options` (``main``, the table
+runner's command line) reads argv and the environment.
 """
 
 import argparse
@@ -22,10 +25,11 @@ import os
 import shutil
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
-from .. import env_checks
+from .. import env_checks, paths
 from . import bpe as bpe_mod
 from . import progress
 from .archive import CorruptArchiveError, extract
@@ -58,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "for demo, subword-nmt otherwise)")
     p.add_argument("--bpe-size", default=_env("BPE_SIZE"),
                    help="BPE merges / sentencepiece vocabulary [BPE_SIZE]; default: the recipe's (custom: 10000)")
-    p.add_argument("--work-dir", default=_env("WORK_DIR", "work"), help="root of intermediate files [WORK_DIR]")
-    p.add_argument("--data-bin", default=_env("DATA_BIN", "data-bin"), help="root of binarized datasets [DATA_BIN]")
+    p.add_argument("--work-dir", default=str(paths.from_env("WORK_DIR")), help="root of intermediate files [WORK_DIR]")
+    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="root of binarized datasets [DATA_BIN]")
     p.add_argument("--mirror", default=_env("DIVERSE_FAIRSEQ_MIRROR"),
                    help="URL or directory holding the archives by file name, used instead of the public "
                         "addresses [DIVERSE_FAIRSEQ_MIRROR]")
@@ -100,10 +104,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@dataclass(frozen=True)
+class PrepareOptions:
+    """What :func:`prepare` makes: the dataset and the options of :func:`build_parser` (validated)."""
+
+    dataset: str
+    bpe: Optional[str] = None  # None: the recipe's
+    bpe_size: Optional[int] = None  # None: the recipe's
+    work_dir: Path = paths.WORK_DIR
+    data_bin: Path = paths.DATA_BIN
+    mirror: Optional[str] = None
+    checksums: Optional[str] = None
+    workers: int = 2
+    demo_dir: Optional[str] = None
+    cwmt_dir: Optional[str] = None
+    skip_cwmt: bool = False
+    zh_seg: str = "jieba"
+    src: Optional[str] = None
+    tgt: Optional[str] = None
+    corpus_dir: Optional[str] = None
+    name: Optional[str] = None
+    separate_vocab: bool = False
+    stop_after: Optional[str] = None
+
+
 class Preparer:
     """Runs one recipe's pipeline with the user's options."""
 
-    def __init__(self, recipe: Recipe, args):
+    def __init__(self, recipe: Recipe, args: PrepareOptions):
         options = {"demo_dir": args.demo_dir, "cwmt_dir": args.cwmt_dir, "skip_cwmt": args.skip_cwmt,
                    "src": args.src, "tgt": args.tgt, "corpus_dir": args.corpus_dir, "name": args.name,
                    "separate_vocab": args.separate_vocab, "work_dir": args.work_dir,
@@ -442,20 +470,34 @@ def step_ids(recipe: Recipe) -> List[str]:
             + (["clean-bpe"] if recipe.clean_after_bpe else []) + ["binarize"])
 
 
-def main(argv=None):
+def parse_options(argv) -> PrepareOptions:
+    """The validated :class:`PrepareOptions` of a command line and the environment (SystemExit naming a bad
+    value); also sets the progress interval (``PROGRESS_INTERVAL``) of this process."""
     args = build_parser().parse_args(argv)
     progress.set_interval(progress.parse_interval(args.progress_interval))
     args = check_args(args, get(args.dataset))
-    preparer = Preparer(get(args.dataset), args)
-    recipe = preparer.r
+    return PrepareOptions(**{f.name: getattr(args, f.name) for f in fields(PrepareOptions)})
+
+
+def prepare(options: PrepareOptions) -> Path:
+    """Prepare ``options.dataset`` (each step skipped when its output is complete); return its folder under
+    ``options.data_bin``. Raises :class:`StopPipeline` where ``stop_after`` stops it."""
+    preparer = Preparer(get(options.dataset), options)
+    preparer.run()
+    return preparer.dest
+
+
+def main(argv=None):
+    options = parse_options(argv)
+    name = get(options.dataset).name
     try:
-        preparer.run()
+        prepare(options)
     except StopPipeline as e:
-        print(f"[{recipe.name}] {e}", flush=True)
+        print(f"[{name}] {e}", flush=True)
     except CorruptArchiveError as e:
         raise SystemExit(f"error: {e}") from None
     except KeyboardInterrupt:
-        raise SystemExit(f"\n[{recipe.name}] interrupted; run the same command again to resume") from None
+        raise SystemExit(f"\n[{name}] interrupted; run the same command again to resume") from None
 
 
 if __name__ == "__main__":

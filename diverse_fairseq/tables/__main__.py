@@ -11,14 +11,14 @@ are checked before any work starts; a bad one stops the run with a message namin
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-from .. import env_checks, training
+from .. import env_checks, paths, training
 from ..cli_logging import setup_cli_logging
 from ..data.recipes import RECIPES
+from ..settings import SETTINGS
 from .config import RunConfig
 from .keys import RUNNER_FLAGS
 from .report import summarise, write_report
@@ -46,7 +46,7 @@ def build_parser():
                    help="row/seed jobs run at once, each with its log in <out>/logs/ [JOBS]; default: the CPU "
                         "cores (at most the number of jobs), 1 with GPUS > 0")
     p.add_argument("--out", default=env("RESULTS"), help="results directory (default results/<table>)")
-    p.add_argument("--data-bin", default=env("DATA_BIN", str(REPO / "data-bin")), help="[DATA_BIN]")
+    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
     p.add_argument("--train-args", default=env("TRAIN_ARGS", ""),
                    help="extra fairseq-train flags for every row, e.g. '--max-update 100' [TRAIN_ARGS]")
     p.add_argument("--probing-data", default=env("PROBING_DATA"),
@@ -81,12 +81,20 @@ FOREIGN_VARIABLES = {
     "SEED": "SEEDS (a count: SEEDS=3 runs seeds 1, 2, 3; or a list: SEEDS=2,5); SEED is scripts/train.sh's",
     "SAVE_DIR": "RESULTS (the results directory; each run trains in <results>/<dataset>-<scale>/runs/<row>/seed<N>); "
                 "SAVE_DIR is scripts/train.sh's",
+    # scripts/evaluate.sh's decoding variables: a table decodes what the table says (its subsets, the recipe's
+    # beam and length penalty), so that its test BLEU does not depend on the shell it was started from
+    "SUBSET": "SUBSETS (the subsets a table decodes; the first is the report's BLEU); SUBSET is scripts/evaluate.sh's",
+    "BEAM": "GENERATE_ARGS='--beam N' (recorded in the evaluation's cache key); BEAM is scripts/evaluate.sh's",
+    "LENPEN": "GENERATE_ARGS='--lenpen X'; LENPEN is scripts/evaluate.sh's",
+    "BATCH_SIZE": "GENERATE_ARGS='--batch-size N'; BATCH_SIZE is scripts/evaluate.sh's",
+    "CPU": "GPUS=0 (trains and decodes on the CPU); CPU is scripts/evaluate.sh's",
 }
 
 
 def foreign_variable_warnings(env) -> List[str]:
-    """Warnings for variables set in ``env`` that belong to ``scripts/train.sh``, naming the runner's own."""
-    return [f"{name}={env[name]} is not read by the table runner: use {instead}"
+    """Warnings for variables set in ``env`` that belong to ``scripts/train.sh`` or ``scripts/evaluate.sh``: each
+    is ignored (nothing the runner calls reads the environment for it), and the warning names the runner's own."""
+    return [f"{name}={env[name]} is not read by the table runner (ignored): use {instead}"
             for name, instead in FOREIGN_VARIABLES.items() if env_checks.get(env, name) is not None]
 
 
@@ -189,8 +197,10 @@ def ensure_demo_data(data: Path):
     ``prepare_data`` skips every step whose output is complete and up to date, so this is quick after the
     first run and redoes only what a changed corpus or recipe needs.
     """
-    env = dict(os.environ, DATA_BIN=str(data.parent))
-    subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], check=True, cwd=REPO, env=env)
+    from ..data.prepare import parse_options, prepare
+
+    # the data preparation's own variables (DEMO_DIR, BPE_SIZE, WORK_DIR, ...) apply, as with make data
+    prepare(parse_options(["demo", "--data-bin", str(data.parent)]))
 
 
 def data_problems(meta: dict) -> List[str]:
@@ -274,7 +284,7 @@ def dry_run(table, run: RunConfig, args):
         print(f"[{table.table}] DRY_RUN=1: {data} is not prepared, and the training commands depend on it "
               f"(languages, dictionaries); {'a real run prepares it first' if run.dataset == 'demo' else 'prepare it'}"
               f" ({prepare}), then run the dry run again to see them. Rows: "
-              + "; ".join(f"{row.id} ({row.arch(training.SETTINGS[run.setting(row)].arch)} {shlex.join(row.args)})"
+              + "; ".join(f"{row.id} ({row.arch(SETTINGS[run.setting(row)].arch)} {shlex.join(row.args)})"
                           for row in table.rows), flush=True)
     else:
         run_table(table, run)

@@ -13,12 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
+#: the form of the cached records and keys; bumped when it changes (2: runs keyed by their identity, typed
+#: records), so that the caches of earlier builds are recomputed instead of read
+CACHE_VERSION = 2
 
-def package_version() -> str:
-    """The package version, part of every cache key (a new version recomputes everything)."""
+
+def cache_version() -> str:
+    """The package version and :data:`CACHE_VERSION`, part of every cache key (either one new recomputes
+    everything)."""
     from .. import __version__
 
-    return __version__
+    return f"{__version__}/cache-{CACHE_VERSION}"
 
 
 def stored_under_key(data: Dict) -> Optional[Dict]:

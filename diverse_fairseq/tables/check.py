@@ -4,7 +4,7 @@ For each table (``configs/tables/*.yaml``), row and scale (``demo``, ``paper``) 
 
 1. builds the fairseq-train arguments the table runner would pass (:func:`row_command`: the runner's setting
    for the scale, the row's architecture, its flags with the layer mapping of :mod:`.scale`, through
-   :func:`diverse_fairseq.training.build_command`), at demo scale on the CPU as ``make table-<id> SCALE=demo``
+   :func:`diverse_fairseq.tables.steps.job_plan`), at demo scale on the CPU as ``make table-<id> SCALE=demo``
    runs it, at paper scale as on the papers' 8 GPUs: with ``--fp16`` where CUDA is available, in fp32
    elsewhere (fairseq's fp16 optimizer keeps its fp32 master copy on a CUDA device);
 2. parses them with fairseq-train's parser and builds task, model, criterion, optimizer and learning-rate
@@ -45,13 +45,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .. import env_checks, training
+from .. import env_checks, paths
 from ..cli_logging import setup_cli_logging
 from ..data.recipes import RECIPES
+from ..dataset_meta import load_dataset_meta
+from ..run_plan import Plan, TrainOptions
+from ..settings import SETTINGS
 from . import scale as scale_mod
 from .config import RunConfig
-from .keys import LOG_FORMAT_ARGS
-from .spec import REPO, TABLE_DIR, Row, Table, load_table
+from .spec import TABLE_DIR, Row, Table, load_table
+from .steps import job_plan
 
 SCALES = ("demo", "paper")
 
@@ -149,19 +152,19 @@ def dataset_for(table: Table, scale: str, dataset: Optional[str] = None) -> Opti
     return dataset or (table.paper_dataset if scale == "paper" else "demo")
 
 
+def row_plan(row: Row, dataset: str, scale: str, data_bin: Path, gpus: int, precision: Optional[str] = None) -> Plan:
+    """The plan the table runner would train ``row`` (seed 1) with, by the runner's own function
+    (:func:`~diverse_fairseq.tables.steps.job_plan`; ``precision``: the ``PRECISION`` variable of the run, default
+    fp16 on GPUs), in a results directory beside ``data_bin``."""
+    run = RunConfig(dataset=dataset, scale=scale, seeds=[1], gpus=gpus, out_dir=data_bin.parent, data_bin=data_bin,
+                    train_options=TrainOptions(precision=precision))
+    return job_plan(row, run, 1)
+
+
 def row_command(row: Row, dataset: str, scale: str, data_bin: Path, gpus: int, precision: Optional[str] = None
                 ) -> List[str]:
-    """The fairseq-train arguments (without the program) that the table runner would train ``row`` with
-    (``precision``: the ``PRECISION`` variable of the run, default fp16 on GPUs)."""
-    run = RunConfig(dataset=dataset, scale=scale, seeds=[1], gpus=gpus, out_dir=data_bin.parent, data_bin=data_bin)
-    setting = run.setting(row)
-    arch = row.arch(training.SETTINGS[setting].arch)
-    extra = ["--arch", arch, *scale_mod.row_args(row.args, setting), *run.train_args, *LOG_FORMAT_ARGS]
-    request = training.TrainRequest(dataset=dataset, setting=setting, extra=tuple(extra), save_dir=data_bin.parent /
-                                    "checkpoints", data_bin=data_bin, gpus=gpus,
-                                    options=training.TrainOptions(precision=precision))
-    args, _, _ = training.build_command(request)
-    return args
+    """The fairseq-train arguments (without the program) of :func:`row_plan`."""
+    return list(row_plan(row, dataset, scale, data_bin, gpus, precision).args)
 
 
 def _synthetic_batch(task, batch: int = 4, src_len: int = 7, tgt_len: int = 6) -> Dict:
@@ -222,12 +225,12 @@ def build_and_step(args: List[str], layers: int, step: bool) -> Result:
         torch.set_num_threads(threads)
 
 
-def decoding_note(data: Path, setting: str) -> str:
-    """How the setting's runs decode (validation BLEU and test), e.g. `` [decoding: beam 4, gnmt length penalty
-    0.6, at most 1·|x| + 49 tokens]`` (:func:`diverse_fairseq.training.decoding`)."""
-    d = training.decoding(json.loads((data / "prepare.json").read_text()), training.SETTINGS[setting])
-    return (f" [decoding: beam {d['beam']}, {d['length_penalty']} length penalty {d['lenpen']:g}, at most "
-            f"{d['max_len_a']:g}·|x| + {d['max_len_b']} tokens]")
+def decoding_note(job: Plan) -> str:
+    """How a row's runs decode (validation BLEU and test), e.g. `` [decoding: beam 4, gnmt length penalty
+    0.6, at most 1·|x| + 49 tokens]`` (:attr:`diverse_fairseq.run_plan.Plan.decoding`)."""
+    d = job.decoding
+    return (f" [decoding: beam {d.beam}, {d.length_penalty} length penalty {d.lenpen:g}, at most "
+            f"{d.max_len_a:g}·|x| + {d.max_len_b} tokens]")
 
 
 def real_dictionaries(data_bin: Optional[Path], dataset: str) -> Optional[Dict[str, int]]:
@@ -237,12 +240,11 @@ def real_dictionaries(data_bin: Optional[Path], dataset: str) -> Optional[Dict[s
     if data_bin is None:
         return None
     data = Path(data_bin) / dataset
-    meta_file = data / "prepare.json"
-    if not meta_file.is_file():
+    if not (data / "prepare.json").is_file():
         return None
-    meta = json.loads(meta_file.read_text())
-    langs = (meta.get("source_lang"), meta.get("target_lang"))
-    if meta.get("synthetic") or None in langs or not all((data / f"dict.{lang}.txt").is_file() for lang in langs):
+    meta = load_dataset_meta(data)
+    langs = (meta.source_lang, meta.target_lang)
+    if meta.synthetic or not all((data / f"dict.{lang}.txt").is_file() for lang in langs):
         return None
     sizes = {}
     for lang in langs:
@@ -299,18 +301,18 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                         setting = RunConfig(name, scale, [1], gpus, Path(tmp)).setting(row)
                         note = _mapped_note(row, setting)
                         write_synthetic_data(data_bin, name)
+                        job = row_plan(row, name, scale, data_bin, gpus, None if scale == "demo" else paper_precision)
+                        args = list(job.args)
                         if scale == "paper":
-                            note += decoding_note(data_bin / name, setting)
-                        args = row_command(row, name, scale, data_bin, gpus,
-                                           None if scale == "demo" else paper_precision)
+                            note += decoding_note(job)
                     except (Exception, SystemExit) as e:  # noqa: BLE001 -- reported with its type
                         result = Result(False, f"{type(e).__name__}: {e}")
                     else:
-                        key = (scale, tuple(args))
+                        key = (scale, json.dumps(job.identity, sort_keys=True))  # the same run: built once
                         if key in done:
                             note = f" (the command of {done[key][1]}){note}"
                         else:
-                            done[key] = (build_and_step(args, training.SETTINGS[setting].layers, step=scale == "demo"),
+                            done[key] = (build_and_step(args, SETTINGS[setting].layers, step=scale == "demo"),
                                          f"{table.table}:{row.id}")
                             gc.collect()  # a paper-scale model and its optimizer: up to a few GB
                         result = done[key][0]
@@ -345,7 +347,7 @@ def main(argv=None) -> int:
                    "(8, the papers'; it sets --update-freq and --fp16)")
     p.add_argument("--dataset", default=os.environ.get("DATASET") or None,
                    help="dataset for every table [DATASET]; default: the paper's / demo, as make table-<id>")
-    p.add_argument("--data-bin", type=Path, default=Path(os.environ.get("DATA_BIN") or REPO / "data-bin"),
+    p.add_argument("--data-bin", type=Path, default=paths.from_env("DATA_BIN"),
                    help="where `make data` put the prepared datasets [DATA_BIN]; at paper scale the rows of a "
                         "prepared dataset also get their parameters on its real dictionaries")
     a = p.parse_args(argv)

@@ -5,8 +5,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .. import training
-from .spec import REPO, Row
+from ..paths import DATA_BIN
+from ..run_plan import TrainOptions
+from ..settings import DEMO_SETTING, default_setting
+from .spec import Row
 
 
 @dataclass
@@ -16,7 +18,7 @@ class RunConfig:
     seeds: List[int]
     gpus: int
     out_dir: Path
-    data_bin: Path = REPO / "data-bin"
+    data_bin: Path = DATA_BIN
     train_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-train flags
     generate_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-generate flags
     threads: int = 1  # CPU threads of every job (fairseq-train, fairseq-generate, in-process torch)
@@ -26,7 +28,7 @@ class RunConfig:
     probing_dir: Optional[Path] = None  # where their files are
     dry_run: bool = False  # print every job's commands, run and write nothing (DRY_RUN=1)
     # launch options of every training (MAX_UPDATE, PRECISION, NNODES, ...: the CLI reads them from the environment)
-    train_options: training.TrainOptions = field(default_factory=training.TrainOptions)
+    train_options: TrainOptions = field(default_factory=TrainOptions)
     # a script started in place of ``-m fairseq_cli.train`` with the same arguments, watching every training
     # (e.g. scripts/experiments/kernel_probe.py); not in the cache key: it must not change what is trained
     train_hook: Optional[str] = None
@@ -38,10 +40,11 @@ class RunConfig:
 
     def setting(self, row: Row) -> str:
         """The training setting of ``row``: ``tiny`` at demo scale, else the row's or the dataset's
-        (:func:`training.default_setting`: the papers' for their datasets, by size for your own corpus)."""
+        (:func:`diverse_fairseq.settings.default_setting`: the papers' for their datasets, by size for your own
+        corpus)."""
         if self.scale == "demo":
-            return "tiny"
-        return row.setting or training.default_setting(self.dataset, self.data_bin)
+            return DEMO_SETTING
+        return row.setting or default_setting(self.dataset, self.data_bin)
 
     def thread_env(self) -> Dict[str, str]:
         """The environment that pins a job's subprocesses to ``threads`` CPU threads."""

@@ -11,12 +11,11 @@ how many seeds beat the baseline's BLEU of the same seed.
 """
 
 import json
-import re
 import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..checkpoint_choice import METRICS, describe, recorded_metric
+from ..checkpoint_choice import METRICS, describe
 from .disagreement_report import disagreement_entry, disagreement_section
 from .probing_report import probing_entry, probing_section
 from .scale import changes as layer_changes
@@ -116,20 +115,9 @@ def significance(table: Table, results: Dict[str, List[Dict]], samples: int = SA
     return marks
 
 
-def averaged_checkpoints(record: Dict) -> int:
-    """How many checkpoints were averaged into the evaluated model (0: a single checkpoint). From the train
-    record's ``averaged_checkpoints``, or, for records without it, the checkpoint's name."""
-    if record.get("averaged_checkpoints") is not None:
-        return int(record["averaged_checkpoints"])
-    found = re.search(r"checkpoint_avg_last(\d+)\.pt$", str(record.get("checkpoint", "")))
-    return int(found.group(1)) if found else 0
-
-
 def embedding_setup(record: Dict) -> Dict:
     """How the run's embeddings are shared (from its command) and its dictionary sizes (from the data)."""
-    command = record.get("train_args") or record.get("command") or []  # "command": records of older runners
-    sharing = ("all" if "--share-all-embeddings" in command else
-               "decoder" if "--share-decoder-input-output-embed" in command else "none")
+    sharing = record["embeddings"]  # what the plan gave fairseq-train (records.TrainRecord.embeddings)
     data = Path(record["eval"].get("data", "")) if record.get("eval") else None
     sizes = {}
     if data and data.is_dir():
@@ -166,18 +154,18 @@ def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale:
                 [(r["eval"].get("speed") or {}).get("sentences_per_second") for r in runs])[0],
             "updates": runs[0]["updates"],
             # the last validation of each seed: label-smoothed loss and NLL per target token (base 2, fairseq's)
-            "valid_loss_per_seed": [r.get("valid_loss") for r in runs],
-            "valid_nll_loss": _mean_std([r.get("valid_nll_loss") for r in runs])[0],
-            "valid_nll_loss_per_seed": [r.get("valid_nll_loss") for r in runs],
-            "averaged_checkpoints": [averaged_checkpoints(r) for r in runs],
+            "valid_loss_per_seed": [r["valid_loss"] for r in runs],
+            "valid_nll_loss": _mean_std([r["valid_nll_loss"] for r in runs])[0],
+            "valid_nll_loss_per_seed": [r["valid_nll_loss"] for r in runs],
+            "averaged_checkpoints": [r["averaged_checkpoints"] for r in runs],
             "checkpoint_names": sorted({Path(r["checkpoint"]).name for r in runs if r.get("checkpoint")}),
-            "best_checkpoint_metric": [recorded_metric(r) for r in runs],
-            "evaluated_checkpoint": [describe(recorded_metric(r), averaged_checkpoints(r)) for r in runs],
+            "best_checkpoint_metric": [r["best_checkpoint_metric"] for r in runs],
+            "evaluated_checkpoint": [describe(r["best_checkpoint_metric"], r["averaged_checkpoints"]) for r in runs],
             "reused_seeds": [r["seed"] for r in runs if r.get("reused") and not r.get("same_as")],
-            "trained_at": [r.get("trained_at") for r in runs],
+            "trained_at": [r["trained_at"] for r in runs],
             "embeddings": embedding_setup(runs[0]),
             "paper": row.paper,
-            "layers_mapped": layer_changes(row.args, runs[0].get("args", row.args)),  # scale.py, at demo scale
+            "layers_mapped": layer_changes(row.args, runs[0]["args"]),  # scale.py, at demo scale
             "same_as": runs[0].get("same_as"),  # trained once with an earlier row (runner.same_model_rows)
         }
         for key in ("output_disagreement",):

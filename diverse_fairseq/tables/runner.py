@@ -9,7 +9,7 @@ returns every row's per-seed records. ``DRY_RUN=1`` prints the commands instead 
 The jobs' modules: ``config.py`` (:class:`RunConfig`: what one invocation runs and where it writes),
 ``steps.py`` (the steps of a job), ``keys.py`` (the cache key of a training run), ``cache.py`` (the cache helper
 of the four cached steps, the checkpoint identity), ``pool.py`` (the worker processes and CPU threads),
-``progress.py`` (the progress line). The names other code uses are importable from here too (``__all__``).
+``progress.py`` (the progress line).
 """
 
 import shlex
@@ -17,19 +17,16 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 from .. import training
-from ..checkpoint_choice import checkpoint_name
+from ..evaluate import command_line
+from ..settings import SETTINGS
 from . import scale
-from .cache import checkpoint_identity, lookup
+from .cache import lookup
 from .config import RunConfig
-from .keys import LOG_FORMAT_ARGS, RUNNER_FLAGS, cache_key, key_difference, same_key
+from .keys import cache_key, same_key
 from .pool import limit_threads, run_parallel
 from .progress import Progress
 from .spec import Row, Table
-from .steps import disagreement_scores, evaluate_command, evaluate_row, job_request, probing_scores, run_job, train_row
-
-__all__ = ["LOG_FORMAT_ARGS", "RUNNER_FLAGS", "Progress", "Row", "RunConfig", "cache_key", "checkpoint_identity",
-           "disagreement_scores", "dry_run_table", "evaluate_row", "key_difference", "limit_threads",
-           "probing_scores", "run_job", "run_table", "same_key", "same_model_rows", "train_row"]
+from .steps import eval_request, job_plan, run_job
 
 
 class TableInterrupted(KeyboardInterrupt):
@@ -99,24 +96,21 @@ def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
     reused); nothing is trained, evaluated or written."""
     print(f"[{table.table}] DRY_RUN=1: the commands of {len(todo)} job(s); nothing is run or written", flush=True)
     for row, seed in todo:
-        arch, row_args, request = job_request(row, run, seed)
-        setting = request.setting
-        args, launcher, info = training.build_command(request)
-        train_cmd = launcher + args
+        job = job_plan(row, run, seed)
         run_dir = run.run_dir(row, seed)
-        if lookup(run_dir / "train.json", cache_key(run, request), same=same_key).hit:
+        if lookup(run_dir / "train.json", cache_key(job), same=same_key).hit:
             state = "finished earlier: its training would be reused"
         elif (run_dir / "checkpoint_last.pt").exists():
             state = "interrupted: training would resume it, or start afresh if its options changed"
         else:
             state = "would be trained"
-        checkpoint = run_dir / checkpoint_name(info["best_checkpoint_metric"], info["average"])
+        checkpoint = job.checkpoint(averaged=job.average)
         eval_cmds = [[sys.executable, "-m", "diverse_fairseq.evaluate",
-                      *evaluate_command(run, row, seed, str(checkpoint), subset)] for subset in run.subsets]
+                      *command_line(eval_request(run, row, seed, str(checkpoint), subset))] for subset in run.subsets]
         threads = "".join(f"{k}={v} " for k, v in run.thread_env().items())
         device = "CUDA_VISIBLE_DEVICES='' " if run.gpus == 0 else ""
-        print(f"  {row.id} seed {seed} ({arch}, {setting}; {state}):\n"
-              f"    train:    {threads}{device}{shlex.join(train_cmd)}"
+        print(f"  {row.id} seed {seed} ({job.arch}, {job.setting_name}; {state}):\n"
+              f"    train:    {threads}{device}{shlex.join(job.command)}"
               + "".join(f"\n    evaluate: {threads}{shlex.join(cmd)}" for cmd in eval_cmds), flush=True)
     print(f"[{table.table}] then head-diversity scores{' and probing' if run.probing_tasks else ''} of each "
           f"checkpoint, and the report in {run.out_dir.parent}", flush=True)
@@ -131,7 +125,7 @@ def same_model_rows(table: Table, run: RunConfig) -> Dict[str, str]:
     out = {}
     for row in table.rows:
         setting = run.setting(row)
-        signature = (row.arch(training.SETTINGS[setting].arch), setting, tuple(scale.row_args(row.args, setting)))
+        signature = (row.arch(SETTINGS[setting].arch), setting, tuple(scale.row_args(row.args, setting)))
         if signature in first:
             out[row.id] = first[signature]
         else:

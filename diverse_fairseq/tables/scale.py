@@ -18,7 +18,7 @@ from typing import List
 
 from diverse_fairseq.methods.options import ALL_LAYERS, parse_layer_spec
 
-from .. import training
+from ..settings import SETTINGS
 
 PAPER_LAYERS = 6
 # every option that selects layers (tests/test_table_scale.py checks that the plugin registers no other)
@@ -42,7 +42,7 @@ def map_layers(value: str, layers: int, to_layers: int, flag: str = "layers") ->
 
 def row_args(args: List[str], setting: str) -> List[str]:
     """A table row's fairseq-train flags for ``setting``: the layer flags mapped to its depth."""
-    depth = training.SETTINGS[setting].layers
+    depth = SETTINGS[setting].layers
     if depth == PAPER_LAYERS:
         return list(args)
     out = list(args)

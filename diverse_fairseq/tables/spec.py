@@ -43,10 +43,12 @@ from typing import Dict, List, Optional
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from ..paths import REPO
+from ..settings import DEMO_SETTING, SETTINGS
+
 TABLE_DIR = REPO / "configs" / "tables"
 FAMILIES = ("transformer", "diverse_transformer")
-SETTING_NAMES = ("small", "base", "big", "fairseq_base", "fairseq_big")
+SETTING_NAMES = tuple(name for name in SETTINGS if name != DEMO_SETTING)  # a row may name any paper-scale one
 ROW_FIELDS = ("id", "label", "family", "setting", "args", "paper", "description", "baseline", "figure", "params_gap")
 
 

@@ -25,31 +25,39 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from .. import training
-from ..checkpoint_choice import evaluated_checkpoint
+from ..dataset_meta import load_dataset_meta
+from ..evaluate import EvalRequest, evaluate
+from ..run_plan import Plan, TrainRequest, decoding, plan
+from ..settings import SETTINGS
 from . import logs, scale
-from .cache import checkpoint_identity, lookup, package_version, store, whole_file
+from .cache import cache_version, checkpoint_identity, lookup, store, whole_file
 from .config import RunConfig
 from .keys import LOG_FORMAT_ARGS, cache_key, key_difference, same_key
+from .records import TrainRecord
 from .spec import Row
 
 
-def job_request(row: Row, run: RunConfig, seed: int) -> Tuple[str, List[str], training.TrainRequest]:
-    """(architecture, the row's mapped flags, the training request) of one row/seed, as :func:`train_row` runs
-    it and a dry run prints it."""
+def job_request(row: Row, run: RunConfig, seed: int) -> TrainRequest:
+    """The training request of one row/seed."""
     run_dir = run.run_dir(row, seed)
     setting = run.setting(row)
-    arch = row.arch(training.SETTINGS[setting].arch)
+    arch = row.arch(SETTINGS[setting].arch)
     row_args = scale.row_args(row.args, setting)  # layer flags mapped to the setting's depth (scale.py)
     extra = ["--arch", arch, *row_args, "--log-file", str(run_dir / "train.log"), *run.train_args, *LOG_FORMAT_ARGS]
-    request = training.TrainRequest(
+    return TrainRequest(
         dataset=run.dataset, setting=setting, extra=tuple(extra), seed=seed, save_dir=run_dir,
         data_bin=run.data_bin, gpus=run.gpus,
         options=replace(run.train_options, dry_run=False),  # the runner's own dry run never calls training.run
         entry=run.train_hook)
-    return arch, row_args, request
+
+
+def job_plan(row: Row, run: RunConfig, seed: int) -> Plan:
+    """The one function that turns a table row (and seed) into its plan: what :func:`train_row` trains, its
+    cache key, the dry run and check-tables read."""
+    return plan(job_request(row, run, seed))
 
 
 def job_env(run: RunConfig) -> Dict[str, str]:
@@ -64,37 +72,25 @@ def _move_aside(run_dir: Path, why: str, tag: str):
           f"and training afresh", flush=True)
 
 
-def _valid_nll(log: str) -> Optional[float]:
-    """The last validation's NLL per target token (fairseq's ``nll_loss``: base 2, without label smoothing)."""
-    return logs.last_summary(log, "valid").get("nll_loss")
-
-
-def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
-    """Train one row/seed (or reuse its finished run) and return its training record.
+def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
+    """Train one row/seed (or reuse its finished run); return its training record and whether it was reused
+    (training finished in an earlier invocation).
 
     A finished run (``train.json``) or an interrupted one (``key.json``) is reused or resumed only when its
-    cache key equals this run's; otherwise its directory is moved aside and the row is trained afresh.
-    The record says ``reused: true`` when training finished in an earlier invocation."""
+    cache key equals this run's; otherwise its directory is moved aside and the row is trained afresh."""
     run_dir = run.run_dir(row, seed)
     record_path, key_path = run_dir / "train.json", run_dir / "key.json"
     tag = f"{row.id} seed {seed}"
-    arch, row_args, request = job_request(row, run, seed)
-    setting = request.setting
+    job = job_plan(row, run, seed)
+    row_args = scale.row_args(row.args, job.setting_name)
     log_file = run_dir / "train.log"
-    key = cache_key(run, request)
+    key = cache_key(job)
     finished = lookup(record_path, key, same=same_key)
     if finished.hit:
-        record = finished.data
-        print(f"  [{tag}] training finished earlier ({record.get('trained_at', 'unknown time')}); "
-              f"reusing {run_dir}", flush=True)
-        if "valid_nll_loss" not in record and log_file.exists():  # a record written before it was kept
-            record["valid_nll_loss"] = _valid_nll(log_file.read_text(encoding="utf-8", errors="replace"))
-        # the setting's checkpoint (checkpoint_choice) beside train.json, also when the results directory has
-        # moved since, and for records written before the setting named its best checkpoint metric
-        chosen = training.SETTINGS[setting]
-        name = evaluated_checkpoint(chosen, record.get("averaged_checkpoints") or 0)
-        return dict(record, checkpoint=str(run_dir / name), best_checkpoint_metric=chosen.best_checkpoint_metric,
-                    reused=True)
+        record = TrainRecord.from_dict(finished.data)
+        print(f"  [{tag}] training finished earlier ({record.trained_at}); reusing {run_dir}", flush=True)
+        # the plan's checkpoint, beside train.json also when the results directory has moved since
+        return replace(record, checkpoint=str(job.checkpoint(record.averaged_checkpoints))), True
     if finished.data is not None:
         _move_aside(run_dir, key_difference(finished.key, key), tag)
     elif run_dir.exists() and any(run_dir.iterdir()):
@@ -104,64 +100,65 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Dict:
         else:
             print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
     store(key_path, key)
-    print(f"  [{tag}] training {arch} ({setting}): {shlex.join(row_args + run.train_args)}", flush=True)
-    info = training.run(request, env=job_env(run))  # info["checkpoint"]: checkpoint_choice's, for the setting
+    print(f"  [{tag}] training {job.arch} ({job.setting_name}): {shlex.join(row_args + run.train_args)}", flush=True)
+    result = training.run(job.request, env=job_env(run))
     log = log_file.read_text(encoding="utf-8", errors="replace")
-    train = logs.last_summary(log, "train")
-    record = {
-        "row": row.id, "seed": seed, "arch": arch, "setting": setting,
-        "train_args": info["args"],  # fairseq-train's arguments, whatever the launcher (python -m, torchrun)
-        "key": key, "trained_at": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": run.threads,
-        "checkpoint": info["checkpoint"], "args": row_args, "averaged_checkpoints": info["averaged"],
-        "best_checkpoint_metric": info["best_checkpoint_metric"],
-        "parameters": logs.model_parameters(log),
-        "updates": int(train.get("num_updates", 0)),
-        "train_steps_per_second": train.get("ups"),
-        "train_loss": train.get("loss"),
-        "valid_loss": logs.last_summary(log, "valid").get("loss"),
-        "valid_nll_loss": _valid_nll(log),
-    }
-    store(record_path, record)
-    return dict(record, reused=False)
+    train, valid = logs.last_summary(log, "train"), logs.last_summary(log, "valid")
+    record = TrainRecord(
+        row=row.id, seed=seed, arch=job.arch, setting=job.setting_name, train_args=list(result.plan.args), key=key,
+        trained_at=time.strftime("%Y-%m-%d %H:%M:%S"), threads=run.threads, checkpoint=str(result.checkpoint),
+        args=row_args, averaged_checkpoints=result.averaged, best_checkpoint_metric=job.best_checkpoint_metric,
+        embeddings=result.plan.embedding_sharing,
+        parameters=logs.model_parameters(log), updates=int(train.get("num_updates", 0)),
+        train_steps_per_second=train.get("ups"), train_loss=train.get("loss"), valid_loss=valid.get("loss"),
+        valid_nll_loss=valid.get("nll_loss"))
+    store(record_path, record.to_dict())
+    return record, False
 
 
-def decoding_args(run: RunConfig, row: Row) -> List[str]:
-    """The row's decoding protocol as :mod:`diverse_fairseq.evaluate` options: its setting's length penalty form
-    and length limit (:func:`diverse_fairseq.training.decoding`: GNMT's penalty and |x| + 50 tokens for the THUMT
-    papers' settings, fairseq's penalty and the recipe's limit for the others)."""
-    from ..evaluate import load_meta
+def eval_request(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: str) -> EvalRequest:
+    """The evaluation of ``subset`` with ``checkpoint`` into :meth:`RunConfig.eval_dir`: what the table says
+    (its subsets, the row's setting's decoding (:func:`diverse_fairseq.run_plan.decoding`, as its plan: GNMT's
+    length penalty and |x| + 50 tokens for the THUMT papers' settings), its ``GENERATE_ARGS``, its devices and
+    precision) and nothing of the environment: ``SUBSET``,
+    ``BEAM``, ``LENPEN``, ``BATCH_SIZE`` and ``CPU`` are scripts/evaluate.sh's, not the table's
+    (``__main__`` warns that it ignores them). ``PRECISION`` is the table's own (it trains with it): fp16 and
+    bf16 decode in that precision on a GPU."""
+    precision = run.train_options.precision or ("fp16" if run.gpus else "fp32")
+    data = run.data_bin / run.dataset
+    d = decoding(load_dataset_meta(data), SETTINGS[run.setting(row)])
+    return EvalRequest(checkpoint=Path(checkpoint), data_dir=data, subset=subset, length_penalty=d.length_penalty,
+                       max_len_a=d.max_len_a, max_len_b=d.max_len_b, out=run.eval_dir(row, seed, subset),
+                       cpu=run.gpus == 0, precision=precision, generate_args=tuple(run.generate_args))
 
-    return training.decoding_args(load_meta(run.data_bin / run.dataset), training.SETTINGS[run.setting(row)])
 
-
-def evaluate_command(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: str) -> List[str]:
-    """The arguments of :mod:`diverse_fairseq.evaluate` (without the program) that decode ``subset`` with
-    ``checkpoint`` into :meth:`RunConfig.eval_dir`, as the row's setting decodes (:func:`decoding_args`)."""
-    return [checkpoint, str(run.data_bin / run.dataset), "--out", str(run.eval_dir(row, seed, subset)),
-            *(["--subset", subset] if subset != "test" else []), *decoding_args(run, row), *run.generate_args,
-            *(["--cpu"] if run.gpus == 0 else [])]
+def evaluation_key(request: EvalRequest) -> Dict:
+    """Everything that changes what an evaluation decodes, for its cache (``eval/key.json``): the checkpoint's
+    name and contents (:func:`checkpoint_identity`), the subset, beam, length penalty (value and form), length
+    limit, batch size, device,
+    precision and extra fairseq-generate flags, and the cache version."""
+    key = {"checkpoint": request.checkpoint.name, "checkpoint_identity": checkpoint_identity(request.checkpoint),
+           "subset": request.subset, "beam": request.beam, "lenpen": request.lenpen,
+           "length_penalty": request.length_penalty, "max_len_a": request.max_len_a, "max_len_b": request.max_len_b,
+           "batch_size": request.batch_size, "cpu": request.cpu, "precision": request.precision,
+           "generate_args": list(request.generate_args), "version": cache_version()}
+    return json.loads(json.dumps(key))
 
 
 def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: str = "test") -> Dict:
     """Decode and score ``subset`` with one row/seed's checkpoint (cached in results.json of
-    :meth:`RunConfig.eval_dir` while key.json there matches: the checkpoint's name and contents
-    (:func:`checkpoint_identity`), the decoding flags)."""
-    from ..evaluate import load_meta
-    from ..evaluate import main as evaluate_main
-
-    out = run.eval_dir(row, seed, subset)
-    key = {"checkpoint": Path(checkpoint).name, "checkpoint_identity": checkpoint_identity(checkpoint),
-           "decoding": decoding_args(run, row), "generate_args": run.generate_args, "cpu": run.gpus == 0,
-           "version": package_version()}
+    :meth:`RunConfig.eval_dir` while key.json there matches :func:`evaluation_key`)."""
+    request = eval_request(run, row, seed, checkpoint, subset)
+    out, key = request.out, evaluation_key(request)
     if (out / "results.json").exists() and lookup(out / "key.json", key, stored_key=whole_file).hit:
         results = json.loads((out / "results.json").read_text())
     else:
         print(f"  [{row.id} seed {seed}] evaluating {checkpoint} on {subset}", flush=True)
         if out.exists():
             shutil.rmtree(out)  # made with other decoding flags
-        results = evaluate_main(evaluate_command(run, row, seed, checkpoint, subset))
+        results = evaluate(request)
         store(out / "key.json", key)
-    return dict(results, out=str(out), target_lang=load_meta(run.data_bin / run.dataset)["target_lang"])
+    return dict(results, out=str(out), target_lang=load_dataset_meta(request.data_dir).target_lang)
 
 
 def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Optional[Dict]:
@@ -236,14 +233,13 @@ def probing_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict
 
 def run_job(row: Row, run: RunConfig, seed: int) -> Dict:
     """One row and seed: train (or reuse), evaluate, measure head disagreement (and probe, for tables that ask
-    for it); the per-seed record."""
-    record = train_row(row, run, seed)
-    evals = {subset: evaluate_row(row, run, seed, record["checkpoint"], subset) for subset in run.subsets}
-    record["eval"] = evals[run.subsets[0]]  # the report's BLEU
-    record["evals"] = evals
-    record["disagreement"] = disagreement_scores(row, run, seed, record["checkpoint"])
+    for it); the per-seed record: the :class:`TrainRecord`'s fields, ``reused``, and the measurements."""
+    train, reused = train_row(row, run, seed)
+    evals = {subset: evaluate_row(row, run, seed, train.checkpoint, subset) for subset in run.subsets}
+    record = dict(train.to_dict(), reused=reused, eval=evals[run.subsets[0]], evals=evals)  # eval: the report's BLEU
+    record["disagreement"] = disagreement_scores(row, run, seed, train.checkpoint)
     if record["disagreement"]:  # None for a single-head model
         record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
     if run.probing_tasks:
-        record["probing"] = probing_scores(row, run, seed, record["checkpoint"])
+        record["probing"] = probing_scores(row, run, seed, train.checkpoint)
     return record

@@ -1,0 +1,341 @@
+"""A training run planned once: :func:`plan` turns a :class:`TrainRequest` (dataset, setting, extra options,
+seed, launch options) into a frozen :class:`Plan`, and everything downstream reads the plan: training
+(:func:`diverse_fairseq.training.run`), the save directory and its resume check, the table runner's cache key,
+its dry run, check-tables and the report.
+
+The plan holds fairseq-train's arguments and launcher, the save directory, the architecture, the number of
+updates, the checkpoint averaging, the checkpoint to evaluate, the embeddings, the decoding options, the
+prepared data's metadata (:class:`~diverse_fairseq.dataset_meta.DatasetMeta`) and the run's identity
+(:func:`~diverse_fairseq.identity.run_identity`).
+
+Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs
+with ``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs
+go to ``SAVE_DIR/tensorboard`` when a writer is installed (``pip install -e .[tensorboard]``); without one,
+``--tensorboard-logdir`` is left out (it is not part of the run's identity either way).
+"""
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from .checkpoint_choice import checkpoint_name
+from .dataset_meta import DatasetMeta, load_dataset_meta
+from .identity import run_identity
+from .paths import CHECKPOINTS, DATA_BIN
+from .save_dir import default_save_dir, effective_options
+from .settings import LENGTH_PENALTIES, Setting, diverse_equivalent, registered_architectures, resolve_setting
+from .user_dir import USER_DIR  # the package directory, for --user-dir
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The launch options of one training besides its dataset, setting, seed and directories: what
+    ``scripts/train.sh`` reads from ``MAX_TOKENS``, ``UPDATE_FREQ``, ... (:func:`options_from_env`); None: the
+    setting's value (or, for ``precision``, fp16 on GPUs and fp32 on the CPU)."""
+
+    max_tokens: Optional[int] = None
+    update_freq: Optional[int] = None
+    max_update: Optional[int] = None
+    average: Optional[int] = None  # average the last N checkpoints (None: the setting's, 0: off)
+    precision: Optional[str] = None  # one of PRECISIONS
+    embeddings: Optional[str] = None  # one of EMBEDDINGS
+    nnodes: Optional[int] = None  # set: launch through torchrun on NNODES nodes
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None
+    slurm_nnodes: int = 1  # > 1: a SLURM job over several nodes (fairseq reads the SLURM variables itself)
+    slurm_job_id: int = 0
+    slurm_node_id: int = 0
+    checkpoints: Path = CHECKPOINTS  # parent of the default save directory (when no save_dir is given)
+    resume_anyway: bool = False  # resume a directory trained with other options (RESUME_ANYWAY=1)
+    dry_run: bool = False  # print the command, train and write nothing (DRY_RUN=1)
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """One training: what :func:`plan` plans and :func:`run` trains. The table runner
+    builds it directly; ``scripts/train.sh`` from the environment (:func:`request_from_env`)."""
+
+    dataset: str
+    setting: str  # a setting name or a registered architecture (:func:`resolve_setting`)
+    extra: Tuple[str, ...] = ()  # fairseq-train options after ours (they override them)
+    seed: int = 1
+    save_dir: Optional[Path] = None  # None: a --save-dir among ``extra``, else CHECKPOINTS/<name>-<hash>
+    data_bin: Path = DATA_BIN
+    gpus: Optional[int] = None  # GPUs per node: None every visible one, 0 the CPU, N the first N visible
+    options: TrainOptions = TrainOptions()
+    # a Python script started in place of ``-m fairseq_cli.train`` with the same arguments: a per-run hook that
+    # watches training (e.g. scripts/experiments/kernel_probe.py); it is not part of the command's identity
+    entry: Optional[str] = None
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:  # pragma: no cover
+        return 0
+
+
+def update_freq(batch_tokens: int, world: int, max_tokens: int) -> int:
+    """Micro-batches per update so that ``world`` workers of ``max_tokens`` reach ``batch_tokens``."""
+    return max(1, math.ceil(batch_tokens / (max(1, world) * max_tokens)))
+
+
+PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
+
+
+def tensorboard_available() -> bool:
+    """Whether fairseq's ``--tensorboard-logdir`` can write: it uses ``torch.utils.tensorboard`` (needs the
+    ``tensorboard`` package) or else ``tensorboardX``; with neither it only warns and writes nothing."""
+    import importlib.util
+
+    return any(importlib.util.find_spec(name) is not None for name in ("tensorboardX", "tensorboard"))
+
+
+def embedding_args(embeddings: str, joined_dictionary: bool) -> List[str]:
+    """fairseq-train's embedding-sharing flags: ``untied`` none; ``shared`` fairseq's standard model (one matrix
+    for source, target and output on a joined dictionary, else the target's shared with the output)."""
+    if embeddings == "untied":
+        return []
+    return ["--share-all-embeddings" if joined_dictionary else "--share-decoder-input-output-embed"]
+
+
+def model_args(s: Setting) -> List[str]:
+    """The setting's layer-norm placement and dropout types beyond ``--dropout`` (nothing for fairseq's defaults)."""
+    args = ["--encoder-normalize-before", "--decoder-normalize-before"] if s.normalize_before else []
+    if s.attention_dropout is not None:
+        args += ["--attention-dropout", str(s.attention_dropout)]
+    if s.activation_dropout is not None:
+        args += ["--activation-dropout", str(s.activation_dropout)]
+    return args
+
+
+def task_args(length_penalty: str) -> List[str]:
+    """fairseq's ``--task`` for decoding with ``length_penalty``: ``translation`` for fairseq's penalty, the
+    plugin's ``translation_length_penalty --length-penalty gnmt`` for GNMT's
+    (:mod:`diverse_fairseq.methods.length_penalty`)."""
+    if length_penalty not in LENGTH_PENALTIES:
+        raise ValueError(f"length penalty {length_penalty!r}: use one of {', '.join(LENGTH_PENALTIES)}")
+    if length_penalty == "fairseq":
+        return ["--task", "translation"]
+    return ["--task", "translation_length_penalty", "--length-penalty", length_penalty]
+
+
+def decoding(meta: DatasetMeta, s: Optional[Setting] = None) -> "Decoding":
+    """How setting ``s`` decodes the prepared data: the recipe's beam and length penalty value, the setting's
+    penalty form (fairseq's or GNMT's) and its length limit where it has one, else the recipe's (without ``s``:
+    fairseq's penalty, the recipe's limit). The validation BLEU and the test evaluation both use it."""
+    a = s.max_len_a if s is not None and s.max_len_a is not None else meta.max_len_a
+    b = s.max_len_b if s is not None and s.max_len_b is not None else meta.max_len_b
+    return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty if s else "fairseq",
+                    max_len_a=a, max_len_b=b)
+
+
+def eval_bleu_args(meta: DatasetMeta, s: Optional[Setting] = None) -> List[str]:
+    """fairseq's validation BLEU (``--eval-bleu``) for choosing the best checkpoint, fitted to the prepared data
+    (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
+    segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
+    text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
+    d = decoding(meta, s)  # the penalty form is a task option (task_args), not part of --eval-bleu-args
+    generation = {"beam": d.beam, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
+    post = meta.post_process
+    args = ["--eval-bleu", "--eval-bleu-args", json.dumps(generation),
+            "--eval-bleu-remove-bpe", "@@ " if post == "subword_nmt" else post]
+    if meta.moses_tokenized:
+        args += ["--eval-bleu-detok", "moses", "--eval-bleu-detok-args",
+                 json.dumps({"target_lang": meta.target_lang})]
+    else:
+        args += ["--eval-bleu-detok", "space"]
+    return args + ["--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
+
+
+def check_model_options(args: List[str]):
+    """Refuse (SystemExit) model options that the chosen architecture does not accept, naming the architecture
+    that does, before fairseq-train would stop with "unrecognized arguments": the routing-by-agreement options
+    (``--routing-*``, NAACL 2019) exist on the plugin's ``diverse_transformer*`` models only."""
+    import argparse
+
+    arch = effective_options(args).get("--arch")
+    model = registered_architectures().get(arch)
+    routing = sorted({a.split("=", 1)[0] for a in args if a.startswith("--routing-")})
+    if not routing or model is None:
+        return
+    parser = argparse.ArgumentParser(add_help=False)
+    model.add_args(parser)
+    unknown = [flag for flag in routing if flag not in parser._option_string_actions]
+    if unknown:
+        raise SystemExit(f"error: {', '.join(unknown)}: routing-by-agreement options, which --arch {arch} does not "
+                         f"accept: add --arch {diverse_equivalent(arch)} (the same sizes, with the routing options)")
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How a run's validation BLEU and test set are decoded: the beam, the length penalty (value and form:
+    ``fairseq`` or ``gnmt``) and the length limit ``max_len_a * |x| + max_len_b``."""
+
+    beam: int
+    lenpen: float
+    length_penalty: str
+    max_len_a: float
+    max_len_b: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One training run, decided once (:func:`plan`)."""
+
+    request: TrainRequest
+    setting_name: str  # the setting the run trains with (a name of :data:`SETTINGS`)
+    setting: Setting
+    arch: str
+    args: Tuple[str, ...]  # fairseq-train's arguments, whatever the launcher
+    launcher: Tuple[str, ...]  # the program before the arguments: this Python -m fairseq_cli.train, or torchrun
+    save_dir: Path
+    meta: DatasetMeta
+    identity: Dict = field(compare=False)  # :func:`diverse_fairseq.identity.run_identity`
+    gpus: int = 0  # GPUs per node (0: the CPU)
+    nodes: int = 1
+    max_tokens: int = 0
+    update_freq: int = 1
+    max_update: int = 0
+    average: int = 0  # checkpoints averaged after training (0: a single model)
+    embeddings: str = "shared"
+    # the setting's (checkpoint_choice.METRICS): None checkpoint_last.pt; "bleu" / "loss" checkpoint_best.pt by
+    # that validation metric
+    best_checkpoint_metric: Optional[str] = None
+    rank0: bool = True  # this process is on the first node (it averages)
+
+    @property
+    def world(self) -> int:
+        return max(1, self.gpus) * self.nodes
+
+    @property
+    def tokens_per_update(self) -> int:
+        return self.world * self.max_tokens * self.update_freq
+
+    @property
+    def update_based(self) -> bool:
+        """Checkpoints every N updates (else one per epoch): what averaging counts."""
+        return bool(self.setting.save_interval_updates)
+
+    @property
+    def command(self) -> List[str]:
+        return [*self.launcher, *self.args]
+
+    @property
+    def embedding_sharing(self) -> str:
+        """``all`` (one matrix for source, target and output), ``decoder`` (target input with output) or ``none``,
+        as the arguments (the setting's and the extra options) ask fairseq."""
+        return ("all" if "--share-all-embeddings" in self.args else
+                "decoder" if "--share-decoder-input-output-embed" in self.args else "none")
+
+    @property
+    def single_checkpoint(self) -> Path:
+        """The checkpoint a single model is evaluated from: the best by the setting's metric where it names one,
+        else the last."""
+        return self.checkpoint(0)
+
+    @property
+    def average_file(self) -> Optional[Path]:
+        return self.checkpoint(self.average) if self.average else None
+
+    def checkpoint(self, averaged: int) -> Path:
+        """The checkpoint to evaluate when ``averaged`` checkpoints went into an average (0: none): the run's
+        file of :func:`diverse_fairseq.checkpoint_choice.checkpoint_name`, the one rule for it."""
+        return self.save_dir / checkpoint_name(self.best_checkpoint_metric, averaged)
+
+    @property
+    def decoding(self) -> Decoding:
+        """The run's decoding: the recipe's beam and penalty value, the setting's penalty form and length limit
+        (:func:`decoding`)."""
+        return decoding(self.meta, self.setting)
+
+
+def plan(request: TrainRequest) -> Plan:
+    """The :class:`Plan` of ``request``.
+
+    The save directory is ``request.save_dir`` when given (or a ``--save-dir`` among the extra options), else
+    ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>`` (:mod:`diverse_fairseq.save_dir`).
+    The launcher runs ``-m fairseq_cli.train`` (or ``request.entry``) with the arguments: torchrun when
+    ``options.nnodes`` is set, else this Python. Model options the architecture lacks (``--routing-*``
+    without a routing architecture) are refused here, before anything runs."""
+    o, dataset, setting_or_arch, extra = request.options, request.dataset, request.setting, list(request.extra)
+    gpus = visible_gpus() if request.gpus is None else request.gpus
+    key, s, arch = resolve_setting(setting_or_arch)
+    data = Path(request.data_bin) / dataset
+    meta = load_dataset_meta(data)
+    nnodes = o.nnodes or o.slurm_nnodes
+    world = max(1, gpus) * nnodes
+    max_tokens = o.max_tokens or s.max_tokens
+    freq = o.update_freq or update_freq(s.batch_tokens, world, max_tokens)
+    max_update = o.max_update or s.max_update
+    embeddings = o.embeddings or s.embeddings
+    placeholder = "\0SAVE_DIR\0"  # replaced below: the default save directory depends on the identity
+    args = [
+        str(data), "--user-dir", USER_DIR, *task_args(s.length_penalty),
+        "--source-lang", meta.source_lang, "--target-lang", meta.target_lang,
+        "--arch", arch, *s.extra,
+        *embedding_args(embeddings, meta.joined_dictionary),
+        *model_args(s),
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", f"{s.adam_eps:g}", "--clip-norm", "0.0",
+        "--lr", str(s.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
+        "--warmup-init-lr", "1e-07", "--dropout", str(s.dropout), "--weight-decay", str(s.weight_decay),
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", str(max_tokens), "--update-freq", str(freq),
+        "--max-update", str(max_update),
+        "--save-dir", placeholder,
+        *(["--tensorboard-logdir", placeholder + "/tensorboard"] if tensorboard_available() else []),
+        "--log-format", "simple", "--log-interval", str(s.log_interval), "--seed", str(request.seed),
+    ]
+    average = s.average if o.average is None else o.average
+    keep = max(s.keep_checkpoints, average)  # AVERAGE=N needs the last N checkpoints
+    if s.save_interval_updates:
+        args += ["--save-interval-updates", str(s.save_interval_updates),
+                 "--keep-interval-updates", str(keep), "--no-epoch-checkpoints"]
+    else:
+        args += ["--keep-last-epochs", str(keep)]
+    best_metric = s.best_checkpoint_metric
+    if best_metric == "bleu":  # "loss" is fairseq's default best metric: nothing to add
+        args += eval_bleu_args(meta, s) + (["--keep-best-checkpoints", str(s.keep_best)] if s.keep_best else [])
+    precision = o.precision or ("fp16" if gpus else "fp32")
+    if gpus == 0:
+        args.append("--cpu")
+        if precision != "fp32":
+            raise SystemExit(f"error: PRECISION={precision!r} is not possible: no GPU is visible, so only "
+                             "PRECISION=fp32 is (unset PRECISION or set it to fp32)")
+    elif precision != "fp32":
+        args.append(f"--{precision}")
+        if precision == "fp16" and "repulsive_adam" in extra:
+            # the repulsive optimizer needs per-parameter gradients: keep fp16 master params unflattened
+            args.append("--fp16-no-flatten-grads")
+    if world > 1:
+        args.append("--load-checkpoint-on-all-dp-ranks")  # resuming under torch >= 2.6 (docs/fairseq-notes.md)
+    entry = [request.entry] if request.entry else ["-m", "fairseq_cli.train"]
+    launcher = [sys.executable, *entry]
+    if o.nnodes:
+        args += ["--distributed-world-size", str(world)]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+                    "--node-rank", str(o.node_rank), "--nproc-per-node", str(max(1, gpus)),
+                    "--master-addr", o.master_addr, "--master-port", str(o.master_port or 29500), *entry]
+    elif nnodes > 1:  # SLURM: fairseq derives ranks and the master from the SLURM variables
+        args += ["--distributed-world-size", str(world),
+                 "--distributed-port", str(o.master_port or 12000 + o.slurm_job_id % 20000)]
+    check_model_options(args + extra)  # e.g. --routing-* without a routing architecture: before anything runs
+    identity = run_identity([a.replace(placeholder, "<save-dir>") for a in args + extra], meta)
+    explicit = request.save_dir or effective_options(extra).get("--save-dir")
+    if explicit:
+        save_dir = Path(explicit)
+    else:
+        save_dir = default_save_dir(Path(o.checkpoints), f"{dataset}_{setting_or_arch}", identity)
+    args = [a.replace(placeholder, str(save_dir)) for a in args] + extra
+    max_update = int(effective_options(args).get("--max-update") or 0)  # the extra options may override it
+    return Plan(request=request, setting_name=key, setting=s, arch=effective_options(args).get("--arch") or arch,
+                args=tuple(args), launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity,
+                gpus=gpus, nodes=nnodes, max_tokens=max_tokens, update_freq=freq, max_update=max_update,
+                average=average, embeddings=embeddings, best_checkpoint_metric=best_metric,
+                rank0=o.node_rank == 0 and o.slurm_node_id == 0)
