@@ -120,6 +120,9 @@ class PrepareOptions:
     cwmt_dir: Optional[str] = None
     skip_cwmt: bool = False
     zh_seg: str = "jieba"
+    wmt17_source: Optional[str] = None  # None: original
+    length_unit: Optional[str] = None  # None: subwords
+    allow_unverified: bool = False
     src: Optional[str] = None
     tgt: Optional[str] = None
     corpus_dir: Optional[str] = None
@@ -135,8 +138,8 @@ class Preparer:
         options = {"demo_dir": args.demo_dir, "cwmt_dir": args.cwmt_dir, "skip_cwmt": args.skip_cwmt,
                    "src": args.src, "tgt": args.tgt, "corpus_dir": args.corpus_dir, "name": args.name,
                    "separate_vocab": args.separate_vocab, "work_dir": args.work_dir,
-                   "source": getattr(args, "wmt17_source", None), "length_unit": getattr(args, "length_unit", None),
-                   "allow_unverified": getattr(args, "allow_unverified", False)}
+                   "source": args.wmt17_source, "length_unit": args.length_unit,
+                   "allow_unverified": args.allow_unverified}
         if recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored: say so
             given = [var for var, key in CUSTOM_OPTIONS if options[key]]
             if given:
