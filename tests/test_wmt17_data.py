@@ -68,9 +68,14 @@ def hf_mirror(tmp_path):
         (folder / f"{corpus}.zip").write_bytes(_zip(files))
     zh, en = _pairs("UN", 2)
     (folder / "UNv1.0.en-zh.zip").write_bytes(_zip({"en-zh/UNv1.0.en-zh.zh": zh, "en-zh/UNv1.0.en-zh.en": en}))
-    sums = tmp_path / "SHA256SUMS"  # dev.tgz/test.tgz are fixtures: their published md5 is replaced
-    sums.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n"
-                            for p in sorted(folder.iterdir()) if p.name != "SHA256SUMS"))
+    # the files are stand-ins: an expectations manifest replaces the published sizes, checksums and member line
+    # counts (the data goes to wmt17_zh_en+hf); the pair-count check of collect still sees the published counts
+    files = {p.name: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+             for p in sorted(folder.iterdir()) if p.suffix in (".tgz", ".zip", ".00", ".01")}
+    lines = {"un": {"UNv1.0.en-zh.zh": 2, "UNv1.0.en-zh.en": 2}}
+    lines.update({a.name: {m: 2 for m in a.expected_lines} for a in wmt17.CWMT_ARCHIVES if a.expected_lines})
+    sums = tmp_path / "EXPECTED.json"
+    sums.write_text(json.dumps({"name": "hf", "files": files, "lines": lines}))
     requested = []
 
     class Handler(SimpleHTTPRequestHandler):
@@ -170,13 +175,13 @@ def test_the_length_cap_unit_is_an_option():
 def test_prepare_downloads_cwmt_and_records_what_it_used(tmp_path, hf_mirror, capsys):
     url, sums, requested = hf_mirror
     with pytest.raises(SystemExit, match=r"UN-v1.0: 2 sentence pairs, expected 15,886,041"):
-        prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", url, "--checksums", sums, "--wmt17-source", "hf")])
-    assert not (tmp_path / "data-bin" / "wmt17_zh_en").exists()
-    prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", url, "--checksums", sums, "--wmt17-source", "hf",
+        prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", url, "--expect", sums, "--wmt17-source", "hf")])
+    assert not (tmp_path / "data-bin" / "wmt17_zh_en+hf").exists()
+    prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", url, "--expect", sums, "--wmt17-source", "hf",
                                      "--allow-unverified")])
     assert {f"{c}.zip" for c in wmt17.CWMT_CORPORA} | {"UNv1.0.en-zh.zip"} <= set(requested)
     assert not any(name.startswith("UNv1.0.en-zh.tar.gz") for name in requested)
-    meta = json.loads((tmp_path / "data-bin" / "wmt17_zh_en" / "prepare.json").read_text())
+    meta = json.loads((tmp_path / "data-bin" / "wmt17_zh_en+hf" / "prepare.json").read_text())
     data = meta["training_data"]
     assert data["cwmt"]["status"] == "complete" and data["cwmt"]["corpora"] == sorted(wmt17.CWMT_CORPORA)
     assert data["corpora"]["CWMT datum2017"] == {"pairs": 4, "expected": 1_999_968, "check": "mismatch"}
@@ -190,24 +195,26 @@ def test_prepare_downloads_cwmt_and_records_what_it_used(tmp_path, hf_mirror, ca
 @pytest.mark.slow
 def test_a_partial_manual_cwmt_is_recorded_and_refused_at_paper_scale(tmp_path, hf_mirror, monkeypatch):
     url, sums, requested = hf_mirror
-    prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", url, "--checksums", sums, "--allow-unverified",
-                                     "--cwmt-dir", str(FIXTURES / "cwmt"), "--length-unit", "words")])
+    prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", url, "--expect", sums, "--allow-unverified",
+                                     "--wmt17-source", "hf", "--cwmt-dir", str(FIXTURES / "cwmt"),
+                                     "--length-unit", "words")])
     assert not any(name.endswith(".zip") and name[:-4] in wmt17.CWMT_CORPORA for name in requested)
     data_bin = tmp_path / "data-bin"
-    meta = json.loads((data_bin / "wmt17_zh_en" / "prepare.json").read_text())
+    meta = json.loads((data_bin / "wmt17_zh_en+hf" / "prepare.json").read_text())
     cwmt = meta["training_data"]["cwmt"]
     assert cwmt["status"] == "partial" and cwmt["corpora"] == ["casia2015", "neu2017"]
     assert cwmt["missing"] == ["casict2011", "casict2015", "datum2015", "datum2017"]
     assert meta["training_data"]["length_cap"] == {"max": 50, "unit": "words before BPE"}
-    assert not (tmp_path / "work" / "wmt17_zh_en" / "final").exists()  # no cleaning after BPE
+    assert not (tmp_path / "work" / "wmt17_zh_en+hf" / "final").exists()  # no cleaning after BPE
     assert any("CWMT partial" in p for p in data_problems(meta))
     with pytest.raises(SystemExit, match=r"prepared from other data than the papers' .*CWMT partial.*"
                                          r"ALLOW_UNVERIFIED_DATA=1"):
-        check_paper_data(data_bin / "wmt17_zh_en", allow=False)
-    check_paper_data(data_bin / "wmt17_zh_en", allow=True)
+        check_paper_data(data_bin / "wmt17_zh_en+hf", allow=False)
+    check_paper_data(data_bin / "wmt17_zh_en+hf", allow=True)
     # the table runner refuses before any work, also in a dry run
     out = tmp_path / "results"
     with pytest.raises(SystemExit, match="CWMT partial"):
         tables_main(["emnlp18_t3_zh_en", "--scale", "paper", "--data-bin", str(data_bin), "--out", str(out),
+                     "--dataset", "wmt17_zh_en+hf",
                      "--dry-run", "1"])
     assert not out.exists()

@@ -39,8 +39,12 @@ from .base import WMT_SETTINGS, Archive, Context, Recipe, concat_parallel, find_
 
 DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
 TEST_URL = "https://data.statmt.org/wmt17/translation-task/test.tgz"
+# size and sha256: TensorFlow Datasets' registry of the same URL, tensorflow_datasets/url_checksums/wmt17_translate.txt
+# (github.com/tensorflow/datasets, commit 333639b3)
 NEWS_COMMENTARY = Source("training-parallel-nc-v12.tgz",
-                         ("http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",))
+                         ("http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",),
+                         size=168591139, sha256="2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2",
+                         checksum_source="TensorFlow Datasets url_checksums/wmt17_translate.txt")
 UN_BASE = "https://stuncorpusprod.blob.core.windows.net/corpusfiles/"
 UN_HINT = ("The UN's own addresses do not always answer: WMT17_SOURCE=hf (--wmt17-source hf) downloads the same "
            "corpus from the Hugging Face Hub instead.")
@@ -52,8 +56,9 @@ UN_PARTS = [Source(f"UNv1.0.en-zh.tar.gz.{i:02d}", (UN_BASE + f"UNv1.0.en-zh.tar
 HF_BASE = "https://huggingface.co/datasets/wmt/"
 HF_UN = Source("UNv1.0.en-zh.zip", (HF_BASE + "uncorpus/resolve/main-zip/UNv1.0.en-zh.zip",),
                description="UN Parallel Corpus v1.0 en-zh (Hugging Face Hub copy)")
-DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL))
-TEST = Source("test.tgz", (TEST_URL,), md5=published_md5(TEST_URL))
+SACREBLEU = "sacrebleu's test-set registry"
+DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL), checksum_source=SACREBLEU)
+TEST = Source("test.tgz", (TEST_URL,), md5=published_md5(TEST_URL), checksum_source=SACREBLEU)
 
 CWMT_CORPORA = ("casia2015", "casict2011", "casict2015", "datum2015", "datum2017", "neu2017")
 CWMT_SOURCES = {name: Source(f"{name}.zip", (f"{HF_BASE}wmt18/resolve/main/cwmt-wmt/{name}.zip",),
@@ -312,6 +317,8 @@ RECIPE = Recipe(
     collect_key=collect_key,
     configure=configure,
     corpora_file=CORPORA_FILE,
+    paper_train_pairs=PAPER_TRAIN_PAIRS,
+    paper_train_source="journal §4.1.1 and NAACL 2019 §5.2.1: 'about 20.6M sentence pairs' (length <= 50)",
     notes="download 1.5 GB + CWMT 0.7 GB, ~40 GB of disk, preparation several hours with WORKERS=16",
     # only V_zh + 2 V_en is fixed by the papers' parameter counts: Transformer-Base 108M and Big 304M (NAACL 2019
     # Table 4, journal Table 5) give 124.7k embedding rows beyond the layers; English is taken as 32k merges
