@@ -85,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default WORK_DIR/wmt17_zh_en/manual/cwmt)")
     p.add_argument("--skip-cwmt", action="store_true", default=None,
                    help="WMT17: proceed without the CWMT corpora [CWMT=skip]")
+    p.add_argument("--wmt17-source", default=_env("WMT17_SOURCE"),
+                   help="WMT17: where UN v1.0 comes from, original (the UN's two-part download, default) or hf "
+                        "(the Hugging Face Hub copy of the wmt organisation) [WMT17_SOURCE]")
+    p.add_argument("--length-unit", default=_env("LENGTH_UNIT"),
+                   help="WMT17: what the 50-token length cap counts, subwords (after BPE, default) or words "
+                        "(Moses tokens before BPE) [LENGTH_UNIT]")
+    p.add_argument("--allow-unverified", action="store_true", default=_env("ALLOW_UNVERIFIED") == "1",
+                   help="WMT17: go on when a corpus' pair count differs from the published one; prepare.json "
+                        "records the data as unverified [ALLOW_UNVERIFIED=1]")
     p.add_argument("--zh-seg", default=_env("ZH_SEG", "jieba"),
                    help="WMT17: Chinese word segmentation before Moses tokenization, jieba or char [ZH_SEG]")
     p.add_argument("--src", default=_env("SRC"), help="custom: source language code, the suffix of its files [SRC]")
@@ -120,6 +129,9 @@ class PrepareOptions:
     cwmt_dir: Optional[str] = None
     skip_cwmt: bool = False
     zh_seg: str = "jieba"
+    wmt17_source: Optional[str] = None  # None: original
+    length_unit: Optional[str] = None  # None: subwords
+    allow_unverified: bool = False
     src: Optional[str] = None
     tgt: Optional[str] = None
     corpus_dir: Optional[str] = None
@@ -134,15 +146,17 @@ class Preparer:
     def __init__(self, recipe: Recipe, args: PrepareOptions):
         options = {"demo_dir": args.demo_dir, "cwmt_dir": args.cwmt_dir, "skip_cwmt": args.skip_cwmt,
                    "src": args.src, "tgt": args.tgt, "corpus_dir": args.corpus_dir, "name": args.name,
-                   "separate_vocab": args.separate_vocab}
-        if recipe.configure:
-            recipe = recipe.configure(recipe, options)
-        else:  # the custom corpus' options would be ignored: say so rather than prepare something else
+                   "separate_vocab": args.separate_vocab, "work_dir": args.work_dir,
+                   "source": args.wmt17_source, "length_unit": args.length_unit,
+                   "allow_unverified": args.allow_unverified}
+        if recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored: say so
             given = [var for var, key in CUSTOM_OPTIONS if options[key]]
             if given:
                 raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} "
                                  f"has fixed languages and sources. Unset them, or prepare your corpus with "
                                  f"SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom")
+        if recipe.configure:
+            recipe = recipe.configure(recipe, options)
         self.r = recipe
         self.args = args
         self.kind = args.bpe or recipe.bpe
@@ -249,6 +263,8 @@ class Preparer:
                        "lines": self._expected_lines(archive)},
                       functools.partial(self._extract, archive, files))
         raw_outputs = [self.ctx.raw_path(s, lang) for s in self.splits_from_raw() for lang in r.langs]
+        if r.corpora_file:
+            raw_outputs.append(self.ctx.raw / r.corpora_file)
         pipe.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
                   r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
         self._text_steps(pipe)
@@ -276,7 +292,8 @@ class Preparer:
             fetch(source, downloads, mirror=self.args.mirror, checksums=self.checksums, log=self.log,
                   expected=expected)
         except DownloadError as e:
-            raise SystemExit(f"error: {e}") from None
+            hint = source.extra.get("hint")
+            raise SystemExit(f"error: {e}" + (f"\n  {hint}" if hint else "")) from None
 
     def _extract(self, archive, files):
         """Extract ``archive`` and check its members' line counts before the folder appears under orig/."""
@@ -504,6 +521,9 @@ class Preparer:
             "train_pairs": self._train_pairs_record(counts["train"]),
             "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
+        if r.corpora_file:
+            meta["training_data"] = training_data(self.work / "raw" / r.corpora_file, counts["train"],
+                                                  r.clean_max, r.clean_after_bpe, self.log)
         (tmp / "prepare.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
         if self.dest.exists():
             shutil.rmtree(self.dest)
@@ -535,6 +555,23 @@ class Preparer:
         return {"corpora": corpora, "final_train": final_train, "paper": self.r.paper_train_pairs or None,
                 "paper_source": self.r.paper_train_source or None,
                 "expectations": "published" if not self.expect else f"manifest {self.expect.name}"}
+
+
+def training_data(corpora_file: Path, train_pairs: int, clean_max: int, after_bpe: bool, log=print) -> dict:
+    """The recipe's record of its training corpora (``Recipe.corpora_file``), completed with the final training
+    pair count, the length cap's unit, and the comparison with the paper's count (printed)."""
+    record = json.loads(Path(corpora_file).read_text(encoding="utf-8"))
+    record["length_cap"] = {"max": clean_max, "unit": "subwords after BPE" if after_bpe else "words before BPE"}
+    record["train_pairs"] = train_pairs
+    paper = record.get("paper_train_pairs")
+    if paper:
+        record["train_pairs_vs_paper"] = round(train_pairs / paper, 4)
+        log(f"  training pairs: {train_pairs:,}, the paper's {paper:,} ({100 * train_pairs / paper:.1f}%; "
+            f"{record.get('paper_source', '')})")
+    if not record.get("verified", True):
+        log("  warning: the training data is not the published data: " + "; ".join(record.get("problems", []))
+            + ". prepare.json records it; paper-scale tables refuse it unless ALLOW_UNVERIFIED_DATA=1")
+    return record
 
 
 ZH_SEGS = ("jieba", "char")

@@ -69,6 +69,9 @@ class Recipe:
     # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes
     # differently shares the downloads, tokenization and BPE of the recipe it varies
     work_name: Optional[str] = None
+    # a JSON file that ``collect`` writes into the raw folder (the corpora used, their counts and checks);
+    # preparation copies it into prepare.json under "training_data"
+    corpora_file: Optional[str] = None
     # the training pairs the paper reports for this data (0: none) and where it says so; the final count is
     # printed beside it, and a large difference is a warning naming the corpus that is short
     paper_train_pairs: int = 0
@@ -147,8 +150,9 @@ def write_parallel(ctx: Context, split: str, pairs_by_lang: Dict[str, List[str]]
     ctx.log(f"  raw {split}: {next(iter(counts.values())):,} sentence pairs")
 
 
-def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Path]], src: str, tgt: str):
-    """Stream several parallel corpora [(name, src file, tgt file)] into raw/{split}.{src,tgt}."""
+def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Path]], src: str, tgt: str) -> List[int]:
+    """Stream several parallel corpora [(name, src file, tgt file)] into raw/{split}.{src,tgt}; the pairs read
+    from each corpus, in order."""
     from ..lines import iter_lines
     from ..steps import atomic_path
 
@@ -171,3 +175,4 @@ def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Pat
                 sizes.append([name, n])
     ctx.corpora_path(split).write_text(json.dumps(sizes) + "\n")
     ctx.log(f"  raw {split}: {total:,} sentence pairs in all")
+    return [n for _, n in sizes]
