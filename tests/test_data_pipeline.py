@@ -2,6 +2,7 @@
 built by tests/fixtures/make_fixtures.py) served from a directory or a loopback HTTP server through the
 mirror override, run through the real preparation pipeline into binarized fairseq datasets."""
 
+import hashlib
 import json
 import subprocess
 import threading
@@ -20,9 +21,9 @@ from diverse_fairseq.data.text import clean_pair, iwslt_train_lines, sgm_segment
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 MIRROR = FIXTURES / "mirror"
-SUMS = str(MIRROR / "SHA256SUMS")
+EXPECT = str(MIRROR / "EXPECTED.json")  # the fixtures' expectations manifest: data goes to DATASET+fixture
 ENV_KEYS = ("BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "DIVERSE_FAIRSEQ_MIRROR", "CHECKSUMS", "WORKERS", "DEMO_DIR",
-            "CWMT_DIR", "CWMT", "ZH_SEG", "STOP_AFTER")
+            "CWMT_DIR", "CWMT", "ZH_SEG", "STOP_AFTER", "WMT17_SOURCE", "LENGTH_UNIT", "ALLOW_UNVERIFIED")
 
 
 def common(tmp_path, *extra):
@@ -111,7 +112,7 @@ def test_download_resumes_after_a_broken_connection_and_a_kept_part_file(tmp_pat
 
 
 def test_download_with_a_wrong_checksum_leaves_no_file(tmp_path):
-    with pytest.raises(DownloadError, match="sha256 is .* expected 0000"):
+    with pytest.raises(DownloadError, match="expected sha256 0000.* found 7458"):
         fetch(Source("dev.tgz", ()), tmp_path, mirror=str(MIRROR), checksums={"dev.tgz": "0" * 64}, log=lambda m: None)
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(DownloadError, match="could not download missing.tgz from mirror"):
@@ -140,8 +141,8 @@ def _dataset_sizes(dest, src, tgt):
 @pytest.mark.slow
 def test_iwslt14_over_loopback_http(tmp_path, http_mirror, capsys):
     url, handler = http_mirror
-    prepare(["iwslt14_de_en", *common(tmp_path, "--mirror", url, "--checksums", SUMS)])
-    dest = tmp_path / "data-bin" / "iwslt14_de_en"
+    prepare(["iwslt14_de_en", *common(tmp_path, "--mirror", url, "--expect", EXPECT)])
+    dest = tmp_path / "data-bin" / "iwslt14_de_en+fixture"
     meta = json.loads((dest / "prepare.json").read_text())
     assert (meta["source_lang"], meta["target_lang"], meta["bpe"],
             meta["lowercase"]) == ("de", "en", "subword-nmt", True)
@@ -155,29 +156,42 @@ def test_iwslt14_over_loopback_http(tmp_path, http_mirror, capsys):
 
 @pytest.mark.slow
 def test_wmt14_from_a_mirror_directory(tmp_path, capsys):
-    prepare(["wmt14_en_de", *common(tmp_path, "--mirror", str(MIRROR), "--checksums", SUMS)])
-    dest = tmp_path / "data-bin" / "wmt14_en_de"
+    prepare(["wmt14_en_de", *common(tmp_path, "--mirror", str(MIRROR), "--expect", EXPECT)])
+    dest = tmp_path / "data-bin" / "wmt14_en_de+fixture"
     meta = json.loads((dest / "prepare.json").read_text())
     assert meta["compound_split"] and meta["aggressive_dash"] and meta["joint_bpe"] and not meta["joined_dictionary"]
     assert (dest / "dict.en.txt").read_text() != (dest / "dict.de.txt").read_text()  # a dictionary per language
     sizes = _dataset_sizes(dest, "en", "de")
     assert sizes == meta["sentences"] and sizes["valid"] == 6 and sizes["test"] == 8 and 30 <= sizes["train"] <= 36
     # europarl + commoncrawl + news-commentary, only the de-en members were extracted
-    orig = tmp_path / "work" / "wmt14_en_de" / "orig"
+    orig = tmp_path / "work" / "wmt14_en_de+fixture" / "orig"
     assert not list(orig.rglob("*fr-en*")) and (orig / "commoncrawl" / "commoncrawl.de-en.de").exists()
     assert lines(dest / "test.ref.de")[0] == "Es ist ein bekanntes Problem, nicht wahr?"
-    assert "@-@" in (tmp_path / "work" / "wmt14_en_de" / "tok" / "train.en").read_text()  # aggressive hyphens
+    assert "@-@" in (tmp_path / "work" / "wmt14_en_de+fixture" / "tok" / "train.en").read_text()  # aggressive hyphens
+    # what each archive was checked against and its sha256, and the pairs per corpus before and after cleaning
+    checked = meta["verification"]
+    assert checked["expectations"] == {"manifest": "fixture", "path": EXPECT}
+    assert checked["files"]["training-parallel-nc-v9.tgz"]["sha256"] == hashlib.sha256(
+        (MIRROR / "training-parallel-nc-v9.tgz").read_bytes()).hexdigest()
+    pairs = meta["train_pairs"]
+    assert list(pairs["corpora"]) == ["europarl-v7", "commoncrawl", "news-commentary-v9"]
+    assert sum(c["after_cleaning"] for c in pairs["corpora"].values()) == pairs["final_train"] == sizes["train"]
+    assert all(c["before_cleaning"] >= c["after_cleaning"] > 0 for c in pairs["corpora"].values())
+    out = capsys.readouterr().out
+    assert f"training pairs: {sizes['train']:,}, the paper's 4,500,000" in out and "warning [manifest fixture]" in out
+    assert not (tmp_path / "data-bin" / "wmt14_en_de").exists()  # the real data's place stays empty
 
 
 @pytest.mark.slow
-def test_wmt17_needs_cwmt_or_skip_and_reads_a_manual_download(tmp_path, capsys):
-    with pytest.raises(SystemExit, match="CWMT data not found") as err:
-        prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", str(MIRROR))])
-    assert "nlp.nju.edu.cn/cwmt-wmt" in str(err.value) and "--skip-cwmt" in str(err.value)
-    assert not (tmp_path / "work" / "wmt17_zh_en" / "downloads").exists()  # nothing fetched before the check
-    prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", str(MIRROR), "--checksums", SUMS,
+def test_wmt17_downloads_cwmt_or_reads_a_manual_download(tmp_path, capsys):
+    # without a manual copy CWMT is downloaded (tests/test_wmt17_data.py); this mirror lacks the CWMT zips
+    with pytest.raises(SystemExit, match="could not download casia2015.zip from mirror") as err:
+        prepare(["wmt17_zh_en", *common(tmp_path / "a", "--mirror", str(MIRROR), "--expect", EXPECT)])
+    assert "manual/cwmt/ (or CWMT_DIR=dir)" in str(err.value) and "CWMT=skip" in str(err.value)
+    # the fixtures hold 12-line stand-ins of the corpora: their pair counts are not the published ones
+    prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", str(MIRROR), "--expect", EXPECT, "--allow-unverified",
                                      "--cwmt-dir", str(FIXTURES / "cwmt"), "--zh-seg", "char")])
-    dest = tmp_path / "data-bin" / "wmt17_zh_en"
+    dest = tmp_path / "data-bin" / "wmt17_zh_en+fixture"
     meta = json.loads((dest / "prepare.json").read_text())
     # news commentary 12 + UN (two split parts) 12 + CWMT zip 6 + CWMT folder 6
     assert meta["sentences"] == {"train": 36, "valid": 5, "test": 8} == _dataset_sizes(dest, "zh", "en")
@@ -188,11 +202,13 @@ def test_wmt17_needs_cwmt_or_skip_and_reads_a_manual_download(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_wmt17_without_cwmt_with_sentencepiece(tmp_path, capsys):
-    prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", str(MIRROR), "--checksums", SUMS, "--skip-cwmt",
+    prepare(["wmt17_zh_en", *common(tmp_path, "--mirror", str(MIRROR), "--expect", EXPECT, "--skip-cwmt",
+                                     "--allow-unverified",
                                      "--bpe", "sentencepiece", "--bpe-size", "300")])  # > the 149 characters
-    dest = tmp_path / "data-bin" / "wmt17_zh_en"
+    dest = tmp_path / "data-bin" / "wmt17_zh_en+fixture"
     meta = json.loads((dest / "prepare.json").read_text())
     assert meta["sentences"]["train"] == 24 and meta["post_process"] == "sentencepiece"
+    assert meta["training_data"]["cwmt"]["status"] == "skipped" and not meta["training_data"]["verified"]
     assert (dest / "spm.zh.model").exists() and (dest / "spm.en.model").exists()
 
 
@@ -263,15 +279,15 @@ def test_wmt14_joined_follows_macaron_nets_scripts_and_shares_the_downloads(tmp_
     assert [s.filename for a in recipe.archives for s in a.parts] == [
         "training-parallel-europarl-v7.tgz", "training-parallel-commoncrawl.tgz", "training-parallel-nc-v12.tgz",
         "dev.tgz", "test-full.tgz"]
-    prepare(["wmt14_en_de_joined", *common(tmp_path, "--mirror", str(MIRROR), "--checksums", SUMS)])
-    dest = tmp_path / "data-bin" / "wmt14_en_de_joined"
+    prepare(["wmt14_en_de_joined", *common(tmp_path, "--mirror", str(MIRROR), "--expect", EXPECT)])
+    dest = tmp_path / "data-bin" / "wmt14_en_de_joined+fixture"
     meta = json.loads((dest / "prepare.json").read_text())
     assert meta["joined_dictionary"] and (dest / "dict.en.txt").read_text() == (dest / "dict.de.txt").read_text()
     work = tmp_path / "work"
-    shared = sorted(p.name for p in (work / "wmt14_en_de" / "downloads").iterdir() if p.suffix == ".tgz")
+    shared = sorted(p.name for p in (work / "wmt14_en_de+fixture" / "downloads").iterdir() if p.suffix == ".tgz")
     assert "training-parallel-nc-v12.tgz" in shared and "training-parallel-europarl-v7.tgz" in shared
-    assert not (work / "wmt14_en_de_joined" / "downloads").exists()
-    own = work / "wmt14_en_de_joined"
+    assert not (work / "wmt14_en_de_joined+fixture" / "downloads").exists()
+    own = work / "wmt14_en_de_joined+fixture"
     nc_v12 = lines(own / "orig" / "news-commentary-v12" / "training" / "news-commentary-v12.de-en.en")
     train = (own / "raw" / "train.en").read_text()
     assert nc_v12 and all(line.replace("\r", " ") in train for line in nc_v12)

@@ -448,8 +448,8 @@ def test_good_environment(monkeypatch):
                          TRAIN_ARGS="--lr '1e-3'")
     assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
                         "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False,
-                        "train_options": TrainOptions(), "subsets": ["test"], "train_hook": None,
-                        "progress_interval": 30.0}
+                        "allow_unverified_data": False, "train_options": TrainOptions(), "subsets": ["test"],
+                        "train_hook": None, "progress_interval": 30.0}
     assert _settings(monkeypatch, PROGRESS_INTERVAL="0")["progress_interval"] == 0
     assert _settings(monkeypatch, MAX_UPDATE="7")["train_options"] == TrainOptions(max_update=7)
     assert _settings(monkeypatch, DRY_RUN="1")["dry_run"]

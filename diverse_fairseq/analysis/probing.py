@@ -292,6 +292,11 @@ def main(argv=None) -> int:
             senteval.download(tasks, data_dir)
         except DownloadError as e:
             raise SystemExit(f"error: {e}") from None
+    if data_dir.resolve() == senteval.real_dir().resolve():  # the real cache holds SentEval's own files only
+        problems = [senteval.check_sizes(data_dir / t.filename) for t in tasks if (data_dir / t.filename).is_file()]
+        if any(problems):
+            raise SystemExit(f"error: {'; '.join(p for p in problems if p)}. These are stand-ins, not SentEval's "
+                             f"files: delete them from {data_dir} and run again with --download")
     settings = ProbeSettings(hidden=args.hidden, max_epochs=args.max_epochs, seed=args.seed)
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     payload = probe_checkpoint(args.checkpoint, tasks, data_dir, settings, data=args.data, device=device,

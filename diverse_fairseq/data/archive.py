@@ -77,11 +77,13 @@ def _mark_corrupt(parts: Sequence[Path], error: Exception, log) -> CorruptArchiv
     )
 
 
-def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], bool]] = None, log=print) -> Path:
+def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], bool]] = None, log=print,
+            check: Optional[Callable[[Path], None]] = None) -> Path:
     """Extract the archive made of ``parts`` (one file, or the pieces of a split archive) into ``dest``.
 
-    ``wanted(member_name)`` selects the members to write (default: all). ``dest`` appears only once the
-    whole archive was read without error. Returns ``dest``.
+    ``wanted(member_name)`` selects the members to write (default: all). ``check(folder)`` is called on the
+    extracted members before they are renamed into place (the member line counts); whatever it raises leaves
+    nothing behind. ``dest`` appears only once the whole archive was read without error. Returns ``dest``.
     """
     parts = [Path(p) for p in parts]
     dest = Path(dest)
@@ -106,6 +108,12 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
             f"archive {parts[0].name} contains none of the expected files; is it the right file? "
             f"Delete it and run the command again."
         )
+    if check is not None:
+        try:
+            check(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)

@@ -2,8 +2,10 @@
 
 A file is only ever visible under its final name once it is complete and verified: bytes go to
 ``NAME.part`` first (kept between runs so an interrupted download resumes with an HTTP ``Range``
-request), are checked against the expected size and checksum, and are then renamed. A file that
-fails its checksum is deleted, so no later run can trust it.
+request), are checked by :mod:`.verify` (not an HTML page, the right magic bytes, the published size
+and checksum), and are then renamed. A location that answers an HTML page or a wrong file is given up and
+the next one is tried. A file found under its final name (placed by hand, or left by an older version) is
+verified before use, and moved to ``NAME.rejected`` when it is not the published one.
 
 Mirrors: ``--mirror BASE`` or the environment variable ``DIVERSE_FAIRSEQ_MIRROR`` replaces the real
 addresses. ``BASE`` is a URL (``https://mirror.example.org/nmt``) or a local directory; the file is
@@ -11,7 +13,6 @@ looked up there by its file name (``BASE/training-parallel-nc-v9.tgz``), so a mi
 directory of the original archives.
 """
 
-import hashlib
 import http.client
 import os
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from .progress import Progress
+from .verify import Expected, VerificationError, check_file, mark_verified, verified_sha256, verify_local
 
 MIRROR_ENV = "DIVERSE_FAIRSEQ_MIRROR"
 CHUNK = 1 << 20
@@ -32,13 +34,17 @@ class DownloadError(RuntimeError):
     """A file could not be fetched (network error, missing on the mirror, wrong size or checksum)."""
 
 
+class HTMLResponse(DownloadError):
+    """A server answered an HTML page (status 200) where a data file was asked for."""
+
+
 @dataclass(frozen=True)
 class Source:
     """One file to download.
 
     ``filename`` is the local name and the name looked up in a mirror; ``urls`` are the real public
-    addresses, tried in order. ``md5``/``sha256`` are the published checksums where the source
-    publishes any (see :func:`published_md5`).
+    addresses, tried in order. ``size`` (bytes) and ``md5``/``sha256`` are the values a published source
+    records for the file (see :func:`published_md5`), and ``checksum_source`` names that source.
     """
 
     filename: str
@@ -47,6 +53,12 @@ class Source:
     sha256: Optional[str] = None
     description: str = ""
     extra: Dict[str, str] = field(default_factory=dict)
+    size: Optional[int] = None
+    checksum_source: str = ""
+
+    def expected(self) -> Expected:
+        """The published expectations of this file."""
+        return Expected(self.size, self.sha256, self.md5, self.checksum_source or "published checksum")
 
 
 def published_md5(url: str) -> Optional[str]:
@@ -82,35 +94,37 @@ def read_checksum_file(path) -> Dict[str, str]:
     return sums
 
 
-def _hash_file(path: Path, algorithm: str) -> str:
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
+def expected_for(source: Source, checksums: Optional[Dict[str, str]] = None,
+                 manifest: Optional[Dict[str, Expected]] = None) -> Expected:
+    """What ``source`` must be: a manifest's entry (fixtures), else the published values, completed by a digest
+    from the user's checksum file (``CHECKSUMS``) where nothing is published.
 
-
-def verify(path: Path, md5: Optional[str] = None, sha256: Optional[str] = None, override: Optional[str] = None):
-    """Raise :class:`DownloadError` unless ``path`` matches the given digests.
-
-    ``override`` is a digest from a user-supplied checksum file; its algorithm is recognised by length
-    (32 hex digits md5, 64 sha256) and it replaces the published digests.
+    A user digest that contradicts a published one is refused: the published value wins, always.
     """
-    checks = []
-    if override:
-        checks.append(("md5" if len(override) == 32 else "sha256", override))
-    else:
-        if sha256:
-            checks.append(("sha256", sha256))
-        if md5:
-            checks.append(("md5", md5))
-    for algorithm, expected in checks:
-        actual = _hash_file(path, algorithm)
-        if actual.lower() != expected.lower():
-            raise DownloadError(
-                f"{path.name}: {algorithm} is {actual}, expected {expected}. The file is corrupt or not the "
-                f"published one (a bad mirror copy?); it has been deleted, run the command again to re-download."
-            )
+    if manifest and source.filename in manifest:
+        return manifest[source.filename]
+    expected = source.expected()
+    override = (checksums or {}).get(source.filename)
+    if not override:
+        return expected
+    algorithm = "md5" if len(override) == 32 else "sha256"
+    published = getattr(expected, algorithm)
+    if published and published.lower() != override.lower():
+        raise DownloadError(
+            f"{source.filename}: the checksum file gives {algorithm} {override}, but the published {algorithm} is "
+            f"{published} ({expected.source}). Remove the line from CHECKSUMS; for stand-in files (tests, "
+            f"fixtures) use an expectations manifest (--expect / EXPECT), which labels the data it makes.")
+    if published:
+        return expected
+    source_note = "the CHECKSUMS file" if not expected.pinned() else expected.source + " and the CHECKSUMS file"
+    return Expected(expected.size, override if algorithm == "sha256" else expected.sha256,
+                    override if algorithm == "md5" else expected.md5, source_note)
+
+
+def where_to_get(source: Source, mirror: Optional[str] = None) -> str:
+    """Where the right copy of ``source`` can be had, for error messages."""
+    urls = " or ".join(source.urls) if source.urls else "its publisher (this recipe knows no public address)"
+    return urls + (f" (the mirror {mirror} has a wrong copy: replace it)" if mirror else "")
 
 
 def mirror_location(mirror: str, filename: str) -> str:
@@ -146,6 +160,9 @@ def _http_fetch(url: str, part: Path, timeout: float, log=print):
         raise
     with response:
         status = getattr(response, "status", 200)
+        kind = (response.headers.get("Content-Type") or "").lower()
+        if kind.startswith(("text/html", "application/xhtml")) and not part.name[:-5].endswith((".html", ".htm")):
+            raise HTMLResponse(f"{url} answered an HTML page (status {status}, Content-Type {kind}), not the file")
         length = response.headers.get("Content-Length")
         if start and status == 206:
             mode = "ab"
@@ -165,39 +182,54 @@ def _http_fetch(url: str, part: Path, timeout: float, log=print):
 
 
 def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Optional[Dict[str, str]] = None,
-          retries: int = 3, timeout: float = 60.0, log=print) -> Path:
+          retries: int = 3, timeout: float = 60.0, log=print, expected: Optional[Expected] = None) -> Path:
     """Make ``dest_dir/source.filename`` exist, complete and verified; return its path.
 
-    An existing final file is trusted (it was renamed there only after verification). Otherwise the
-    file is fetched from the mirror (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real
-    addresses, resuming a ``.part`` file left by an earlier interrupted run.
+    ``expected`` replaces the published values (an expectations manifest); by default they are
+    :func:`expected_for` ``(source, checksums)``. An existing final file is used when its ``.verified`` record
+    matches, else verified first (a file placed by hand). Otherwise the file is fetched from the mirror
+    (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real addresses in order, resuming a ``.part``
+    file left by an earlier interrupted run; a location whose file fails verification is given up for the next.
     """
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
+    expected = expected if expected is not None else expected_for(source, checksums)
+    mirror = mirror or os.environ.get(MIRROR_ENV) or None
+    where = where_to_get(source, mirror)
     final = dest_dir / source.filename
     if final.exists():
-        log(f"  {source.filename}: present, not downloading again")
+        if verified_sha256(final, expected):
+            log(f"  {source.filename}: present, not downloading again (verified before)")
+            return final
+        try:
+            verify_local(final, expected, where, log)
+        except VerificationError as e:
+            raise DownloadError(f"{e} Run the command again to download the published file.") from None
         return final
     part = dest_dir / (source.filename + ".part")
-    mirror = mirror or os.environ.get(MIRROR_ENV) or None
+    if part.exists() and expected.size is not None and part.stat().st_size > expected.size:
+        part.unlink()  # longer than the published file: not a prefix of it
     locations = [mirror_location(mirror, source.filename)] if mirror else list(source.urls)
-    override = (checksums or {}).get(source.filename)
     errors = []
     for location in locations:
         if not _fetch_with_retries(location, part, source.filename, retries, timeout, errors, log):
             continue
         try:
-            verify(part, source.md5, source.sha256, override)
-        except DownloadError:
+            sha256 = check_file(part, source.filename, expected, where)
+        except VerificationError as e:
             part.unlink()
-            raise
+            errors.append(f"{location}: refused: {e}")
+            log(f"  {source.filename}: refused ({e})")
+            continue
         os.replace(part, final)
-        checked = ", checksum verified" if (override or source.md5 or source.sha256) else ", no published checksum"
-        log(f"  {source.filename}: complete ({final.stat().st_size:,} bytes{checked})")
+        mark_verified(final, expected, sha256)
+        log(f"  {source.filename}: complete ({final.stat().st_size:,} bytes, "
+            + (f"verified: {expected.describe()}, {expected.source})" if expected.pinned()
+               else "no published size or checksum: checked for HTML only)"))
         return final
-    where = f"mirror {mirror}" if mirror else "its public addresses"
+    origin = f"mirror {mirror}" if mirror else "its public addresses"
     raise DownloadError(
-        f"could not download {source.filename} from {where}:\n    " + "\n    ".join(errors) +
+        f"could not download {source.filename} from {origin}:\n    " + "\n    ".join(errors) +
         f"\n  Fix the network or proxy, or put the file into {dest_dir}/ yourself"
         f" (or into a directory given with --mirror / ${MIRROR_ENV}), and run the command again."
         + (f" Partial data is kept in {part.name} and will be resumed." if part.exists() else "")
@@ -219,7 +251,8 @@ def _fetch_with_retries(location, part, filename, retries, timeout, errors, log)
             reason = getattr(e, "reason", None) or e
             errors.append(f"{location} (try {attempt}/{retries}): {reason}")
             log(f"  {filename}: {reason}")
-            if "://" not in location or (isinstance(e, urllib.error.HTTPError) and e.code in (401, 403, 404, 410)):
+            if isinstance(e, HTMLResponse) or "://" not in location or (
+                    isinstance(e, urllib.error.HTTPError) and e.code in (401, 403, 404, 410)):
                 return False  # retrying will not make the file appear
             if attempt < retries:
                 time.sleep(min(2 ** attempt, 30))

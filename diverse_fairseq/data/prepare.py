@@ -19,6 +19,7 @@ runner's command line) reads argv and the environment.
 """
 
 import argparse
+import bisect
 import functools
 import json
 import os
@@ -34,12 +35,13 @@ from . import bpe as bpe_mod
 from . import progress
 from .archive import CorruptArchiveError, extract
 from .binarize import binarize
-from .download import DownloadError, fetch, read_checksum_file
+from .download import DownloadError, expected_for, fetch, read_checksum_file, where_to_get
 from .lines import count_lines, iter_lines, map_file
 from .progress import Progress
 from .recipes import RECIPES, TEMPLATES, Context, Recipe, get
 from .steps import Pipeline, StopPipeline, atomic_path
 from .text import clean_pair, normalize, tokenize
+from .verify import Expectations, VerificationError, check_member_lines, reject, verified_sha256
 
 SPLITS = ("train", "valid", "test")
 # (variable, option key) of the options only the custom recipe reads
@@ -68,7 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="URL or directory holding the archives by file name, used instead of the public "
                         "addresses [DIVERSE_FAIRSEQ_MIRROR]")
     p.add_argument("--checksums", default=_env("CHECKSUMS"),
-                   help="md5sum/sha256sum file whose digests replace the published ones [CHECKSUMS]")
+                   help="md5sum/sha256sum file: digests checked for files that have no published one; one that "
+                        "contradicts a published digest is refused [CHECKSUMS]")
+    p.add_argument("--expect", default=_env("EXPECT"), metavar="MANIFEST",
+                   help="JSON manifest of expected sizes, checksums and member line counts that replace the "
+                        "published ones (stand-in archives, e.g. the tests' fixtures); the data is written as "
+                        "DATASET+NAME under WORK_DIR and DATA_BIN and labelled in prepare.json, never where the "
+                        "real data goes [EXPECT]")
     p.add_argument("--workers", default=_env("WORKERS", "2"),
                    help="processes for tokenization, BPE and fairseq-preprocess [WORKERS] (default 2)")
     p.add_argument("--demo-dir", default=_env("DEMO_DIR"), help="demo corpus directory [DEMO_DIR] (default data/demo)")
@@ -77,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default WORK_DIR/wmt17_zh_en/manual/cwmt)")
     p.add_argument("--skip-cwmt", action="store_true", default=None,
                    help="WMT17: proceed without the CWMT corpora [CWMT=skip]")
+    p.add_argument("--wmt17-source", default=_env("WMT17_SOURCE"),
+                   help="WMT17: where UN v1.0 comes from, original (the UN's two-part download, default) or hf "
+                        "(the Hugging Face Hub copy of the wmt organisation) [WMT17_SOURCE]")
+    p.add_argument("--length-unit", default=_env("LENGTH_UNIT"),
+                   help="WMT17: what the 50-token length cap counts, subwords (after BPE, default) or words "
+                        "(Moses tokens before BPE) [LENGTH_UNIT]")
+    p.add_argument("--allow-unverified", action="store_true", default=_env("ALLOW_UNVERIFIED") == "1",
+                   help="WMT17: go on when a corpus' pair count differs from the published one; prepare.json "
+                        "records the data as unverified [ALLOW_UNVERIFIED=1]")
     p.add_argument("--zh-seg", default=_env("ZH_SEG", "jieba"),
                    help="WMT17: Chinese word segmentation before Moses tokenization, jieba or char [ZH_SEG]")
     p.add_argument("--src", default=_env("SRC"), help="custom: source language code, the suffix of its files [SRC]")
@@ -106,11 +123,15 @@ class PrepareOptions:
     data_bin: Path = paths.DATA_BIN
     mirror: Optional[str] = None
     checksums: Optional[str] = None
+    expect: Optional[str] = None  # an expectations manifest (verify.Expectations): stand-ins, output DATASET+NAME
     workers: int = 2
     demo_dir: Optional[str] = None
     cwmt_dir: Optional[str] = None
     skip_cwmt: bool = False
     zh_seg: str = "jieba"
+    wmt17_source: Optional[str] = None  # None: original
+    length_unit: Optional[str] = None  # None: subwords
+    allow_unverified: bool = False
     src: Optional[str] = None
     tgt: Optional[str] = None
     corpus_dir: Optional[str] = None
@@ -125,15 +146,17 @@ class Preparer:
     def __init__(self, recipe: Recipe, args: PrepareOptions):
         options = {"demo_dir": args.demo_dir, "cwmt_dir": args.cwmt_dir, "skip_cwmt": args.skip_cwmt,
                    "src": args.src, "tgt": args.tgt, "corpus_dir": args.corpus_dir, "name": args.name,
-                   "separate_vocab": args.separate_vocab}
-        if recipe.configure:
-            recipe = recipe.configure(recipe, options)
-        else:  # the custom corpus' options would be ignored: say so rather than prepare something else
+                   "separate_vocab": args.separate_vocab, "work_dir": args.work_dir,
+                   "source": args.wmt17_source, "length_unit": args.length_unit,
+                   "allow_unverified": args.allow_unverified}
+        if recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored: say so
             given = [var for var, key in CUSTOM_OPTIONS if options[key]]
             if given:
                 raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} "
                                  f"has fixed languages and sources. Unset them, or prepare your corpus with "
                                  f"SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom")
+        if recipe.configure:
+            recipe = recipe.configure(recipe, options)
         self.r = recipe
         self.args = args
         self.kind = args.bpe or recipe.bpe
@@ -141,8 +164,16 @@ class Preparer:
         if self.size <= 0:
             raise SystemExit(f"error: BPE_SIZE (--bpe-size)={self.size} is not valid: use a positive number of "
                              f"merges (subword-nmt) or vocabulary entries (sentencepiece)")
-        self.work = Path(args.work_dir) / (recipe.work_name or recipe.name)
-        self.dest = Path(args.data_bin) / recipe.name
+        try:
+            self.expect = Expectations.load(args.expect) if args.expect else None
+        except VerificationError as e:
+            raise SystemExit(f"error: {e}") from None
+        # data made against a manifest's expectations never lands where the published data goes
+        self.label = f"+{self.expect.name}" if self.expect else ""
+        self.work = Path(args.work_dir) / ((recipe.work_name or recipe.name) + self.label)
+        self.dest = Path(args.data_bin) / (recipe.name + self.label)
+        shared = recipe.downloads_name or recipe.work_name or recipe.name  # a variant shares its base's archives
+        self.downloads = Path(args.work_dir) / (shared + self.label) / "downloads"
         self.workers = max(1, args.workers)
         self.checksums = read_checksum_file(args.checksums) if args.checksums else {}
         self.ctx = Context(recipe, self.work, options, log=self.log)
@@ -154,6 +185,35 @@ class Preparer:
 
     def path(self, stage: str, split: str, lang: str, ext: str = "") -> Path:
         return self.work / stage / (f"{split}.{lang}" + (f".{ext}" if ext else ""))
+
+    @property
+    def pair_stats(self) -> Path:
+        """Training pairs per corpus before and after cleaning, written by the step that cleans train."""
+        return self.work / "stats" / "train.pairs.json"
+
+    def _corpus_of_line(self):
+        """A function: index of a raw training line -> the corpus it came from (``raw/train.corpora.json``)."""
+        path = self.ctx.corpora_path("train")
+        sizes = json.loads(path.read_text()) if path.exists() else []
+        bounds, names, end = [], [], 0
+        for name, n in sizes:
+            end += n
+            bounds.append(end)
+            names.append(name)
+
+        def corpus(i):
+            k = bisect.bisect_right(bounds, i)
+            return names[k] if k < len(names) else self.r.name
+        return corpus, {name: n for name, n in sizes}
+
+    def _write_pair_stats(self, kept_by_corpus, total_by_corpus):
+        stats = {name: {"before_cleaning": total_by_corpus.get(name, 0), "after_cleaning": kept_by_corpus.get(name, 0)}
+                 for name in dict.fromkeys([*total_by_corpus, *kept_by_corpus])}
+        self.pair_stats.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(self.pair_stats) as tmp:
+            tmp.write_text(json.dumps(stats, indent=1) + "\n")
+        for name, v in stats.items():
+            self.log(f"  train {name}: {v['before_cleaning']:,} pairs before cleaning, {v['after_cleaning']:,} after")
 
     def splits_from_raw(self) -> List[str]:
         return list(self.r.raw_splits())
@@ -180,31 +240,79 @@ class Preparer:
         parts = [s for a in r.archives for s in a.parts]
         n_steps = len(parts) + len(r.archives) + 7 + (1 if r.clean_after_bpe else 0)
         pipe = Pipeline(r.name, self.work, n_steps, stop_after=self.args.stop_after, log=self.log)
-        downloads = Path(self.args.work_dir) / (r.downloads_name or r.work_name or r.name) / "downloads"
-        for source in parts:
-            target = downloads / source.filename
-            pipe.step(f"download-{source.filename}", f"download {source.filename}", [target],
-                      {"file": source.filename, "md5": source.md5, "sha256": source.sha256},
-                      functools.partial(self._download, source, downloads))
+        # a variant with other text processing shares the archives it has in common with the recipe it varies
+        downloads = self.downloads
+        if self.expect:
+            self.log(f"[{r.name}] expectations from the manifest {self.expect.path} ({self.expect.name!r}), not the "
+                     f"published ones: the data goes to {self.dest}")
+        for source in parts:  # a file already there (an earlier run's, or placed by hand) is verified first
+            if (downloads / source.filename).exists():
+                self._download(source, downloads, self._expected(source))
+        # each archive is downloaded, verified and extracted (member line counts checked) before the next one is
+        # fetched, so that a wrong file is refused before anything else is done
         for archive in r.archives:
+            for source in archive.parts:
+                expected = self._expected(source)
+                pipe.step(f"download-{source.filename}", f"download {source.filename}", [downloads / source.filename],
+                          {"file": source.filename, "expected": expected.describe()},
+                          functools.partial(self._download, source, downloads, expected))
             files = [downloads / s.filename for s in archive.parts]
             pipe.step(f"extract-{archive.name}", f"extract {' + '.join(f.name for f in files)}",
                       [self.ctx.extracted(archive.name)],
-                      {"parts": [(f.name, f.stat().st_size if f.exists() else None) for f in files]},
-                      functools.partial(extract, files, self.ctx.extracted(archive.name), archive.wanted, self.log))
+                      {"parts": [(f.name, f.stat().st_size if f.exists() else None) for f in files],
+                       "lines": self._expected_lines(archive)},
+                      functools.partial(self._extract, archive, files))
         raw_outputs = [self.ctx.raw_path(s, lang) for s in self.splits_from_raw() for lang in r.langs]
+        if r.corpora_file:
+            raw_outputs.append(self.ctx.raw / r.corpora_file)
         pipe.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
                   r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
         self._text_steps(pipe)
         self._bpe_steps(pipe)
         self._binarize_step(pipe)
         self.log(f"[{r.name}] done: {self.dest} (ran {len(pipe.ran)} steps, skipped {len(pipe.skipped)})")
+        pairs = json.loads((self.dest / "prepare.json").read_text()).get("train_pairs")
+        if pairs:  # absent from data prepared by an earlier version
+            for line in compare_with_paper(pairs, r.name):
+                self.log(line)
 
-    def _download(self, source, downloads):
+    def _expected(self, source):
         try:
-            fetch(source, downloads, mirror=self.args.mirror, checksums=self.checksums, log=self.log)
+            return expected_for(source, self.checksums, self.expect.files if self.expect else None)
         except DownloadError as e:
             raise SystemExit(f"error: {e}") from None
+
+    def _expected_lines(self, archive):
+        if self.expect and archive.name in self.expect.lines:
+            return self.expect.lines[archive.name], f"manifest {self.expect.path}"
+        return dict(archive.expected_lines), archive.counts_source
+
+    def _download(self, source, downloads, expected):
+        try:
+            fetch(source, downloads, mirror=self.args.mirror, checksums=self.checksums, log=self.log,
+                  expected=expected)
+        except DownloadError as e:
+            hint = source.extra.get("hint")
+            raise SystemExit(f"error: {e}" + (f"\n  {hint}" if hint else "")) from None
+
+    def _extract(self, archive, files):
+        """Extract ``archive`` and check its members' line counts before the folder appears under orig/."""
+        lines, source = self._expected_lines(archive)
+        where = where_to_get(archive.parts[0], self.args.mirror)
+        found = {}
+
+        def check(root):
+            if lines:
+                found.update(check_member_lines(root, lines, " + ".join(f.name for f in files), source, where))
+                self.log(f"  {archive.name}: line counts as published ({source}): "
+                         + ", ".join(f"{k} {v:,}" for k, v in found.items()))
+
+        try:
+            extract(files, self.ctx.extracted(archive.name), archive.wanted, self.log, check=check)
+        except VerificationError as e:
+            moved = reject(files)
+            raise SystemExit(f"error: {e} The archive was moved to {', '.join(m.name for m in moved)}; run the "
+                             f"command again to download it anew.") from None
 
     # normalise, tokenize, clean ----------------------------------------------------------------------
     def _text_steps(self, pipe: Pipeline):
@@ -231,8 +339,9 @@ class Preparer:
         what = (f"clean (ratio {r.clean_ratio}, {r.clean_min}-{r.clean_max} tokens) " if before else "") + \
                (f"and split valid = every {r.valid_every}-th line " if r.valid_every else "")
         pipe.step("clean", (what or "collect splits ") + ("" if before else "(cleaning happens after BPE)"),
-                  clean_out, {"before_bpe": before, "max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio,
-                              "splits": r.clean_splits, "valid_every": r.valid_every, "lowercase": r.lowercase},
+                  clean_out + ([self.pair_stats] if before else []),
+                  {"before_bpe": before, "max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio,
+                   "splits": r.clean_splits, "valid_every": r.valid_every, "lowercase": r.lowercase},
                   self._clean)
 
     def _normalize(self):
@@ -269,6 +378,8 @@ class Preparer:
             targets = ["train", "valid"] if (split == "train" and r.valid_every) else [split]
             keys = list(streams)
             kept = total = 0
+            corpus_of, _ = self._corpus_of_line()
+            kept_by, total_by = {}, {}
             with ExitStack() as stack:
                 writers = {}
                 for t in targets:
@@ -279,6 +390,8 @@ class Preparer:
                 meter = Progress(f"clean {split}", total=count_lines(self.path("norm", split, r.src)), unit="pairs")
                 for row in rows:
                     meter.update()
+                    name = corpus_of(total)
+                    total_by[name] = total_by.get(name, 0) + 1
                     total += 1
                     values = dict(zip(keys, row))
                     if do_clean:
@@ -288,6 +401,7 @@ class Preparer:
                             continue
                         values[(r.src, "tok")], values[(r.tgt, "tok")] = pair
                     kept += 1
+                    kept_by[name] = kept_by.get(name, 0) + 1
                     target = "valid" if len(targets) == 2 and kept % r.valid_every == 0 else targets[0]
                     for (lang, ext), text in values.items():
                         if ext == "txt" and r.lowercase:
@@ -297,6 +411,8 @@ class Preparer:
             self.log(f"  {split}: kept {kept:,} of {total:,} pairs"
                      + (f" ({total - kept:,} removed)" if do_clean else "")
                      + (f", every {r.valid_every}-th kept pair -> valid" if len(targets) == 2 else ""))
+            if split == "train" and not r.clean_after_bpe:
+                self._write_pair_stats(kept_by, total_by)
 
     # BPE ----------------------------------------------------------------------------------------------
     def _bpe_input(self, split, lang) -> Path:
@@ -318,7 +434,7 @@ class Preparer:
         if r.clean_after_bpe:
             pipe.step("clean-bpe", f"clean after BPE ({', '.join(r.clean_splits)}: ratio {r.clean_ratio}, "
                       f"{r.clean_min}-{r.clean_max} tokens)",
-                      [self.path("final", s, lang) for s in SPLITS for lang in r.langs],
+                      [self.path("final", s, lang) for s in SPLITS for lang in r.langs] + [self.pair_stats],
                       {"max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio, "splits": r.clean_splits},
                       self._clean_after_bpe)
 
@@ -335,20 +451,27 @@ class Preparer:
                         shutil.copyfile(self.path("bpe", split, lang), tmp)
                 continue
             kept = total = 0
+            corpus_of, _ = self._corpus_of_line()
+            kept_by, total_by = {}, {}
             with atomic_path(self.path("final", split, r.src)) as ts, \
                     atomic_path(self.path("final", split, r.tgt)) as tt, \
                     open(ts, "w", encoding="utf-8") as fs, open(tt, "w", encoding="utf-8") as ft:
                 meter = Progress(f"clean {split}", total=count_lines(src), unit="pairs")
                 for s, t in zip(iter_lines(src), iter_lines(tgt)):
                     meter.update()
+                    name = corpus_of(total)  # before-BPE steps keep every train line: line i is raw line i
+                    total_by[name] = total_by.get(name, 0) + 1
                     total += 1
                     pair = clean_pair(s, t, r.clean_min, r.clean_max, r.clean_ratio)
                     if pair is not None:
                         fs.write(pair[0] + "\n")
                         ft.write(pair[1] + "\n")
                         kept += 1
+                        kept_by[name] = kept_by.get(name, 0) + 1
                 meter.close()
             self.log(f"  {split}: kept {kept:,} of {total:,} pairs ({total - kept:,} removed)")
+            if split == "train":
+                self._write_pair_stats(kept_by, total_by)
 
     # binarize ---------------------------------------------------------------------------------------
     def _binarize_step(self, pipe: Pipeline):
@@ -394,14 +517,61 @@ class Preparer:
             "max_len_a": r.max_len_a, "max_len_b": r.max_len_b,
             "sacrebleu_tokenize": "zh" if r.tgt == "zh" else "13a",
             "compound_split": r.tgt == "de", "references": refs, "sentences": counts,
+            "verification": self._verification_record(),
+            "train_pairs": self._train_pairs_record(counts["train"]),
             "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
+        if r.corpora_file:
+            meta["training_data"] = training_data(self.work / "raw" / r.corpora_file, counts["train"],
+                                                  r.clean_max, r.clean_after_bpe, self.log)
         (tmp / "prepare.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
         if self.dest.exists():
             shutil.rmtree(self.dest)
         self.dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, self.dest)
         self.log("  sentences: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+
+    def _verification_record(self):
+        """What each fetched file was checked against, and its sha256 (to compare two machines' data)."""
+        downloads = self.downloads
+        files = {}
+        for archive in self.r.archives:
+            lines, source = self._expected_lines(archive)
+            for src in archive.parts:
+                expected = self._expected(src)
+                path = downloads / src.filename  # deleted after extraction to save disk: nothing to record
+                files[src.filename] = {
+                    "archive": archive.name, "size": path.stat().st_size if path.exists() else None,
+                    "sha256": verified_sha256(path, expected) if path.exists() else None,
+                    "checked": (f"{expected.describe()} ({expected.source})" if expected.pinned()
+                                else "no published size or checksum (HTML and magic bytes only)"),
+                    "member_lines": ({k: v for k, v in lines.items()} if lines else None),
+                    "member_lines_source": source or None}
+        return {"expectations": ({"manifest": self.expect.name, "path": self.expect.path} if self.expect
+                                 else "published"), "files": files}
+
+    def _train_pairs_record(self, final_train):
+        corpora = json.loads(self.pair_stats.read_text()) if self.pair_stats.exists() else {}
+        return {"corpora": corpora, "final_train": final_train, "paper": self.r.paper_train_pairs or None,
+                "paper_source": self.r.paper_train_source or None,
+                "expectations": "published" if not self.expect else f"manifest {self.expect.name}"}
+
+
+def training_data(corpora_file: Path, train_pairs: int, clean_max: int, after_bpe: bool, log=print) -> dict:
+    """The recipe's record of its training corpora (``Recipe.corpora_file``), completed with the final training
+    pair count, the length cap's unit, and the comparison with the paper's count (printed)."""
+    record = json.loads(Path(corpora_file).read_text(encoding="utf-8"))
+    record["length_cap"] = {"max": clean_max, "unit": "subwords after BPE" if after_bpe else "words before BPE"}
+    record["train_pairs"] = train_pairs
+    paper = record.get("paper_train_pairs")
+    if paper:
+        record["train_pairs_vs_paper"] = round(train_pairs / paper, 4)
+        log(f"  training pairs: {train_pairs:,}, the paper's {paper:,} ({100 * train_pairs / paper:.1f}%; "
+            f"{record.get('paper_source', '')})")
+    if not record.get("verified", True):
+        log("  warning: the training data is not the published data: " + "; ".join(record.get("problems", []))
+            + ". prepare.json records it; paper-scale tables refuse it unless ALLOW_UNVERIFIED_DATA=1")
+    return record
 
 
 ZH_SEGS = ("jieba", "char")
@@ -428,10 +598,43 @@ def check_args(args, recipe: Recipe):
     return args
 
 
+#: a final training pair count further than this fraction from the paper's is a warning
+PAPER_TOLERANCE = 0.05
+#: a corpus that loses more than this fraction of its pairs in cleaning is named as short
+CORPUS_LOSS = 0.10
+
+
+def compare_with_paper(record, dataset: str) -> List[str]:
+    """Lines that print the final training pair count beside the paper's; a warning naming the short corpus
+    when they differ by more than :data:`PAPER_TOLERANCE`."""
+    paper, final = record.get("paper"), record["final_train"]
+    if not paper:
+        return [f"[{dataset}] training pairs: {final:,} (no paper count to compare with)"]
+    diff = (final - paper) / paper
+    out = [f"[{dataset}] training pairs: {final:,}, the paper's {paper:,} ({diff:+.1%}; {record['paper_source']})"]
+    if abs(diff) <= PAPER_TOLERANCE:
+        return out
+    corpora = record.get("corpora") or {}
+    lossy = [f"{name} kept {v['after_cleaning']:,} of {v['before_cleaning']:,}"
+             for name, v in corpora.items()
+             if v["before_cleaning"] and v["after_cleaning"] < (1 - CORPUS_LOSS) * v["before_cleaning"]]
+    listing = "; ".join(f"{name} {v['before_cleaning']:,} -> {v['after_cleaning']:,}" for name, v in corpora.items())
+    if diff < 0:
+        why = (f"short: {'; '.join(lossy)} (lost more than {CORPUS_LOSS:.0%} in cleaning)" if lossy else
+               f"no corpus lost more than {CORPUS_LOSS:.0%} in cleaning, so a corpus is smaller than the paper's "
+               f"or missing: {listing}")
+    else:
+        why = f"more pairs than the paper's: {listing}"
+    label = "" if record.get("expectations") == "published" else f" [{record.get('expectations')}]"
+    out.append(f"[{dataset}] warning{label}: {abs(diff):.0%} {'fewer' if diff < 0 else 'more'} training pairs than "
+               f"the paper; {why}")
+    return out
+
+
 def step_ids(recipe: Recipe) -> List[str]:
     """The ids of the recipe's pipeline steps, in order (the values of ``--stop-after``)."""
-    return ([f"download-{s.filename}" for a in recipe.archives for s in a.parts]
-            + [f"extract-{a.name}" for a in recipe.archives]
+    return ([step for a in recipe.archives
+             for step in [f"download-{s.filename}" for s in a.parts] + [f"extract-{a.name}"]]
             + ["collect", "normalize", "tokenize", "clean", "learn-bpe", "apply-bpe"]
             + (["clean-bpe"] if recipe.clean_after_bpe else []) + ["binarize"])
 
@@ -460,7 +663,7 @@ def main(argv=None):
         prepare(options)
     except StopPipeline as e:
         print(f"[{name}] {e}", flush=True)
-    except CorruptArchiveError as e:
+    except (CorruptArchiveError, VerificationError) as e:
         raise SystemExit(f"error: {e}") from None
     except KeyboardInterrupt:
         raise SystemExit(f"\n[{name}] interrupted; run the same command again to resume") from None

@@ -7,11 +7,17 @@ embeddings for linguistic properties*. ACL 2018. The data is SentEval's ``data/p
 validation and test sentences per task, balanced across the classes.
 
 Files are fetched with :func:`diverse_fairseq.data.download.fetch` (resume, atomic rename, the
-``DIVERSE_FAIRSEQ_MIRROR`` folder or URL by file name, a ``CHECKSUMS`` file); SentEval publishes no checksums.
+``DIVERSE_FAIRSEQ_MIRROR`` folder or URL by file name, a ``CHECKSUMS`` file); SentEval publishes no checksums,
+so each file is checked, as it arrives and whenever a run uses it, against the sizes SentEval publishes
+(:data:`PUBLISHED_MIN`, :func:`check_sizes`). A file that falls short is a stand-in (a test fixture, a truncated
+copy): it is renamed to ``NAME.rejected`` and refused, unless the caller accepts stand-ins (a demo-scale run
+from a mirror). Files from a mirror go to a cache of that mirror's own (:func:`default_dir`), never to
+``work/senteval_probing``, the cache that real runs read.
 ``python -m diverse_fairseq.data.senteval [--dest DIR] [--tasks SentLen,WC,...]`` downloads them.
 """
 
 import argparse
+import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -25,6 +31,12 @@ BASE_URLS = ("https://raw.githubusercontent.com/facebookresearch/SentEval/main/d
              "https://raw.githubusercontent.com/facebookresearch/SentEval/master/data/probing/")
 SPLITS = ("tr", "va", "te")  # train, validation, test
 DEFAULT_DIR_ENV = "PROBING_DATA"
+#: the published sizes: "All data sets contain 100k training instances, 10k validation instances and 10k test
+#: instances, and in all cases they are balanced across the target classes (in some cases, there are a few more
+#: instances, as a result of balancing constraints in the sampling process)" (SIZES_SOURCE). Hence minimums.
+PUBLISHED_MIN = {"tr": 100_000, "va": 10_000, "te": 10_000}
+SIZES_SOURCE = ("SentEval's data/probing/README.md (github.com/facebookresearch/SentEval, commit 2a7c3da) and "
+                "Conneau et al. (ACL 2018), Sec. 2")
 
 
 @dataclass(frozen=True)
@@ -120,15 +132,69 @@ def read_task(task: Task, data_dir) -> TaskData:
     return data
 
 
-def default_dir() -> Path:
-    """``$PROBING_DATA``, else ``work/senteval_probing`` in the repository."""
-    return Path(os.environ.get(DEFAULT_DIR_ENV) or Path(__file__).resolve().parents[2] / "work" / "senteval_probing")
+def real_dir() -> Path:
+    """``work/senteval_probing`` in the repository: the cache that real runs read (SentEval's own files only)."""
+    return Path(__file__).resolve().parents[2] / "work" / "senteval_probing"
+
+
+def default_dir(mirror: Optional[str] = None) -> Path:
+    """``$PROBING_DATA``; else, with a mirror, ``work/senteval_probing-mirrors/<hash of the mirror>`` (its own
+    cache); else :func:`real_dir`."""
+    if os.environ.get(DEFAULT_DIR_ENV):
+        return Path(os.environ[DEFAULT_DIR_ENV])
+    if mirror:
+        digest = hashlib.sha256(str(mirror).encode()).hexdigest()[:12]
+        return real_dir().with_name("senteval_probing-mirrors") / digest
+    return real_dir()
+
+
+def split_sizes(path) -> Dict[str, int]:
+    """Lines per split (``tr``/``va``/``te``) of a task file, from the first field of each line."""
+    counts = {s: 0 for s in SPLITS}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            split = line.split("\t", 1)[0]
+            if split in counts:
+                counts[split] += 1
+    return counts
+
+
+def check_sizes(path) -> Optional[str]:
+    """Why ``path`` is not SentEval's published file (too few sentences in a split), or None."""
+    found = split_sizes(path)
+    short = [s for s in SPLITS if found[s] < PUBLISHED_MIN[s]]
+    if not short:
+        return None
+    return (f"{Path(path).name} has {' / '.join(f'{found[s]:,}' for s in SPLITS)} sentences tr / va / te, SentEval "
+            f"publishes at least {' / '.join(f'{PUBLISHED_MIN[s]:,}' for s in SPLITS)} ({SIZES_SOURCE})")
 
 
 def download(tasks: Sequence[Task], dest, mirror: Optional[str] = None, checksums: Optional[Dict[str, str]] = None,
-             log=print) -> Dict[str, Path]:
-    """Make ``dest/<file>`` exist for every task (:func:`fetch`: present files are kept); ``{task name: path}``."""
-    return {t.name: fetch(t.source(), dest, mirror=mirror, checksums=checksums, log=log) for t in tasks}
+             log=print, require_published: bool = True) -> Dict[str, Path]:
+    """Make ``dest/<file>`` exist for every task (:func:`fetch`: present files are kept); ``{task name: path}``.
+
+    Every file, new or present, is checked with :func:`check_sizes`. With ``require_published`` a short file is
+    renamed to ``NAME.rejected`` and a :class:`DownloadError` names it; without, it is kept as a stand-in with a
+    warning, but never in :func:`real_dir`."""
+    dest = Path(dest)
+    if not require_published and dest.resolve() == real_dir().resolve():
+        raise DownloadError(f"stand-in probing files are not allowed in {real_dir()}, the cache that real runs read; "
+                            f"use another folder (PROBING_DATA) or leave it unset (a mirror gets its own cache)")
+    paths = {}
+    for t in tasks:
+        path = fetch(t.source(), dest, mirror=mirror, checksums=checksums, log=log)
+        problem = check_sizes(path)
+        if problem and require_published:
+            rejected = path.with_name(path.name + ".rejected")
+            os.replace(path, rejected)
+            raise DownloadError(f"probing task {t.name}: {problem}. It is a stand-in or a truncated copy, not the "
+                                f"published file; it was renamed to {rejected.name}. Get the file from "
+                                f"{t.source().urls[0]} (run again without DIVERSE_FAIRSEQ_MIRROR to download it)")
+        if problem:
+            log(f"  warning: probing task {t.name}: {problem}: a stand-in, accepted for this demo run only "
+                f"(in {dest}, not in {real_dir()})")
+        paths[t.name] = path
+    return paths
 
 
 def sizes(data: TaskData) -> Tuple[int, int, int]:
@@ -143,11 +209,16 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", default="all", help="comma-separated task names or all (default)")
     p.add_argument("--mirror", default=None, help="a folder or URL with the files by name [DIVERSE_FAIRSEQ_MIRROR]")
     p.add_argument("--checksums", default=os.environ.get("CHECKSUMS"), help="md5sum/sha256sum file [CHECKSUMS]")
+    p.add_argument("--stand-ins", action="store_true",
+                   help="accept files smaller than SentEval's published sizes (test fixtures); never into "
+                        "work/senteval_probing")
     args = p.parse_args(argv)
-    dest = Path(args.dest) if args.dest else default_dir()
+    mirror = args.mirror or os.environ.get("DIVERSE_FAIRSEQ_MIRROR") or None
+    dest = Path(args.dest) if args.dest else default_dir(mirror)
     sums = read_checksum_file(args.checksums) if args.checksums else None
     try:
-        paths = download(parse_tasks(args.tasks), dest, mirror=args.mirror, checksums=sums)
+        paths = download(parse_tasks(args.tasks), dest, mirror=mirror, checksums=sums,
+                         require_published=not args.stand_ins)
     except DownloadError as e:
         raise SystemExit(f"error: {e}") from None
     for name, path in paths.items():

@@ -63,6 +63,10 @@ def build_parser():
                    help="a Python script started in place of 'python -m fairseq_cli.train' with the same arguments, "
                         "to watch each training, e.g. scripts/experiments/kernel_probe.py (records the SVGD kernel); "
                         "not part of the cache key, so a finished run is reused without it [TRAIN_HOOK]")
+    p.add_argument("--allow-unverified-data", default=env("ALLOW_UNVERIFIED_DATA", ""),
+                   help="1: run a paper-scale table on data that prepare.json records as not the published data "
+                        "(skipped or partial CWMT, a corpus count that differs from the published one); "
+                        "SentEval stand-ins are still refused [ALLOW_UNVERIFIED_DATA]")
     p.add_argument("--progress-interval", default=env("PROGRESS_INTERVAL", "30"),
                    help="seconds between two progress lines of a training row (update, losses, time left), "
                         "printed only when fairseq has logged since the last one; 0: every record it logs "
@@ -153,6 +157,8 @@ def check_settings(args) -> dict:
                 "train_args": env_checks.parse_words("TRAIN_ARGS (--train-args)", args.train_args),
                 "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args),
                 "dry_run": env_checks.parse_flag("DRY_RUN (--dry-run)", args.dry_run),
+                "allow_unverified_data": env_checks.parse_flag("ALLOW_UNVERIFIED_DATA (--allow-unverified-data)",
+                                                               args.allow_unverified_data),
                 "subsets": parse_subsets(args.subsets), "train_hook": parse_hook(args.train_hook),
                 "progress_interval": env_checks.parse_float("PROGRESS_INTERVAL (--progress-interval)",
                                                              args.progress_interval, 0),
@@ -197,14 +203,55 @@ def ensure_demo_data(data: Path):
     prepare(parse_options(["demo", "--data-bin", str(data.parent)]))
 
 
-def ensure_probing_data(tasks: List[str], folder: Optional[str]) -> Path:
-    """The folder with the table's SentEval probing files, downloading those missing (before any training)."""
-    from ..data import senteval
-    from ..data.download import DownloadError
+def data_problems(meta: dict) -> List[str]:
+    """Why a prepared dataset (its prepare.json) is not the published data, in words; empty when it is, or when
+    its recipe records nothing about its corpora."""
+    record = meta.get("training_data")
+    if record is None:
+        recipe = RECIPES.get(meta.get("dataset"))
+        if recipe is not None and recipe.corpora_file:  # a recipe that records its corpora, prepared before it did
+            return ["prepared by an older version that did not check the corpora' counts (no training_data)"]
+        return []
+    return [] if record.get("verified", True) else list(record.get("problems") or ["not verified"])
 
-    path = (Path(folder) if folder else senteval.default_dir()).resolve()
+
+def check_paper_data(data: Path, allow: bool):
+    """Before a paper-scale table runs: refuse data prepared from other than the published corpora (a skipped
+    or partial CWMT, a count that differs from the published one) unless ALLOW_UNVERIFIED_DATA=1."""
+    import json
+
+    meta_path = data / "prepare.json"
+    if not meta_path.is_file():
+        return  # not prepared yet: the runner says how to prepare it
+    problems = data_problems(json.loads(meta_path.read_text(encoding="utf-8")))
+    if not problems:
+        return
+    what = "; ".join(problems)
+    if allow:
+        print(f"[tables] warning: {data} is not the papers' data ({what}); running anyway (ALLOW_UNVERIFIED_DATA=1)"
+              f": the results are not comparable with the papers'", flush=True)
+        return
+    raise SystemExit(f"error: {data} was prepared from other data than the papers' ({what}), see its prepare.json. "
+                     f"Prepare it again with the full published corpora (make data DATASET={data.name}, without "
+                     f"CWMT=skip or ALLOW_UNVERIFIED=1), or run this paper-scale table on it anyway with "
+                     f"ALLOW_UNVERIFIED_DATA=1 (--allow-unverified-data 1).")
+
+
+def ensure_probing_data(tasks: List[str], folder: Optional[str], scale: str = "paper") -> Path:
+    """The folder with the table's SentEval probing files, downloading those missing (before any training).
+
+    With a mirror (``DIVERSE_FAIRSEQ_MIRROR``) and no ``folder``, the files go to a cache of that mirror's own,
+    never to the one that real runs read. At scale paper every file must have SentEval's published size
+    (:func:`diverse_fairseq.data.senteval.check_sizes`); at scale demo a mirror's stand-ins are accepted with a
+    warning."""
+    from ..data import senteval
+    from ..data.download import MIRROR_ENV, DownloadError
+
+    mirror = os.environ.get(MIRROR_ENV) or None
+    path = (Path(folder) if folder else senteval.default_dir(mirror)).resolve()
     try:
-        senteval.download(senteval.parse_tasks(tasks), path)
+        senteval.download(senteval.parse_tasks(tasks), path, mirror=mirror,
+                          require_published=scale == "paper" or not mirror)
     except DownloadError as e:
         raise SystemExit(f"error: {e}") from None
     return path
@@ -228,7 +275,8 @@ def dry_run(table, run: RunConfig, args):
     data = run.data_bin / run.dataset
     if table.probing:
         run.probing_tasks = table.probing
-        run.probing_dir = (Path(args.probing_data) if args.probing_data else senteval.default_dir()).resolve()
+        mirror = os.environ.get("DIVERSE_FAIRSEQ_MIRROR") or None
+        run.probing_dir = (Path(args.probing_data) if args.probing_data else senteval.default_dir(mirror)).resolve()
         print(f"[{table.table}] probing tasks {', '.join(table.probing)}: files in {run.probing_dir} (a real run "
               f"downloads the missing ones first)", flush=True)
     if not (data / "prepare.json").exists():
@@ -269,10 +317,13 @@ def main(argv: Optional[List[str]] = None):
                                                           n_jobs), dry_run=settings["dry_run"],
                     train_options=settings["train_options"], train_hook=settings["train_hook"],
                     subsets=settings["subsets"], progress_interval=settings["progress_interval"])
+    if scale == "paper":
+        check_paper_data(run.data_bin / dataset, settings["allow_unverified_data"])
     if run.dry_run:
         dry_run(table, run, args)  # ends the process (exit 0)
     if table.probing:
-        run.probing_tasks, run.probing_dir = table.probing, ensure_probing_data(table.probing, args.probing_data)
+        run.probing_tasks, run.probing_dir = table.probing, ensure_probing_data(table.probing, args.probing_data,
+                                                                                 scale)
     if dataset == "demo":
         ensure_demo_data(run.data_bin / dataset)
     try:

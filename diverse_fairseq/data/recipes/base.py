@@ -1,6 +1,7 @@
 """What a dataset recipe declares, and the context it collects its raw text with."""
 
 import itertools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -13,12 +14,16 @@ class Archive:
     """An archive to download (one file or the parts of a split archive) and extract into ``orig/<name>``.
 
     ``wanted(member)`` restricts extraction to the members the recipe reads (the WMT archives hold
-    many language pairs).
+    many language pairs). ``expected_lines`` maps a member file name suffix to the line count that a published
+    source (``counts_source``) records for it; the counts are checked right after extraction
+    (:func:`diverse_fairseq.data.verify.check_member_lines`). Empty where no source records them.
     """
 
     name: str
     parts: Sequence[Source]
     wanted: Optional[Callable[[str], bool]] = None
+    expected_lines: Dict[str, int] = field(default_factory=dict)
+    counts_source: str = ""
 
 
 @dataclass
@@ -64,6 +69,13 @@ class Recipe:
     # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes
     # differently shares the downloads, tokenization and BPE of the recipe it varies
     work_name: Optional[str] = None
+    # a JSON file that ``collect`` writes into the raw folder (the corpora used, their counts and checks);
+    # preparation copies it into prepare.json under "training_data"
+    corpora_file: Optional[str] = None
+    # the training pairs the paper reports for this data (0: none) and where it says so; the final count is
+    # printed beside it, and a large difference is a warning naming the corpus that is short
+    paper_train_pairs: int = 0
+    paper_train_source: str = ""
     # the folder under WORK_DIR whose ``downloads/`` the recipe reads and fills (default: its own work folder): a
     # variant with other text processing shares the archives it has in common with the recipe it varies
     downloads_name: Optional[str] = None
@@ -105,6 +117,10 @@ class Context:
     def raw_path(self, split: str, lang: str) -> Path:
         return self.raw / f"{split}.{lang}"
 
+    def corpora_path(self, split: str) -> Path:
+        """``raw/{split}.corpora.json``: [[corpus name, pairs], ...] in the order of the raw split's lines."""
+        return self.raw / f"{split}.corpora.json"
+
 
 def find_member(root: Path, relative: str) -> Path:
     """``root/relative``, or a file of the same name anywhere under ``root`` (archive layouts vary)."""
@@ -130,15 +146,18 @@ def write_parallel(ctx: Context, split: str, pairs_by_lang: Dict[str, List[str]]
         raise ValueError(f"{ctx.recipe.name} {split}: the sides differ in length {counts}; the source is damaged")
     for lang, lines in pairs_by_lang.items():
         write_lines(ctx.raw_path(split, lang), lines)
+    ctx.corpora_path(split).write_text(json.dumps([[ctx.recipe.name, next(iter(counts.values()))]]) + "\n")
     ctx.log(f"  raw {split}: {next(iter(counts.values())):,} sentence pairs")
 
 
-def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Path]], src: str, tgt: str):
-    """Stream several parallel corpora [(name, src file, tgt file)] into raw/{split}.{src,tgt}."""
+def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Path]], src: str, tgt: str) -> List[int]:
+    """Stream several parallel corpora [(name, src file, tgt file)] into raw/{split}.{src,tgt}; the pairs read
+    from each corpus, in order."""
     from ..lines import iter_lines
     from ..steps import atomic_path
 
     total = 0
+    sizes = []
     ctx.raw.mkdir(parents=True, exist_ok=True)
     with atomic_path(ctx.raw_path(split, src)) as ts, atomic_path(ctx.raw_path(split, tgt)) as tt:
         with open(ts, "w", encoding="utf-8") as fs, open(tt, "w", encoding="utf-8") as ft:
@@ -153,4 +172,7 @@ def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Pat
                     n += 1
                 ctx.log(f"  raw {split}: {name}: {n:,} sentence pairs")
                 total += n
+                sizes.append([name, n])
+    ctx.corpora_path(split).write_text(json.dumps(sizes) + "\n")
     ctx.log(f"  raw {split}: {total:,} sentence pairs in all")
+    return [n for _, n in sizes]

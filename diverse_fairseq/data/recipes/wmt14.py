@@ -34,16 +34,30 @@ from .base import WMT_SETTINGS, Archive, Context, Recipe, concat_parallel, find_
 
 DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
 TEST_URL = "https://statmt.org/wmt14/test-full.tgz"
-EUROPARL = Source("training-parallel-europarl-v7.tgz", ("http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",))
-COMMONCRAWL = Source("training-parallel-commoncrawl.tgz", ("http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",))
-NEWS_COMMENTARY = Source("training-parallel-nc-v9.tgz", ("http://statmt.org/wmt14/training-parallel-nc-v9.tgz",))
+# sizes and sha256 of the training archives: TensorFlow Datasets' registry of the same URLs,
+# tensorflow_datasets/url_checksums/wmt14_translate.txt and wmt17_translate.txt (github.com/tensorflow/datasets,
+# commit 333639b3)
+TFDS_WMT14 = "TensorFlow Datasets url_checksums/wmt14_translate.txt"
+EUROPARL = Source("training-parallel-europarl-v7.tgz", ("http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",),
+                  size=657632379, sha256="0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7",
+                  checksum_source=TFDS_WMT14)
+COMMONCRAWL = Source("training-parallel-commoncrawl.tgz", ("http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",),
+                     size=918311367, sha256="c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5",
+                     checksum_source=TFDS_WMT14)
+NEWS_COMMENTARY = Source("training-parallel-nc-v9.tgz", ("http://statmt.org/wmt14/training-parallel-nc-v9.tgz",),
+                         size=80418416, sha256="cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485",
+                         checksum_source=TFDS_WMT14)
 # macaron-net's prepare-wmt14en2de.sh line 21 (http there; the server answers https too)
 NEWS_COMMENTARY_V12 = Source("training-parallel-nc-v12.tgz",
                              ("https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
-                              "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz"))
+                              "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz"),
+                             size=168591139,
+                             sha256="2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2",
+                             checksum_source="TensorFlow Datasets url_checksums/wmt17_translate.txt")
 # WMT17's dev.tgz holds newstest2008-2016 and newsdev2017; one file serves WMT14 and WMT17 (md5 published by sacrebleu)
-DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL))
-TEST = Source("test-full.tgz", (TEST_URL,), md5=published_md5(TEST_URL))
+SACREBLEU = "sacrebleu's test-set registry"
+DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL), checksum_source=SACREBLEU)
+TEST = Source("test-full.tgz", (TEST_URL,), md5=published_md5(TEST_URL), checksum_source=SACREBLEU)
 
 
 def _endswith(*suffixes):
@@ -94,6 +108,9 @@ RECIPE = Recipe(
     aggressive_dash=True,
     clean_ratio=1.5,
     collect=collect,
+    paper_train_pairs=4_500_000,
+    paper_train_source="EMNLP 2020 Appendix B.2.3: 'about 4.5 million training sentence pairs' "
+                       "(NAACL 2019 §5.2.1 and the journal §4.1.1: 4.6M)",
     notes="download 1.6 GB, ~15 GB of disk, preparation 1-3 hours with WORKERS=8",
     # only V_en + 2 V_de (source, target and output embeddings) is fixed by the papers' parameter counts:
     # Transformer-Base 88.0M and Big 264M (NAACL 2019 Table 3, journal Tables 5-6) give 85.6k embedding rows

@@ -2,15 +2,35 @@
 
 newsdev2017 is valid and newstest2017 test. Chinese is segmented into words (jieba, or characters
 with ``ZH_SEG=char``; sentencepiece needs neither), both sides are Moses-tokenized, BPE with 32k merges
-is learned per language, and training pairs longer than 50 tokens are dropped after BPE (the journal
-paper: "maximum length limited to 50", about 20.6M pairs). Dictionaries are separate.
+is learned per language, and training pairs longer than 50 tokens are dropped (the journal paper: "maximum
+length limited to 50", about 20.6M pairs). Dictionaries are separate.
 
-The CWMT corpora are behind a licence agreement and must be downloaded by hand; see
-:data:`CWMT_INSTRUCTIONS`. ``--skip-cwmt`` (``CWMT=skip``) proceeds without them.
+The 50-token cap's unit is an assumption: the journal names neither words nor subwords, and the authors'
+THUMT trainer (github.com/jack57lee/Diversify-MHA, ``bin/trainer.py``) only filters at ``max_length=256``
+tokens of the BPE'd files it reads, so the 50 was applied in a preprocessing step that is not published. We
+count subwords after BPE (``LENGTH_UNIT=subwords``, the default); ``LENGTH_UNIT=words`` counts Moses tokens
+(Chinese: segmented words) before BPE instead.
+
+Routes. The CWMT corpora were published on an FTP server behind the CWMT/NJU registration page; that server
+has answered no one since 2019 (github.com/sanxing-chen/NMT2017-ZH-EN/issues/2, 2019-08-02;
+github.com/huggingface/datasets/issues/2965, 2021-09-25). The ``wmt`` organisation on the Hugging Face Hub hosts
+the same six zips and the UN v1.0 en-zh corpus as plain HTTPS files (the addresses that Hugging Face's
+``wmt_utils.py`` of its wmt17/wmt18/wmt19 scripts lists): CWMT is downloaded from there by default, and
+``WMT17_SOURCE=hf`` takes UN v1.0 from there too instead of the UN's own (two-part) download.
+
+Verification. Each corpus' pair count is checked, right after it is read, against the published count
+(:data:`EXPECTED_PAIRS`, see :data:`COUNTS_SOURCE`); a mismatch stops the preparation with the file, the
+expected and the found count, unless ``ALLOW_UNVERIFIED=1`` asks to go on. prepare.json records what was used
+(:func:`corpus_record`): every corpus with its count and check, a skipped or partial CWMT, and the final pair
+count beside the journal's 20.6M. A paper-scale table refuses data that is not verified (see
+:func:`diverse_fairseq.tables.__main__.data_problems`).
 """
 
 import hashlib
+import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
 from ..archive import extract
 from ..download import Source, published_md5
@@ -19,40 +39,117 @@ from .base import WMT_SETTINGS, Archive, Context, Recipe, concat_parallel, find_
 
 DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
 TEST_URL = "https://data.statmt.org/wmt17/translation-task/test.tgz"
+# size and sha256: TensorFlow Datasets' registry of the same URL, tensorflow_datasets/url_checksums/wmt17_translate.txt
+# (github.com/tensorflow/datasets, commit 333639b3)
 NEWS_COMMENTARY = Source("training-parallel-nc-v12.tgz",
-                         ("http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",))
+                         ("http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",),
+                         size=168591139, sha256="2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2",
+                         checksum_source="TensorFlow Datasets url_checksums/wmt17_translate.txt")
 UN_BASE = "https://stuncorpusprod.blob.core.windows.net/corpusfiles/"
+UN_HINT = ("The UN's own addresses do not always answer: WMT17_SOURCE=hf (--wmt17-source hf) downloads the same "
+           "corpus from the Hugging Face Hub instead.")
 UN_PARTS = [Source(f"UNv1.0.en-zh.tar.gz.{i:02d}", (UN_BASE + f"UNv1.0.en-zh.tar.gz.{i:02d}",
-                                                   f"https://conferences.unite.un.org/UNCorpus/en/DownloadFile?filename=UNv1.0.en-zh.tar.gz.{i:02d}"))
+                                                   f"https://conferences.unite.un.org/UNCorpus/en/DownloadFile?filename=UNv1.0.en-zh.tar.gz.{i:02d}"),
+                   extra={"hint": UN_HINT})
             for i in range(2)]
-DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL))
-TEST = Source("test.tgz", (TEST_URL,), md5=published_md5(TEST_URL))
+#: the Hugging Face Hub copies (``wmt_utils.py`` of huggingface/datasets' wmt17/wmt18/wmt19 scripts)
+HF_BASE = "https://huggingface.co/datasets/wmt/"
+HF_UN = Source("UNv1.0.en-zh.zip", (HF_BASE + "uncorpus/resolve/main-zip/UNv1.0.en-zh.zip",),
+               description="UN Parallel Corpus v1.0 en-zh (Hugging Face Hub copy)")
+SACREBLEU = "sacrebleu's test-set registry"
+DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL), checksum_source=SACREBLEU)
+TEST = Source("test.tgz", (TEST_URL,), md5=published_md5(TEST_URL), checksum_source=SACREBLEU)
+
+CWMT_CORPORA = ("casia2015", "casict2011", "casict2015", "datum2015", "datum2017", "neu2017")
+CWMT_SOURCES = {name: Source(f"{name}.zip", (f"{HF_BASE}wmt18/resolve/main/cwmt-wmt/{name}.zip",),
+                             description=f"CWMT {name} (Hugging Face Hub copy)",
+                             extra={"hint": "If you have the CWMT zips or folders, put them into "
+                                            "WORK_DIR/wmt17_zh_en/manual/cwmt/ (or CWMT_DIR=dir): they are used "
+                                            "instead; CWMT=skip prepares the data without CWMT."})
+                for name in CWMT_CORPORA}
+SOURCES = ("original", "hf")  # WMT17_SOURCE: where UN v1.0 comes from
+LENGTH_UNITS = ("subwords", "words")  # LENGTH_UNIT: what the 50-token cap counts
+
+#: where the published counts come from
+COUNTS_SOURCE = ("tensor2tensor, tensor2tensor/data_generators/translate_enzh.py (github.com/tensorflow/tensor2tensor "
+                 "at ba2cf587857963515d660e4550bcaa1f5df9952a): 'UN parallel corpus. 15,886,041 lines', 'casia2015: "
+                 "1,050,000 lines', 'casict2015: 2,036,833', 'datum2015: 1,000,003', 'datum2017: 1,999,968', "
+                 "'NEU2017: 2,000,000'")
+#: sentence pairs per corpus as published (:data:`COUNTS_SOURCE`); casict2011 and News Commentary v12 zh-en have
+#: no published count that we know of: they are recorded, not checked
+EXPECTED_PAIRS: Dict[str, int] = {
+    "UN-v1.0": 15_886_041,
+    "CWMT casia2015": 1_050_000,
+    "CWMT casict2015": 2_036_833,
+    "CWMT datum2015": 1_000_003,
+    "CWMT datum2017": 1_999_968,
+    "CWMT neu2017": 2_000_000,
+}
+#: the journal version (Neurocomputing 2021), §4.1.1: "all of the available parallel data with maximum length
+#: limited to 50, consisting of about 20.6 M sentence pairs"
+PAPER_TRAIN_PAIRS = 20_600_000
+PAPER_SOURCE = "journal version (Neurocomputing 2021), Sec. 4.1.1: 'about 20.6 M sentence pairs'"
+CORPORA_FILE = "corpora.json"  # written by collect next to the raw text, copied into prepare.json
 
 ARCHIVES = [
     Archive("news-commentary", [NEWS_COMMENTARY], lambda n: n.endswith(("news-commentary-v12.zh-en.zh",
                                                                         "news-commentary-v12.zh-en.en"))),
-    Archive("un", UN_PARTS, lambda n: n.endswith(("UNv1.0.en-zh.zh", "UNv1.0.en-zh.en"))),
+    Archive("un", UN_PARTS, lambda n: n.endswith(("UNv1.0.en-zh.zh", "UNv1.0.en-zh.en")),
+            expected_lines={"UNv1.0.en-zh.zh": EXPECTED_PAIRS["UN-v1.0"], "UNv1.0.en-zh.en": EXPECTED_PAIRS["UN-v1.0"]},
+            counts_source=COUNTS_SOURCE),
     Archive("dev", [DEV], lambda n: "newsdev2017-zhen" in n),
     Archive("test", [TEST], lambda n: "newstest2017-zhen" in n),
 ]
+#: the member files of each CWMT zip whose line counts are published (datum2017 is 20 books: only their sum is)
+_CWMT_MEMBERS = {"casia2015": ("casia2015_ch.txt", "casia2015_en.txt"),
+                 "casict2015": ("casict2015_ch.txt", "casict2015_en.txt"),
+                 "datum2015": ("datum_ch.txt", "datum_en.txt"), "neu2017": ("NEU_cn.txt", "NEU_en.txt")}
+CWMT_ARCHIVES = [
+    Archive(f"cwmt-{name}", [CWMT_SOURCES[name]], None,
+            expected_lines={m: EXPECTED_PAIRS[f"CWMT {name}"] for m in _CWMT_MEMBERS.get(name, ())},
+            counts_source=COUNTS_SOURCE if name in _CWMT_MEMBERS else "")
+    for name in CWMT_CORPORA
+]
 
-CWMT_CORPORA = ("casia2015", "casict2011", "casict2015", "datum2015", "datum2017", "neu2017")
 CWMT_INSTRUCTIONS = """\
-The CWMT part of the WMT17 Chinese-English data needs a manual download (licence agreement):
-  1. Go to http://nlp.nju.edu.cn/cwmt-wmt/ (linked from https://www.statmt.org/wmt17/translation-task.html),
-     register and accept the licence.
-  2. Download the six parallel corpora: {corpora}
-     (casia2015.zip, casict2011.zip, casict2015.zip, datum2015.zip, datum2017.zip, neu2017.zip).
-  3. Put the zip files, or the folders unpacked from them, into
-        {cwmt_dir}
-     (any layout: files named like casia2015_ch.txt / casia2015_en.txt or Book1_cn.txt / Book1_en.txt
-     are found wherever they are), or point --cwmt-dir / CWMT_DIR there.
-  4. Run the command again.
+The CWMT part of the WMT17 Chinese-English data is downloaded from the Hugging Face Hub
+({hf}<name>.zip, six zips: {corpora}).
+The FTP server that WMT17 named (via http://nlp.nju.edu.cn/cwmt-wmt/) no longer answers. If you have the
+zips or their unpacked folders already, put them into
+    {cwmt_dir}
+(any layout: files named like casia2015_ch.txt / casia2015_en.txt or Book1_cn.txt / Book1_en.txt are found
+wherever they are) or point --cwmt-dir / CWMT_DIR there: they are used instead of the download.
 To prepare the data without CWMT (about 9M fewer pairs), run again with --skip-cwmt (make: CWMT=skip)."""
 
 
 def cwmt_dir(ctx: Context) -> Path:
     return Path(ctx.options.get("cwmt_dir") or (ctx.work_dir / "manual" / "cwmt"))
+
+
+def _manual_cwmt(directory: Path) -> bool:
+    """Whether ``directory`` holds CWMT text or zips put there by hand."""
+    return directory.is_dir() and (any(directory.glob("*.zip")) or bool(_cwmt_pairs(directory)))
+
+
+def configure(recipe: Recipe, options: Dict[str, object]) -> Recipe:
+    """The recipe for the user's options: where UN v1.0 comes from (``source``), whether CWMT is downloaded
+    (not skipped and not given by hand) and the unit of the length cap (``length_unit``)."""
+    source = options.get("source") or "original"
+    unit = options.get("length_unit") or "subwords"
+    if source not in SOURCES:
+        raise SystemExit(f"error: WMT17_SOURCE (--wmt17-source)={source!r} is not valid: use one of "
+                         f"{', '.join(SOURCES)}")
+    if unit not in LENGTH_UNITS:
+        raise SystemExit(f"error: LENGTH_UNIT (--length-unit)={unit!r} is not valid: use one of "
+                         f"{', '.join(LENGTH_UNITS)}")
+    archives = [a for a in recipe.archives if not a.name.startswith("cwmt-")]
+    if source == "hf":
+        archives = [replace(a, parts=[HF_UN]) if a.name == "un" else a for a in archives]
+    manual_dir = Path(options.get("cwmt_dir") or Path(options.get("work_dir") or "work") / recipe.name /
+                      "manual" / "cwmt")
+    if not options.get("skip_cwmt") and not _manual_cwmt(manual_dir):
+        archives += CWMT_ARCHIVES
+    return replace(recipe, archives=archives, clean_after_bpe=unit == "subwords")
 
 
 def _cwmt_pairs(root: Path):
@@ -68,20 +165,37 @@ def _cwmt_pairs(root: Path):
     return pairs
 
 
+def _corpus_of(name: str, zh: Path) -> Optional[str]:
+    """The CWMT corpus (casia2015, ...) a file pair belongs to, from its folder or file name."""
+    text = f"{name}/{zh}".lower()
+    for corpus in CWMT_CORPORA:
+        if corpus in text:
+            return corpus
+    if "neu" in text:
+        return "neu2017"
+    return None
+
+
 def check(ctx: Context):
     if ctx.options.get("skip_cwmt"):
-        ctx.log("  CWMT skipped as asked (--skip-cwmt): training on News Commentary v12 + UN v1.0 only")
+        ctx.log("  CWMT skipped as asked (--skip-cwmt): training on News Commentary v12 + UN v1.0 only; "
+                "prepare.json records it and paper-scale tables refuse the data unless ALLOW_UNVERIFIED_DATA=1")
         return
     directory = cwmt_dir(ctx)
-    has_zip = directory.is_dir() and any(directory.glob("*.zip"))
-    if not directory.is_dir() or not (has_zip or _cwmt_pairs(directory)):
-        raise SystemExit(f"error: CWMT data not found in {directory}.\n" +
-                         CWMT_INSTRUCTIONS.format(corpora=", ".join(CWMT_CORPORA), cwmt_dir=directory))
+    if _manual_cwmt(directory):
+        ctx.log(f"  CWMT: using the files in {directory}")
+    else:
+        ctx.log("  " + CWMT_INSTRUCTIONS.format(hf=f"{HF_BASE}wmt18/resolve/main/cwmt-wmt/",
+                                                corpora=", ".join(CWMT_CORPORA), cwmt_dir=directory)
+                .replace("\n", "\n  "))
 
 
 def _cwmt_roots(ctx: Context):
-    """Folders to search for CWMT text: the user's folder, and its zip files unpacked under orig/cwmt."""
+    """Folders to search for CWMT text: the user's folder (its zip files unpacked under orig/cwmt), or the
+    downloaded zips' extraction folders."""
     directory = cwmt_dir(ctx)
+    if not _manual_cwmt(directory):
+        return [ctx.extracted(a.name) for a in ctx.recipe.archives if a.name.startswith("cwmt-")]
     roots = [directory]
     zips = sorted(directory.glob("*.zip"))
     if zips:
@@ -95,21 +209,59 @@ def _cwmt_roots(ctx: Context):
     return roots
 
 
+def check_counts(found: Dict[str, int], allow_unverified: bool, log=print) -> Dict[str, Dict[str, object]]:
+    """``{corpus: {"pairs", "expected", "check"}}`` for the corpora read; SystemExit at the first count that
+    differs from :data:`EXPECTED_PAIRS` unless ``allow_unverified`` (then it is recorded as ``mismatch``)."""
+    report = {}
+    for name, n in found.items():
+        expected = EXPECTED_PAIRS.get(name)
+        status = "no published count" if expected is None else ("ok" if n == expected else "mismatch")
+        report[name] = {"pairs": n, "expected": expected, "check": status}
+        if status != "mismatch":
+            continue
+        message = (f"{name}: {n:,} sentence pairs, expected {expected:,} (published count: {COUNTS_SOURCE}). "
+                   f"The file is truncated or not the published corpus")
+        if not allow_unverified:
+            raise SystemExit(
+                f"error: {message}. Delete it (its zip/archive in downloads/, or your copy under CWMT_DIR) and run "
+                f"again to download it from {_where(name)}; or, to prepare it anyway, run again with "
+                f"ALLOW_UNVERIFIED=1 (--allow-unverified): prepare.json then records the data as unverified and "
+                f"paper-scale tables refuse it unless ALLOW_UNVERIFIED_DATA=1.")
+        log(f"  warning: {message}; kept because ALLOW_UNVERIFIED=1 (recorded as unverified)")
+    return report
+
+
+def _where(name: str) -> str:
+    if name.startswith("CWMT "):
+        return CWMT_SOURCES[name[5:]].urls[0]
+    if name == "UN-v1.0":
+        return f"{UN_PARTS[0].urls[0]} (or WMT17_SOURCE=hf: {HF_UN.urls[0]})"
+    return "its public address"
+
+
 def collect(ctx: Context):
     root = ctx.extracted("news-commentary")
     corpora = [("news-commentary-v12", find_member(root, "training/news-commentary-v12.zh-en.zh"),
                 find_member(root, "training/news-commentary-v12.zh-en.en"))]
     root = ctx.extracted("un")
     corpora.append(("UN-v1.0", find_member(root, "en-zh/UNv1.0.en-zh.zh"), find_member(root, "en-zh/UNv1.0.en-zh.en")))
-    cwmt = []
+    cwmt: List[Tuple[str, Path, Path]] = []
+    found, missing = [], []
     if not ctx.options.get("skip_cwmt"):
         cwmt = [pair for root in _cwmt_roots(ctx) for pair in _cwmt_pairs(root)]
-        found = {c for c in CWMT_CORPORA if any(c in name or c in str(zh) for name, zh, _ in cwmt)}
+        found = sorted({_corpus_of(name, zh) for name, zh, _ in cwmt} - {None})
         missing = [c for c in CWMT_CORPORA if c not in found]
         if missing:
-            ctx.log(f"  warning: CWMT corpora not found: {', '.join(missing)} (using {', '.join(sorted(found))})")
+            ctx.log(f"  warning: CWMT corpora not found: {', '.join(missing)} (using {', '.join(found) or 'none'});"
+                    f" prepare.json records a partial CWMT and paper-scale tables refuse the data unless "
+                    f"ALLOW_UNVERIFIED_DATA=1")
         corpora += [(f"CWMT {name}", zh, en) for name, zh, en in cwmt]
-    concat_parallel(ctx, "train", corpora, "zh", "en")
+    counts = concat_parallel(ctx, "train", corpora, "zh", "en")
+    per_corpus: Dict[str, int] = {}
+    for (name, zh, _), n in zip(corpora, counts):
+        key = name if not name.startswith("CWMT ") else f"CWMT {_corpus_of(name[5:], zh) or name[5:]}"
+        per_corpus[key] = per_corpus.get(key, 0) + n
+    report = check_counts(per_corpus, bool(ctx.options.get("allow_unverified")), log=ctx.log)
     root = ctx.extracted("dev")
     write_parallel(ctx, "valid", {"zh": sgm_segments(find_member(root, "dev/newsdev2017-zhen-src.zh.sgm")),
                                   "en": sgm_segments(find_member(root, "dev/newsdev2017-zhen-ref.en.sgm"))})
@@ -119,29 +271,54 @@ def collect(ctx: Context):
     digest = hashlib.sha256()
     for name, zh, en in cwmt:
         digest.update(f"{name}:{zh.stat().st_size}:{en.stat().st_size}".encode())
-    return {"cwmt": [name for name, _, _ in cwmt], "cwmt_digest": digest.hexdigest()}
+    record = corpus_record(report, skipped=bool(ctx.options.get("skip_cwmt")), found=found, missing=missing,
+                           digest=digest.hexdigest())
+    (ctx.raw / CORPORA_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return record
+
+
+def corpus_record(report: Dict[str, Dict[str, object]], skipped: bool, found: List[str], missing: List[str],
+                  digest: str = "") -> Dict[str, object]:
+    """What prepare.json records about the training corpora: each corpus' count and check, the CWMT status
+    (``complete``, ``partial`` or ``skipped``), and ``verified`` (every published count matched and CWMT complete);
+    ``problems`` says, in words, why not."""
+    cwmt = {"status": "skipped" if skipped else ("partial" if missing else "complete"), "corpora": found,
+            "missing": list(CWMT_CORPORA) if skipped else missing, "digest": digest,
+            "pairs": sum(r["pairs"] for name, r in report.items() if name.startswith("CWMT "))}
+    problems = [f"{name}: {r['pairs']:,} pairs, published {r['expected']:,}" for name, r in report.items()
+                if r["check"] == "mismatch"]
+    if cwmt["status"] != "complete":
+        problems.append(f"CWMT {cwmt['status']} (missing: {', '.join(cwmt['missing'])})")
+    return {"corpora": report, "cwmt": cwmt, "counts_source": COUNTS_SOURCE, "verified": not problems,
+            "problems": problems, "paper_train_pairs": PAPER_TRAIN_PAIRS, "paper_source": PAPER_SOURCE}
 
 
 def collect_key(ctx: Context):
-    """What the collect step depends on beyond the archives: which CWMT files are used."""
+    """What the collect step depends on beyond the archives: which CWMT files are used, and whether mismatched
+    counts are accepted."""
+    allow = bool(ctx.options.get("allow_unverified"))
     if ctx.options.get("skip_cwmt"):
-        return {"cwmt": "skipped"}
+        return {"cwmt": "skipped", "allow_unverified": allow}
     directory = cwmt_dir(ctx)
     files = sorted(str(p.relative_to(directory)) + f":{p.stat().st_size}"
                    for p in directory.rglob("*") if p.is_file()) if directory.is_dir() else []
-    return {"cwmt_files": files}
+    return {"cwmt_files": files, "allow_unverified": allow}
 
 
 RECIPE = Recipe(
     **WMT_SETTINGS,
     name="wmt17_zh_en", src="zh", tgt="en",
     description="WMT17 zh→en (News Commentary v12, UN v1.0, CWMT; newsdev2017/newstest2017)",
-    archives=ARCHIVES,
+    archives=ARCHIVES + CWMT_ARCHIVES,
     joint_bpe=False, joined_dictionary=False,  # Chinese and English: separate BPE and dictionaries
     clean_max=50,
     collect=collect,
     check=check,
     collect_key=collect_key,
+    configure=configure,
+    corpora_file=CORPORA_FILE,
+    paper_train_pairs=PAPER_TRAIN_PAIRS,
+    paper_train_source="journal §4.1.1 and NAACL 2019 §5.2.1: 'about 20.6M sentence pairs' (length <= 50)",
     notes="download 1.5 GB + CWMT 0.7 GB, ~40 GB of disk, preparation several hours with WORKERS=16",
     # only V_zh + 2 V_en is fixed by the papers' parameter counts: Transformer-Base 108M and Big 304M (NAACL 2019
     # Table 4, journal Table 5) give 124.7k embedding rows beyond the layers; English is taken as 32k merges
