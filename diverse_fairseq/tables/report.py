@@ -45,26 +45,18 @@ def _fmt(mean, std, digits=2, seeds=1):
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if seeds > 1 else f"{mean:.{digits}f}"
 
 
-def _read_lines(path: Path) -> List[str]:
-    return path.read_text(encoding="utf-8").split("\n")[:-1]
-
-
 def _mark(p_value: float, better: bool, single: str, double: str) -> str:
     return (double if p_value < 0.01 else single if p_value < 0.05 else "") if better else ""
 
 
-def _outputs(record: JobRecord):
-    out, tgt = Path(record.eval.out), record.eval.target_lang
-    return _read_lines(out / f"hyp.detok.{tgt}"), _read_lines(out / f"ref.detok.{tgt}")
-
-
 def concatenated(runs: List[JobRecord]):
-    """(hypotheses, references) of all seeds' test outputs, one seed after the other."""
+    """(hypotheses, references) of all seeds' test outputs (evaluate's detokenized files), one seed after the
+    other."""
     hyps, refs = [], []
     for record in runs:
-        h, r = _outputs(record)
-        hyps += h
-        refs += r
+        out, tgt = Path(record.eval.out), record.eval.target_lang
+        hyps += (out / f"hyp.detok.{tgt}").read_text(encoding="utf-8").split("\n")[:-1]
+        refs += (out / f"ref.detok.{tgt}").read_text(encoding="utf-8").split("\n")[:-1]
     return hyps, refs
 
 

@@ -40,29 +40,19 @@ from .records import EvalRecord, JobRecord, TrainRecord, from_json, to_json
 from .spec import Row
 
 
-def job_request(row: Row, run: RunConfig, seed: int) -> TrainRequest:
-    """The training request of one row/seed."""
+def job_plan(row: Row, run: RunConfig, seed: int) -> Plan:
+    """The one function that turns a table row (and seed) into its plan: what :func:`train_row` trains, its
+    cache key, the dry run and check-tables read."""
     run_dir = run.run_dir(row, seed)
     setting = run.setting(row)
     arch = row.arch(SETTINGS[setting].arch)
     row_args = scale.row_args(row.args, setting)  # layer flags mapped to the setting's depth (scale.py)
     extra = ["--arch", arch, *row_args, "--log-file", str(run_dir / "train.log"), *run.train_args, *LOG_FORMAT_ARGS]
-    return TrainRequest(
+    return plan(TrainRequest(
         dataset=run.dataset, setting=setting, extra=tuple(extra), seed=seed, save_dir=run_dir,
         data_bin=run.data_bin, gpus=run.gpus,
         options=replace(run.train_options, dry_run=False),  # the runner's own dry run never calls training.run
-        entry=run.train_hook)
-
-
-def job_plan(row: Row, run: RunConfig, seed: int) -> Plan:
-    """The one function that turns a table row (and seed) into its plan: what :func:`train_row` trains, its
-    cache key, the dry run and check-tables read."""
-    return plan(job_request(row, run, seed))
-
-
-def job_env(run: RunConfig) -> Dict[str, str]:
-    """The environment of a job's training processes: this one's, pinned to ``run.threads`` CPU threads."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", **run.thread_env())
+        entry=run.train_hook))
 
 
 def _move_aside(run_dir: Path, why: str, tag: str):
@@ -101,7 +91,8 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
             print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
     store(key_path, key)
     print(f"  [{tag}] training {job.arch} ({job.setting_name}): {shlex.join(row_args + run.train_args)}", flush=True)
-    result = training.run(job.request, env=job_env(run))
+    # the training processes' environment: this one's, pinned to run.threads CPU threads
+    result = training.run(job.request, env=dict(os.environ, PYTHONUNBUFFERED="1", **run.thread_env()))
     log = log_file.read_text(encoding="utf-8", errors="replace")
     train, valid = logs.last_summary(log, "train"), logs.last_summary(log, "valid")
     record = TrainRecord(
