@@ -41,12 +41,6 @@ def checkpoint_name(metric: Optional[str], average: int = 0) -> str:
     return "checkpoint_best.pt" if metric else "checkpoint_last.pt"
 
 
-def evaluated_checkpoint(setting, average: int = 0) -> str:
-    """The file name of the checkpoint evaluated for ``setting`` (a :class:`~diverse_fairseq.settings.Setting`)
-    when ``average`` checkpoints were averaged (0: a single checkpoint, the setting's)."""
-    return checkpoint_name(setting.best_checkpoint_metric, average)
-
-
 def describe(metric: Optional[str], averaged: int = 0) -> str:
     """What was evaluated, in words: "the average of the last 5 checkpoints (checkpoint_avg_last5.pt)", "a single
     checkpoint (the best by validation loss, checkpoint_best.pt)", ..."""

@@ -165,3 +165,24 @@ def tiny_checkpoints(tiny_data, tmp_path_factory):
         run_cli("train", tiny_train_args(tiny_data, root / arch, arch=arch, max_update=8))
         ckpts[arch] = root / arch / "checkpoint_last.pt"
     return ckpts
+
+
+def job_record(seed=1, bleu=0.0, eval=None, reused=False, disagreement=None, probing=None, **train):
+    """A per-seed :class:`~diverse_fairseq.tables.records.JobRecord` for tests of its readers (report, progress):
+    ``train`` overrides fields of its TrainRecord, ``eval`` of its test set's EvalRecord."""
+    from diverse_fairseq.tables.records import EvalRecord, JobRecord, TrainRecord
+
+    fields = dict(row="r", seed=seed, arch="transformer", setting="tiny", train_args=[], key={}, threads=1,
+                  trained_at="2024-01-01 00:00:00", checkpoint="checkpoint_last.pt", args=[], averaged_checkpoints=0,
+                  best_checkpoint_metric=None, embeddings="all", parameters=None, updates=0,
+                  train_steps_per_second=None, train_loss=None, valid_loss=None, valid_nll_loss=None)
+    evaluation = EvalRecord(**dict(dict(out="", target_lang="de", data="", bleu=bleu), **(eval or {})))
+    return JobRecord(train=TrainRecord(**dict(fields, **train)), evals={"test": evaluation}, reused=reused,
+                     disagreement=disagreement, probing=probing)
+
+
+def with_train(record, **changes):
+    """``record`` with ``changes`` to its TrainRecord."""
+    from dataclasses import replace
+
+    return replace(record, train=replace(record.train, **changes))

@@ -4,6 +4,7 @@ mean over seeds stored in a row's summary entry, and the markdown beside the pap
 import math
 
 import pytest
+from conftest import job_record
 
 from diverse_fairseq.tables.disagreement_report import disagreement_entry, disagreement_section
 from diverse_fairseq.tables.spec import load_table
@@ -38,7 +39,7 @@ def _summary(table_name, dataset="demo"):
     table = load_table(table_name)
     rows = []
     for i, row in enumerate(table.rows):
-        runs = [{"seed": 1, "disagreement": _scores(0.01 * i)}, {"seed": 2, "disagreement": _scores(0.01 * i + 0.02)}]
+        runs = [job_record(1, disagreement=_scores(0.01 * i)), job_record(2, disagreement=_scores(0.01 * i + 0.02))]
         rows.append({"id": row.id, "label": row.label, "seeds": [1, 2], **disagreement_entry(table, row, runs)})
     return {"dataset": dataset, "rows": rows}
 
@@ -46,14 +47,16 @@ def _summary(table_name, dataset="demo"):
 def test_entry_is_the_mean_over_seeds_with_the_papers_numbers():
     table = load_table("emnlp18_t4_5")
     row = table.row("out")
-    entry = disagreement_entry(table, row, [{"disagreement": _scores(0.0)}, {"disagreement": _scores(0.02)}])
+    entry = disagreement_entry(table, row, [job_record(disagreement=_scores(0.0)),
+                                            job_record(disagreement=_scores(0.02))])
     enc = entry["disagreement"]["enc_self"]
     assert enc["sub"] == pytest.approx(0.71) and enc["pos"] == pytest.approx(0.2)
     assert [e["sub"] for e in enc["layers"]] == pytest.approx([0.72, 0.73])
     assert entry["paper_disagreement"]["dataset"] == "wmt17_zh_en"
     assert entry["paper_disagreement"]["scores"]["out_score"] == 0.997
     assert "bleu" not in entry["paper_disagreement"]["scores"]
-    assert disagreement_entry(table, row, [{"disagreement": _scores(0.0)}, {}]) == {}  # a seed without scores
+    # a seed without scores
+    assert disagreement_entry(table, row, [job_record(disagreement=_scores(0.0)), job_record()]) == {}
 
 
 def test_section_puts_ours_beside_the_papers_table4_and_table5():

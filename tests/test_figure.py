@@ -9,6 +9,7 @@
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from test_tables import _corrupt, _fake_run, _refs
@@ -36,8 +37,7 @@ def report_json(tmp_path):
             nll = 3.0 + 0.2 * distance - 0.1 * rma + 0.01 * seed
             record = _fake_run(tmp_path / "runs", row.id, seed, hyps, refs, valid_loss=nll + 0.5, valid_nll_loss=nll)
             if heads > 1:
-                record["disagreement"] = {"enc_self": {"sub": 0.7, "pos": 0.1, "out": 0.8, "layers": []}}
-                record["output_disagreement"] = 0.8
+                record = replace(record, disagreement={"enc_self": {"sub": 0.7, "pos": 0.1, "out": 0.8, "layers": []}})
             results[row.id].append(record)
     summary = report.summarise(table, results, "demo", "demo")
     md = report.write_report(summary, tmp_path / "results" / "emnlp20_f3")

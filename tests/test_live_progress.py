@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import tiny_train_args
+from conftest import job_record, tiny_train_args
 
 from diverse_fairseq.tables.config import RunConfig
 from diverse_fairseq.tables.live import LogWatcher, progress_line
@@ -100,13 +100,13 @@ def test_the_start_line_names_the_log(tmp_path, capsys):
     table, run = _one_row(tmp_path, 0)
     progress = Progress(table, run, total=1)
     progress.begin(table.rows[0], 1)
-    progress.end(table.rows[0], 1, {"eval": {"bleu": 1.0}})
+    progress.end(table.rows[0], 1, job_record(bleu=1.0))
     assert f"started; elapsed 0:00:00, estimated remaining unknown; training log: " \
            f"{run.run_dir(table.rows[0], 1) / 'train.log'}" in capsys.readouterr().out
     table, run = _one_row(tmp_path, 0, jobs=2)
     progress = Progress(table, run, total=1)
     progress.begin(table.rows[0], 1)
-    progress.end(table.rows[0], 1, {"eval": {"bleu": 1.0}})
+    progress.end(table.rows[0], 1, job_record(bleu=1.0))
     assert f"started; elapsed 0:00:00, estimated remaining unknown; log: {run.log_path(table.rows[0], 1)}" in \
         capsys.readouterr().out
 
@@ -125,7 +125,7 @@ def test_progress_lines_while_a_real_tiny_run_trains(tiny_data, tmp_path, capsys
                           timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     time.sleep(1.0)  # one more look at the finished log
-    progress.end(row, 1, {"eval": {"bleu": 0.0}})
+    progress.end(row, 1, job_record())
     lines = [line for line in capsys.readouterr().out.splitlines() if ": update " in line]
     assert lines, "no progress line while the run trained"
     pattern = re.compile(r"^\[t\] row 1 of 1 \(seed 1\) Base: update (\d+)/8 \(\d+%\), train loss \d+\.\d{3}"

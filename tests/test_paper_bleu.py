@@ -1,6 +1,8 @@
 """The EMNLP 2020 authors' BLEU (diverse_fairseq.paper_bleu): fairseq-generate's scorer for IWSLT14, the
 detokenize / tokenize without -a / ##AT## / multi-bleu chain for WMT14, and its column in the report."""
 
+from dataclasses import replace
+
 import pytest
 from test_tables import _fake_run, _refs, _table
 
@@ -90,8 +92,8 @@ def test_the_report_puts_the_authors_bleu_beside_the_papers(tmp_path):
     results = {}
     for row_id, bleu in (("ma", 33.91), ("rma", 34.87)):
         run = _fake_run(tmp_path, row_id, 1, refs, refs)
-        run["eval"].update(paper_bleu=bleu, paper_bleu_kind="fairseq-generate's BLEU (test)")
-        results[row_id] = [run]
+        evaluation = replace(run.eval, paper_bleu=bleu, paper_bleu_kind="fairseq-generate's BLEU (test)")
+        results[row_id] = [replace(run, evals={"test": evaluation})]
     md = report.to_markdown(report.summarise(table, results, "iwslt14_de_en", "paper"))
     head = next(line for line in md.splitlines() if line.startswith("| System |"))
     cells = [c.strip() for c in head.strip("|").split("|")]
@@ -99,6 +101,6 @@ def test_the_report_puts_the_authors_bleu_beside_the_papers(tmp_path):
     line = next(line for line in md.splitlines() if line.startswith("| RMA |"))
     assert [c.strip() for c in line.strip("|").split("|")][-2:] == ["34.87", "35.20"]
     assert "authors' BLEU: fairseq-generate's BLEU (test)" in md
-    for runs in results.values():  # results evaluated before the column existed: no column
-        runs[0]["eval"].pop("paper_bleu")
+    for runs in results.values():  # a dataset without the authors' scoring: no column
+        runs[0] = replace(runs[0], evals={"test": replace(runs[0].eval, paper_bleu=None)})
     assert "authors' BLEU" not in report.to_markdown(report.summarise(table, results, "iwslt14_de_en", "paper"))

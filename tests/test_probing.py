@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import job_record
 
 from diverse_fairseq.analysis import probing
 from diverse_fairseq.data import senteval
@@ -186,13 +187,13 @@ def test_report_puts_the_papers_accuracy_beside_ours():
     from diverse_fairseq.tables.probing_report import probing_entry, probing_section
 
     spec = load_table("naacl19_t1")
-    runs = [{"probing": {"SentLen": {"accuracy": 50.0 + s, "majority": 20.0}}} for s in (0, 2)]
+    runs = [job_record(probing={"SentLen": {"accuracy": 50.0 + s, "majority": 20.0}}) for s in (0, 2)]
     entry = probing_entry(spec, spec.rows[0], runs)
     assert entry["probing"]["accuracy"] == {"SentLen": 51.0}
     assert entry["probing"]["paper"] == {"SentLen": 97.22}
     text = "\n".join(probing_section({"rows": [dict(entry, label="BASE", seeds=[1, 2])]}))
     assert "| System | SeLen |" in text and "| BASE | 51.00 (97.22) |" in text and "| majority class | 20.00 |" in text
-    assert probing_entry(spec, spec.rows[0], [{"eval": {}}]) == {}
+    assert probing_entry(spec, spec.rows[0], [job_record()]) == {}
 
 
 # ---------------------------------------------------------------------------------------------- a real encoder

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, USER_DIR, fake_prepared, run_cli, tiny_train_args
+from conftest import REPO, USER_DIR, fake_prepared, job_record, run_cli, tiny_train_args
 
 from diverse_fairseq import save_dir as save_dirs
 from diverse_fairseq import training
@@ -122,7 +122,7 @@ def test_ctrl_c_in_a_table_names_each_interrupted_row_and_the_command(tmp_path, 
             run_dir.mkdir(parents=True)
             _checkpoint(run_dir / "checkpoint_last.pt", 6)
             raise training.Interrupted(7)
-        return {"row": row.id, "seed": seed, "eval": {"bleu": 1.0}}
+        return job_record(seed, bleu=1.0, row=row.id)
 
     monkeypatch.setattr(runner, "limit_threads", lambda threads: None)
     monkeypatch.setattr(runner, "run_job", job)

@@ -32,6 +32,23 @@ def test_default_folders_are_the_repositorys_whatever_the_current_directory(tmp_
     assert paths.from_env("DATA_BIN", {"DATA_BIN": "mine"}) == Path("mine")  # a set variable is used as given
 
 
+@pytest.mark.parametrize("setting, metric, name", [
+    ("small", "loss", "checkpoint_best.pt"),  # the EMNLP 2020 authors' README: test ... checkpoint_best.pt
+    ("fairseq_base", "loss", "checkpoint_best.pt"),
+    ("fairseq_big", "loss", "checkpoint_best.pt"),
+    ("base", "bleu", "checkpoint_best.pt"),  # the THUMT trainer keeps its best by validation BLEU
+    ("big", "bleu", "checkpoint_best.pt"),
+    ("tiny", None, "checkpoint_last.pt"),  # the demo scale
+])
+def test_each_settings_plan_names_its_checkpoint(tmp_path, setting, metric, name):
+    """The plan alone decides which checkpoint is evaluated: the setting's single model, or the average."""
+    data_bin = fake_prepared(tmp_path / "data-bin", "wmt14_en_de")
+    p = plan(request_from_env("wmt14_en_de", setting, [], env={"DATA_BIN": str(data_bin)}, gpus=0))
+    assert p.best_checkpoint_metric == metric
+    assert p.single_checkpoint == p.save_dir / name
+    assert p.checkpoint(5) == p.save_dir / "checkpoint_avg_last5.pt"
+
+
 def test_prepare_json_has_one_default_per_field(tmp_path):
     """A prepare.json that does not say whether the text was Moses-tokenized: training's validation BLEU and the
     evaluation read the same default (before, training assumed Moses for subword-nmt and evaluation did not)."""

@@ -103,7 +103,7 @@ def test_runner_trains_with_the_checked_command(table, row_id, scale_name, tmp_p
     run = RunConfig(dataset=dataset, scale=scale_name, seeds=[1], gpus=0, out_dir=tmp_path, data_bin=data_bin)
     with pytest.raises(_Captured):
         steps.train_row(row, run, 1)
-    expected = check.row_command(row, dataset, scale_name, data_bin, gpus=0)
+    expected = list(check.row_plan(row, dataset, scale_name, data_bin, gpus=0).args)
 
     def without_paths(args):  # the run's own directories and log file
         drop = {"--save-dir", "--tensorboard-logdir", "--log-file"}
@@ -191,7 +191,7 @@ def _paper_parameters(table, row_id, tmp_path):
     row = tab.row(row_id)
     data_bin = tmp_path / "data-bin"
     check.write_synthetic_data(data_bin, tab.paper_dataset)
-    return check.count_parameters(check.row_command(row, tab.paper_dataset, "paper", data_bin, 8, "fp32")), row
+    return check.count_parameters(list(check.row_plan(row, tab.paper_dataset, "paper", data_bin, 8, "fp32").args)), row
 
 
 @pytest.mark.parametrize("table,row_id", [
@@ -232,7 +232,7 @@ def test_fairseq_validation_bleu_options_parse_and_score(tmp_path):
     tab = load_table("naacl19_t3")
     data_bin = tmp_path / "data-bin"
     check.write_synthetic_data(data_bin, tab.paper_dataset)
-    args = check.row_command(tab.row("none"), tab.paper_dataset, "paper", data_bin, 8, "fp32")
+    args = list(check.row_plan(tab.row("none"), tab.paper_dataset, "paper", data_bin, 8, "fp32").args)
     assert args[args.index("--eval-bleu-remove-bpe") + 1] == "@@ "
     assert args[args.index("--eval-bleu-detok") + 1] == "moses"
     # the THUMT papers' decoding: GNMT's length penalty (the plugin's task) and at most |x| + 50 tokens

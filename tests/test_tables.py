@@ -15,10 +15,12 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fake_prepared, job_record, with_train
 
 from diverse_fairseq import run_plan, training
 from diverse_fairseq.env_checks import parse_seeds
@@ -26,7 +28,7 @@ from diverse_fairseq.run_plan import TrainOptions
 from diverse_fairseq.tables import report, runner, steps
 from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs
 from diverse_fairseq.tables.config import RunConfig
-from diverse_fairseq.tables.keys import cache_key, key_difference, same_key
+from diverse_fairseq.tables.keys import cache_key, key_difference
 from diverse_fairseq.tables.progress import Progress
 from diverse_fairseq.tables.spec import Row, parse_table
 
@@ -112,17 +114,12 @@ def _fake_run(root: Path, row_id: str, seed: int, hyps, refs, **record):
     (out / "hyp.detok.de").write_text("".join(h + "\n" for h in hyps))
     (out / "ref.detok.de").write_text("".join(r + "\n" for r in refs))
     bleu = _bleu(sum(_bleu_stats(h, r) for h, r in zip(hyps, refs)))
-    base = {"seed": seed, "parameters": 1_440_000, "train_steps_per_second": 5.0, "updates": 3,
-            "checkpoint": str(root / row_id / f"seed{seed}" / "checkpoint_last.pt"),
-            "train_args": ["data", "--share-all-embeddings"], "embeddings": "all", "averaged_checkpoints": 0,
-            "best_checkpoint_metric": None,
-            "reused": False, "args": [], "valid_loss": 4.0, "valid_nll_loss": 3.0,
-            "trained_at": "2024-01-01 00:00:00",
-            "eval": {"out": str(out), "target_lang": "de", "bleu": bleu, "tok_bleu": bleu,
-                     "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:x",
-                     "speed": {"sentences_per_second": 50.0}}}
-    base.update(record)
-    return base
+    train = dict(parameters=1_440_000, train_steps_per_second=5.0, updates=3, valid_loss=4.0, valid_nll_loss=3.0,
+                 checkpoint=str(root / row_id / f"seed{seed}" / "checkpoint_last.pt"),
+                 train_args=["data", "--share-all-embeddings"], embeddings="all")
+    return job_record(seed, row=row_id, eval={"out": str(out), "bleu": bleu, "tok_bleu": bleu,
+                                              "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:x",
+                                              "speed": {"sentences_per_second": 50.0}}, **dict(train, **record))
 
 
 def _table(rows_yaml: str, baseline="base"):
@@ -161,9 +158,9 @@ def test_each_row_is_tested_against_its_own_baseline_on_the_concatenated_seeds(t
     for row_id, base_id in (("base_d", "base"), ("big_d", "big")):
         # by hand: seed k of the row paired with seed k of its baseline, the references repeated per seed
         base = [h for run in results[base_id]
-                for h in Path(run["eval"]["out"], "hyp.detok.de").read_text().split("\n")[:-1]]
+                for h in Path(run.eval.out, "hyp.detok.de").read_text().split("\n")[:-1]]
         system = [h for run in results[row_id]
-                  for h in Path(run["eval"]["out"], "hyp.detok.de").read_text().split("\n")[:-1]]
+                  for h in Path(run.eval.out, "hyp.detok.de").read_text().split("\n")[:-1]]
         delta, p = _bootstrap_by_hand(base, system, refs + refs)
         m = marks[row_id]
         assert m["sentences"] == 2 * len(refs) and m["seeds"] == [1, 2]
@@ -171,7 +168,7 @@ def test_each_row_is_tested_against_its_own_baseline_on_the_concatenated_seeds(t
         assert m["bootstrap"]["p_value"] == pytest.approx(p, abs=2 / 1001)
         plus, minus = _sign_by_hand(base, system, refs + refs)
         assert (m["sign_test"]["better"], m["sign_test"]["worse"]) == (plus, minus)
-        per_seed = sum(r["eval"]["bleu"] > b["eval"]["bleu"] for r, b in zip(results[row_id], results[base_id]))
+        per_seed = sum(r.eval.bleu > b.eval.bleu for r, b in zip(results[row_id], results[base_id]))
         assert (m["seeds_better"], m["seeds_total"]) == (per_seed, 2)
     # Big + D is only slightly better than Big, far better than Base: tested against Base it would be ⇑
     assert marks["big_d"]["delta"] < marks["base_d"]["delta"]
@@ -195,7 +192,7 @@ def test_concatenation_is_not_the_first_seed_alone(tmp_path):
 
 def test_markdown_and_picture_with_several_seeds(two_sizes, tmp_path):
     table, results, _ = two_sizes
-    results["base"][1]["reused"] = True
+    results["base"][1] = replace(results["base"][1], reused=True)
     summary = report.summarise(table, results, "wmt14_en_de", "paper")
     md_path = report.write_report(summary, tmp_path / "out")
     md = md_path.read_text()
@@ -239,15 +236,15 @@ def test_markdown_and_picture_with_several_seeds(two_sizes, tmp_path):
 def test_markdown_with_one_seed_and_averaged_checkpoints(two_sizes, tmp_path):
     table, results, _ = two_sizes
     one = {k: v[:1] for k, v in results.items()}
-    one["big"][0]["averaged_checkpoints"] = 5
-    one["big"][0]["checkpoint"] = "/x/checkpoint_avg_last5.pt"
+    one["big"][0] = with_train(one["big"][0], averaged_checkpoints=5, checkpoint="/x/checkpoint_avg_last5.pt")
     md = report.to_markdown(report.summarise(table, one, "demo", "demo"))
     assert "| per seed |" not in md and " ± " not in md and "seeds > baseline" not in md
     assert ("Checkpoints: a single checkpoint (the last) for Base, Base + D, Big + D; the average of the last 5 "
             "checkpoints for Big.") in md
     assert "Every run was trained by this invocation." in md
     for runs in one.values():  # the THUMT papers' rows at paper scale: the best checkpoint by validation BLEU
-        runs[0].update(averaged_checkpoints=0, checkpoint="/x/checkpoint_best.pt", best_checkpoint_metric="bleu")
+        runs[0] = with_train(runs[0], averaged_checkpoints=0, checkpoint="/x/checkpoint_best.pt",
+                             best_checkpoint_metric="bleu")
     best = report.to_markdown(report.summarise(table, one, "demo", "demo"))
     assert "Checkpoints: a single checkpoint (the best by validation BLEU) for every run" in best
     assert ("The paper columns are the paper's numbers at full scale" in md
@@ -304,8 +301,8 @@ def test_logging_flags_and_tensorboard_are_not_part_of_the_key(prepared, monkeyp
     installed = run_plan.tensorboard_available()
     monkeypatch.setattr(run_plan, "tensorboard_available", lambda: not installed)
     assert _key(prepared) == old
-    assert same_key(old, _key(prepared)) and not same_key(None, old)
-    assert not same_key(old, _key(prepared, train_args=["--log-format", "json", "--dropout", "0.2"]))
+    assert old == _key(prepared)
+    assert old != _key(prepared, train_args=["--log-format", "json", "--dropout", "0.2"])
     assert key_difference(old, _key(prepared, train_args=["--log-format=json", "--dropout", "0.2"])) == \
         "changed: --dropout (default) → 0.2"
 
@@ -357,9 +354,9 @@ def test_progress_lines(capsys):
     progress = Progress(table, run, total=4)
     progress.begin(table.rows[0], 1)
     progress.started[("base", 1)] -= 60  # it ran a minute
-    progress.end(table.rows[0], 1, {"eval": {"bleu": 12.345}})
+    progress.end(table.rows[0], 1, job_record(bleu=12.345))
     progress.begin(table.rows[0], 2)
-    progress.end(table.rows[0], 2, {"eval": {"bleu": 12.0}, "reused": True, "trained_at": "yesterday"})
+    progress.end(table.rows[0], 2, job_record(bleu=12.0, reused=True, trained_at="yesterday"))
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("[t] row 1 of 2 (seed 1) B: started; elapsed 0:00:00, estimated remaining unknown")
     assert "row 1 of 2 (seed 1) B: finished in 0:01:00, BLEU 12.35" in lines[1]
@@ -373,23 +370,33 @@ def test_rows_with_one_demo_model_are_trained_once(tmp_path, monkeypatch):
     from diverse_fairseq.tables.spec import load_table
 
     table = load_table("naacl19_t3")
-    demo = RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=tmp_path, jobs=1)
-    paper = RunConfig(dataset="wmt14_en_de", scale="paper", seeds=[1], gpus=0, out_dir=tmp_path, jobs=1)
+    data_bin = fake_prepared(fake_prepared(tmp_path / "data-bin", "demo"), "wmt14_en_de")
+    demo = RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=tmp_path, jobs=1, data_bin=data_bin)
+    paper = RunConfig(dataset="wmt14_en_de", scale="paper", seeds=[1], gpus=0, out_dir=tmp_path, jobs=1,
+                      data_bin=data_bin)
     assert runner.same_model_rows(table, demo) == {"l1_2": "l1_3", "l1": "l1_3", "l6": "l4_6"}
     assert runner.same_model_rows(table, paper) == {}
 
-    (tmp_path / "demo").mkdir()
-    (tmp_path / "demo" / "prepare.json").write_text("{}")
-    demo.data_bin = tmp_path
     trained = []
     monkeypatch.setattr(runner, "limit_threads", lambda threads: None)
     monkeypatch.setattr(runner, "run_job", lambda row, run, seed: trained.append((row.id, seed)) or
-                        {"row": row.id, "seed": seed, "eval": {"bleu": float(len(trained))}})
+                        job_record(seed, bleu=float(len(trained)), row=row.id))
     results = runner.run_table(table, demo)
     assert sorted(trained) == sorted((r, s) for r in ("none", "l1_6", "l4_6", "l1_3") for s in (1, 2))
-    assert [r["eval"] for r in results["l1"]] == [r["eval"] for r in results["l1_3"]]
-    assert results["l6"][1]["row"] == "l6" and results["l6"][1]["same_as"] == "l4_6"
-    assert "same_as" not in results["l4_6"][0]
+    assert [r.eval for r in results["l1"]] == [r.eval for r in results["l1_3"]]
+    assert results["l6"][1].same_as == "l4_6" and results["l6"][1].train.seed == 2
+    assert results["l4_6"][0].same_as is None
+
+
+def test_a_row_that_spells_out_defaults_is_the_same_run(tmp_path):
+    """Rows are the same run when their run identities are (effective option values), not their spelling: a row
+    that spells out fairseq's and the plugin's defaults gets the plain row's runs; a real change does not."""
+    table = _table("  - {id: base, label: B, family: transformer}\n"
+                   "  - {id: spelled, label: S, family: transformer, args: [--activation-fn, relu]}\n"
+                   "  - {id: other, label: O, family: transformer, args: [--activation-fn, gelu]}\n")
+    run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
+                    data_bin=fake_prepared(tmp_path / "data-bin", "demo"))
+    assert runner.same_model_rows(table, run) == {"spelled": "base"}
 
 
 def _settings(monkeypatch, **env):
@@ -622,8 +629,9 @@ def test_evaluation_cache_sees_a_changed_checkpoint(prepared, monkeypatch):
     def fake_evaluate(request):
         calls.append(request.checkpoint)
         request.out.mkdir(parents=True, exist_ok=True)
-        (request.out / "results.json").write_text(json.dumps({"bleu": float(len(calls))}))
-        return {"bleu": float(len(calls))}
+        results = {"bleu": float(len(calls)), "data": str(request.data_dir)}  # evaluate's results.json, in part
+        (request.out / "results.json").write_text(json.dumps(results))
+        return results
 
     monkeypatch.setattr(steps, "evaluate", fake_evaluate)
     run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
@@ -632,14 +640,14 @@ def test_evaluation_cache_sees_a_changed_checkpoint(prepared, monkeypatch):
     checkpoint = run.run_dir(row, 1) / "checkpoint_last.pt"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"model at update 150")
-    assert steps.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 1.0
-    assert steps.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 1.0 and len(calls) == 1  # cached
+    assert steps.evaluate_row(row, run, 1, str(checkpoint)).bleu == 1.0
+    assert steps.evaluate_row(row, run, 1, str(checkpoint)).bleu == 1.0 and len(calls) == 1  # cached
     checkpoint.write_bytes(b"model at update 151")
-    assert steps.evaluate_row(row, run, 1, str(checkpoint))["bleu"] == 2.0 and len(calls) == 2
+    assert steps.evaluate_row(row, run, 1, str(checkpoint)).bleu == 2.0 and len(calls) == 2
     moved = prepared / "moved"
     (prepared / "results").rename(moved)
     run.out_dir = moved
-    assert steps.evaluate_row(row, run, 1, str(run.run_dir(row, 1) / "checkpoint_last.pt"))["bleu"] == 2.0
+    assert steps.evaluate_row(row, run, 1, str(run.run_dir(row, 1) / "checkpoint_last.pt")).bleu == 2.0
     assert len(calls) == 2
 
 
@@ -680,7 +688,7 @@ def test_a_table_decodes_what_the_table_says_whatever_the_environment(tmp_path, 
         monkeypatch.setenv(name, value)
     results = steps.evaluate_row(row, run, 1, str(checkpoint))
     (cmd,) = commands
-    assert cmd[cmd.index("--gen-subset") + 1] == "test" and results["subset"] == "test" and results["sentences"] == 2
+    assert cmd[cmd.index("--gen-subset") + 1] == "test" and results.subset == "test" and results.sentences == 2
     assert cmd[cmd.index("--beam") + 1] == "4" and cmd[cmd.index("--lenpen") + 1] == "0.6"
     assert cmd[cmd.index("--batch-size") + 1] == "128" and "--cpu" in cmd
     assert (run.eval_dir(row, 1, "test") / "results.json").exists() and not run.eval_dir(row, 1, "valid").exists()
@@ -777,3 +785,22 @@ def test_paper_dry_run_decodes_each_row_as_its_paper(tmp_path, monkeypatch, caps
     train, evaluate = commands("emnlp20_t2_wmt14", "ma")
     assert "--task translation " in train[0] and "--length-penalty" not in train[0]
     assert "--length-penalty fairseq --max-len-a 0 --max-len-b 200" in evaluate[0]
+
+
+def test_job_records_round_trip_through_json(tmp_path):
+    """A per-seed record is typed (issue 31): to_json/from_json give back the same record, nested records
+    included; evaluate's results.json is read into an EvalRecord whatever else it holds, and a record without a
+    required field is refused by name."""
+    from diverse_fairseq.tables.records import EvalRecord, JobRecord, TrainRecord, from_json, to_json
+
+    record = replace(job_record(2, bleu=12.5, reused=True, disagreement={"enc_self": {"out": 0.8}},
+                                probing={"WC": {"accuracy": 50.0}}, key={"identity": {"options": {"--seed": 2}}}),
+                     same_as="base")
+    stored = json.loads(json.dumps(to_json(record)))
+    assert from_json(JobRecord, stored) == record
+    assert isinstance(from_json(JobRecord, stored).eval, EvalRecord) and record.output_disagreement == 0.8
+    results = {"bleu": 30.0, "tok_bleu": 31.0, "sentences": 5, "beam": 4, "data": "d", "speed": None}
+    evaluation = from_json(EvalRecord, dict(results, out="o", target_lang="de"))
+    assert (evaluation.bleu, evaluation.tok_bleu, evaluation.paper_bleu) == (30.0, 31.0, None)
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'updates'"):
+        from_json(TrainRecord, {k: v for k, v in to_json(record.train).items() if k != "updates"})

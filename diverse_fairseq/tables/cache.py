@@ -2,13 +2,12 @@
 scores, probing), and what the evaluation and analysis caches check about a checkpoint.
 
 Every cached step stores JSON beside its run and reuses it only while the key stored there matches the key of
-this invocation; what the key is, where it is stored and how two keys compare is the step's own
+this invocation; what the key is and where it is stored is the step's own
 (``steps.py``): :func:`lookup` reads the stored key and says whether it matches, :func:`store` writes a file.
 """
 
 import hashlib
 import json
-import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional
@@ -45,15 +44,14 @@ class Found:
     hit: bool  # whether that key matches this invocation's: the cached result may be reused
 
 
-def lookup(path: Path, key: Dict, stored_key: Callable[[Dict], Optional[Dict]] = stored_under_key,
-           same: Callable[[Optional[Dict], Dict], bool] = operator.eq) -> Found:
+def lookup(path: Path, key: Dict, stored_key: Callable[[Dict], Optional[Dict]] = stored_under_key) -> Found:
     """Read the JSON file ``path`` (if there is one) and compare the key stored in it (``stored_key``) with
-    ``key`` by ``same`` (equality unless the step ignores part of its key)."""
+    ``key``."""
     if not path.exists():
         return Found(data=None, key=None, hit=False)
     data = json.loads(path.read_text())
     old = stored_key(data)
-    return Found(data=data, key=old, hit=bool(same(old, key)))
+    return Found(data=data, key=old, hit=old == key)
 
 
 def store(path: Path, data: Dict):

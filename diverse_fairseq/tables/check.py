@@ -2,7 +2,7 @@
 
 For each table (``configs/tables/*.yaml``), row and scale (``demo``, ``paper``) this
 
-1. builds the fairseq-train arguments the table runner would pass (:func:`row_command`: the runner's setting
+1. builds the fairseq-train arguments the table runner would pass (:func:`row_plan`: the runner's setting
    for the scale, the row's architecture, its flags with the layer mapping of :mod:`.scale`, through
    :func:`diverse_fairseq.tables.steps.job_plan`), at demo scale on the CPU as ``make table-<id> SCALE=demo``
    runs it, at paper scale as on the papers' 8 GPUs: with ``--fp16`` where CUDA is available, in fp32
@@ -161,12 +161,6 @@ def row_plan(row: Row, dataset: str, scale: str, data_bin: Path, gpus: int, prec
     return job_plan(row, run, 1)
 
 
-def row_command(row: Row, dataset: str, scale: str, data_bin: Path, gpus: int, precision: Optional[str] = None
-                ) -> List[str]:
-    """The fairseq-train arguments (without the program) of :func:`row_plan`."""
-    return list(row_plan(row, dataset, scale, data_bin, gpus, precision).args)
-
-
 def _synthetic_batch(task, batch: int = 4, src_len: int = 7, tgt_len: int = 6) -> Dict:
     import torch
 
@@ -260,7 +254,7 @@ def real_data_note(row: Row, dataset: str, data_bin: Path, gpus: int, precision:
     sizes = real_dictionaries(data_bin, dataset)
     if sizes is None:
         return ""
-    args = tuple(row_command(row, dataset, "paper", Path(data_bin), gpus, precision))
+    args = row_plan(row, dataset, "paper", Path(data_bin), gpus, precision).args
     if args not in counted:
         counted[args] = count_parameters(list(args))
     vocab = " / ".join(f"{lang} {n:,}" for lang, n in sizes.items())

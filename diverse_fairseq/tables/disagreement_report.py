@@ -19,6 +19,8 @@ import math
 import statistics
 from typing import Dict, List, Optional, Sequence
 
+from .records import JobRecord
+
 SCORES = (("sub", "Sub."), ("pos", "Pos."), ("out", "Out."))
 ATTENTION = "enc_self"  # the paper's Tables 4-5 measure the encoder
 PAPER_LAYER_KEY = "pos_score_layer{}"
@@ -43,17 +45,17 @@ def _mean_scores(per_seed: Sequence[Dict]) -> Dict:
     return out
 
 
-def disagreement_entry(table, row, runs: List[Dict]) -> Dict:
+def disagreement_entry(table, row, runs: List[JobRecord]) -> Dict:
     """What a row's summary entry stores: ``{"disagreement": mean over seeds, "paper_disagreement": {...}}``.
 
     ``paper_disagreement`` holds the row's paper scores (Table 4/5 keys) and the dataset they are for; it is
     kept whatever dataset ran, since the scale, unlike BLEU, can be compared across data. Empty when the runs
     carry no scores.
     """
-    if not runs or not all(r.get("disagreement") for r in runs):
+    if not runs or not all(r.disagreement for r in runs):
         return {}
     paper = {k: v for k, v in row.paper.items() if k.endswith("_score") or k.startswith("pos_score_layer")}
-    entry = {"disagreement": _mean_scores([r["disagreement"] for r in runs])}
+    entry = {"disagreement": _mean_scores([r.disagreement for r in runs])}
     if paper:
         entry["paper_disagreement"] = {"dataset": table.paper_dataset, "scores": paper}
     return entry

@@ -32,11 +32,6 @@ def cache_key(plan: Plan) -> Dict:
     return json.loads(json.dumps(key))
 
 
-def same_key(old: Optional[Dict], new: Dict) -> bool:
-    """Whether a stored key and this run's key describe the same run."""
-    return bool(old) and old == new
-
-
 def key_difference(old: Optional[Dict], new: Dict) -> str:
     """A short account of how two cache keys differ, for the message that retrains a run."""
     if not old:

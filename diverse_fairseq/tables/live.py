@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional
 
-from .logs import records
+from .logs import number, records
 
 _MAX_UPDATE = re.compile(r"'max_update': (\d+)")
 
@@ -39,13 +39,6 @@ def clock(seconds: float) -> str:
     """``h:mm:ss``."""
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def _float(value) -> Optional[float]:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def progress_line(log: str) -> Optional[str]:
@@ -67,15 +60,15 @@ def progress_line(log: str) -> Optional[str]:
         elif "train_loss" in record:  # end of an epoch
             prefix = "train_"
         elif "valid_loss" in record:
-            valid = (_float(record.get("valid_num_updates")), _float(record["valid_loss"]),
-                     _float(record.get("valid_bleu")))
+            valid = (number(record.get("valid_num_updates")), number(record["valid_loss"]),
+                     number(record.get("valid_bleu")))
             continue
         else:
             continue
-        reached = _float(record.get(prefix + "num_updates"))
+        reached = number(record.get(prefix + "num_updates"))
         if prefix and updates is not None and (reached is None or reached <= updates):
             continue  # an epoch's summary at the last logged update: its loss is the epoch's mean, keep the last
-        updates, loss, wall = reached, _float(record.get(prefix + "loss")), _float(record.get(prefix + "wall"))
+        updates, loss, wall = reached, number(record.get(prefix + "loss")), number(record.get(prefix + "wall"))
         if first is None and updates is not None and wall is not None:
             first = (updates, wall)
     if updates is None:

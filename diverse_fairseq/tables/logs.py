@@ -38,7 +38,8 @@ def records(log: str) -> Iterator[Dict]:
             yield record
 
 
-def _number(value):
+def number(value) -> Optional[float]:
+    """``value`` as a float (fairseq's JSON logs hold numbers as strings), or None."""
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -59,6 +60,6 @@ def last_summary(log: str, subset: str) -> Dict[str, float]:
         return {}
     out = {}
     for key, value in last.items():
-        if key.startswith(prefix) and _number(value) is not None:
-            out[key[len(prefix):]] = _number(value)
+        if key.startswith(prefix) and number(value) is not None:
+            out[key[len(prefix):]] = number(value)
     return out

@@ -10,17 +10,18 @@ import statistics
 from typing import Dict, List
 
 from ..data.senteval import BY_NAME
+from .records import JobRecord
 
 
-def probing_entry(table, row, runs: List[Dict]) -> Dict:
+def probing_entry(table, row, runs: List[JobRecord]) -> Dict:
     """``{"probing": {"accuracy", "accuracy_per_seed", "majority", "paper"}}`` for a row (empty without probing)."""
-    if not runs or not all(r.get("probing") for r in runs):
+    if not runs or not all(r.probing for r in runs):
         return {}
-    names = list(runs[0]["probing"])
+    names = list(runs[0].probing)
     return {"probing": {
-        "accuracy": {t: statistics.fmean(r["probing"][t]["accuracy"] for r in runs) for t in names},
-        "accuracy_per_seed": {t: [r["probing"][t]["accuracy"] for r in runs] for t in names},
-        "majority": {t: runs[0]["probing"][t]["majority"] for t in names},
+        "accuracy": {t: statistics.fmean(r.probing[t]["accuracy"] for r in runs) for t in names},
+        "accuracy_per_seed": {t: [r.probing[t]["accuracy"] for r in runs] for t in names},
+        "majority": {t: runs[0].probing[t]["majority"] for t in names},
         "paper": {t: row.paper[BY_NAME[t.lower()].paper_key] for t in names
                   if BY_NAME[t.lower()].paper_key in row.paper},
     }}

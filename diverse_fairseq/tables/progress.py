@@ -8,6 +8,7 @@ from typing import Dict, Optional
 
 from .config import RunConfig
 from .live import LogWatcher, clock
+from .records import JobRecord
 from .spec import Row, Table
 
 
@@ -62,7 +63,7 @@ class Progress:
             watcher.stop()
         self.watchers.clear()
 
-    def end(self, row: Row, seed: int, record: Optional[Dict] = None, error: Optional[str] = None):
+    def end(self, row: Row, seed: int, record: Optional[JobRecord] = None, error: Optional[str] = None):
         watcher = self.watchers.pop((row.id, seed), None)
         if watcher is not None:
             watcher.stop()
@@ -70,11 +71,11 @@ class Progress:
         self.done += 1
         if error is not None:
             what = f"FAILED after {clock(seconds)}: {error}"
-        elif record.get("reused"):
-            what = f"reused the run trained {record.get('trained_at', 'earlier')}, BLEU {record['eval']['bleu']:.2f}"
+        elif record.reused:
+            what = f"reused the run trained {record.train.trained_at}, BLEU {record.eval.bleu:.2f}"
         else:
             self.durations.append(seconds)
-            what = f"finished in {clock(seconds)}, BLEU {record['eval']['bleu']:.2f}"
+            what = f"finished in {clock(seconds)}, BLEU {record.eval.bleu:.2f}"
         if self.run.jobs > 1:
             what += f" (log: {self.run.log_path(row, seed)})"
         self._line(f"{self._where(row, seed)}: {what} [{self.done}/{self.total} jobs done]")

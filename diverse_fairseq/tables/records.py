@@ -1,12 +1,14 @@
-"""The typed per-seed training record that the table runner caches (``train.json``) and the report,
-the progress line and the disagreement/probing reports read.
+"""The typed per-seed records of a table run: :class:`TrainRecord` (cached as ``train.json``), :class:`EvalRecord`
+(one subset's evaluation, from ``results.json``) and :class:`JobRecord` (one row and seed: training, evaluations,
+head disagreement, probing), which the report, the progress line and the disagreement/probing reports read.
 
-Only records of this cache version are ever read: a record of an earlier build has another cache key
+:func:`to_json` and :func:`from_json` are the one pair that writes and reads them. Only records of this cache
+version are ever read: a record of an earlier build has another cache key
 (:data:`diverse_fairseq.tables.cache.CACHE_VERSION`), so its run is trained again instead of being patched up.
 """
 
-from dataclasses import asdict, dataclass, fields
-from typing import Dict, List, Optional
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import Dict, List, Optional, get_args, get_origin, get_type_hints
 
 
 @dataclass(frozen=True)
@@ -33,11 +35,58 @@ class TrainRecord:
     valid_loss: Optional[float]
     valid_nll_loss: Optional[float]  # per target token, base 2, without label smoothing
 
-    def to_dict(self) -> Dict:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: Dict) -> "TrainRecord":
-        """The record stored in ``train.json`` (the ``reused`` flag and other runtime additions dropped)."""
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+@dataclass(frozen=True)
+class EvalRecord:
+    """One subset's evaluation (:func:`diverse_fairseq.evaluate.evaluate`): what the report reads of it."""
 
+    out: str  # the folder of hyp.detok.<target_lang>, ref.detok.<target_lang> and results.json
+    target_lang: str
+    data: str  # the prepared data it decoded (its dictionaries: the report's parameter footnote)
+    bleu: float  # sacrebleu on detokenized text
+    subset: Optional[str] = None  # the split decoded: test or valid
+    sentences: Optional[int] = None
+    tok_bleu: Optional[float] = None
+    signature: Optional[str] = None  # sacrebleu's
+    paper_bleu: Optional[float] = None  # the authors' own scoring (paper_bleu.py), where the dataset has one
+    paper_bleu_kind: Optional[str] = None
+    speed: Optional[Dict] = None  # fairseq-generate's: {"sentences", "seconds", "sentences_per_second", ...}
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One row and seed (:func:`diverse_fairseq.tables.steps.run_job`)."""
+
+    train: TrainRecord
+    evals: Dict[str, EvalRecord]  # by subset, the table's first subset (the report's BLEU) first
+    reused: bool = False  # training finished in an earlier invocation
+    disagreement: Optional[Dict] = None  # steps.disagreement_scores (None: a single-head model)
+    probing: Optional[Dict] = None  # steps.probing_scores, for tables that probe
+    same_as: Optional[str] = None  # the row whose runs these are (runner.same_model_rows)
+
+    @property
+    def eval(self) -> EvalRecord:
+        """The evaluation the report's BLEU and significance tests use: the first subset's."""
+        return next(iter(self.evals.values()))
+
+    @property
+    def output_disagreement(self) -> Optional[float]:
+        """EMNLP 2018's output disagreement of the encoder self-attention (None without head pairs)."""
+        return self.disagreement["enc_self"]["out"] if self.disagreement else None
+
+
+def to_json(record) -> Dict:
+    """A record as JSON-ready dicts and lists (nested records included)."""
+    return asdict(record)
+
+
+def from_json(cls, data: Dict):
+    """The ``cls`` record of :func:`to_json`'s ``data``; keys that are not fields of ``cls`` (e.g. the rest of
+    evaluate's ``results.json``) are left out, a missing field without a default is a TypeError naming it."""
+    hints, values = get_type_hints(cls), {}
+    for name in (f.name for f in fields(cls) if f.name in data):
+        hint, value = hints[name], data[name]
+        item = get_args(hint)[1] if get_origin(hint) is dict and get_args(hint) else None  # Dict[str, Record]
+        values[name] = (from_json(hint, value) if is_dataclass(hint) else
+                        {k: from_json(item, v) for k, v in value.items()} if is_dataclass(item) else value)
+    return cls(**values)

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 from ..checkpoint_choice import METRICS, describe
 from .disagreement_report import disagreement_entry, disagreement_section
 from .probing_report import probing_entry, probing_section
+from .records import JobRecord
 from .scale import changes as layer_changes
 from .spec import Table
 
@@ -44,30 +45,22 @@ def _fmt(mean, std, digits=2, seeds=1):
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if seeds > 1 else f"{mean:.{digits}f}"
 
 
-def _read_lines(path: Path) -> List[str]:
-    return path.read_text(encoding="utf-8").split("\n")[:-1]
-
-
 def _mark(p_value: float, better: bool, single: str, double: str) -> str:
     return (double if p_value < 0.01 else single if p_value < 0.05 else "") if better else ""
 
 
-def _outputs(record):
-    out, tgt = Path(record["eval"]["out"]), record["eval"]["target_lang"]
-    return _read_lines(out / f"hyp.detok.{tgt}"), _read_lines(out / f"ref.detok.{tgt}")
-
-
-def concatenated(runs: List[Dict]):
-    """(hypotheses, references) of all seeds' test outputs, one seed after the other."""
+def concatenated(runs: List[JobRecord]):
+    """(hypotheses, references) of all seeds' test outputs (evaluate's detokenized files), one seed after the
+    other."""
     hyps, refs = [], []
     for record in runs:
-        h, r = _outputs(record)
-        hyps += h
-        refs += r
+        out, tgt = Path(record.eval.out), record.eval.target_lang
+        hyps += (out / f"hyp.detok.{tgt}").read_text(encoding="utf-8").split("\n")[:-1]
+        refs += (out / f"ref.detok.{tgt}").read_text(encoding="utf-8").split("\n")[:-1]
     return hyps, refs
 
 
-def significance(table: Table, results: Dict[str, List[Dict]], samples: int = SAMPLES) -> Dict[str, Dict]:
+def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int = SAMPLES) -> Dict[str, Dict]:
     """Both tests of every non-baseline row against its own baseline, on the concatenated seeds.
 
     Returns ``{row id: {"baseline", "seeds", "sentences", "delta", "bootstrap": {"p_value", "mark"},
@@ -84,12 +77,12 @@ def significance(table: Table, results: Dict[str, List[Dict]], samples: int = SA
     marks = {}
     for base_id, row_ids in by_baseline.items():
         base_runs = results[base_id]
-        seeds = [r["seed"] for r in base_runs]
+        seeds = [r.train.seed for r in base_runs]
         base_hyps, refs = concatenated(base_runs)
         systems = {}
         for row_id in row_ids:
-            if [r["seed"] for r in results[row_id]] != seeds:
-                raise ValueError(f"row {row_id} has seeds {[r['seed'] for r in results[row_id]]}, its baseline "
+            if [r.train.seed for r in results[row_id]] != seeds:
+                raise ValueError(f"row {row_id} has seeds {[r.train.seed for r in results[row_id]]}, its baseline "
                                  f"{base_id} {seeds}: the tests pair seed k with seed k")
             hyps, row_refs = concatenated(results[row_id])
             if row_refs != refs:
@@ -108,69 +101,66 @@ def significance(table: Table, results: Dict[str, List[Dict]], samples: int = SA
                 "bootstrap": {"p_value": p_boot, "samples": samples, "mark": _mark(p_boot, delta > 0, UP, DOUBLE_UP)},
                 "sign_test": dict(sign, mark=_mark(sign["p_value"], sign["better"] > sign["worse"], DAGGER,
                                                    DOUBLE_DAGGER)),
-                "seeds_better": sum(r["eval"]["bleu"] > b["eval"]["bleu"] for r, b in per_seed),
+                "seeds_better": sum(r.eval.bleu > b.eval.bleu for r, b in per_seed),
                 "seeds_total": len(seeds),
                 "length_ratio": {"row": length_ratio(hyps, refs), "baseline": base_ratio},
             }
     return marks
 
 
-def embedding_setup(record: Dict) -> Dict:
-    """How the run's embeddings are shared (from its command) and its dictionary sizes (from the data)."""
-    sharing = record["embeddings"]  # what the plan gave fairseq-train (records.TrainRecord.embeddings)
-    data = Path(record["eval"].get("data", "")) if record.get("eval") else None
-    sizes = {}
-    if data and data.is_dir():
+def embedding_setup(record: JobRecord) -> Dict:
+    """How the run's embeddings are shared (as the plan gave fairseq-train) and its dictionary sizes (from the
+    data)."""
+    data, sizes = Path(record.eval.data), {}
+    if data.is_dir():
         for path in sorted(data.glob("dict.*.txt")):
             # fairseq adds 4 special symbols (<s>, <pad>, </s>, <unk>) to the entries of the file
             sizes[path.name.split(".")[1]] = sum(1 for _ in path.open(encoding="utf-8")) + 4
-    return {"sharing": sharing, "dictionary_sizes": sizes}
+    return {"sharing": record.train.embeddings, "dictionary_sizes": sizes}
 
 
-def summarise(table: Table, results: Dict[str, List[Dict]], dataset: str, scale: str, subset: str = "test") -> Dict:
+def summarise(table: Table, results: Dict[str, List[JobRecord]], dataset: str, scale: str,
+              subset: str = "test") -> Dict:
     """Per-row numbers (mean, std and per-seed values), significance marks and the paper's numbers; the BLEU is
     that of ``subset`` (the runner's first ``--subsets``), the other decoded subsets' in ``bleu_by_subset``."""
     marks = significance(table, results)
     rows = []
     for row in table.rows:
         runs = results[row.id]
-        bleu = _mean_std([r["eval"]["bleu"] for r in runs])
-        tok = _mean_std([r["eval"].get("tok_bleu") for r in runs])
+        evals, trains = [r.eval for r in runs], [r.train for r in runs]
+        bleu = _mean_std([e.bleu for e in evals])
+        tok = _mean_std([e.tok_bleu for e in evals])
         entry = {
             "id": row.id, "label": row.label, "description": row.description, "baseline": row.baseline,
-            "seeds": [r["seed"] for r in runs],
-            "bleu": bleu[0], "bleu_std": bleu[1], "bleu_per_seed": [r["eval"]["bleu"] for r in runs],
-            "tok_bleu": tok[0], "tok_bleu_std": tok[1],
-            "tok_bleu_per_seed": [r["eval"].get("tok_bleu") for r in runs],
-            "signature": runs[0]["eval"].get("signature"),
+            "seeds": [t.seed for t in trains],
+            "bleu": bleu[0], "bleu_std": bleu[1], "bleu_per_seed": [e.bleu for e in evals],
+            "tok_bleu": tok[0], "tok_bleu_std": tok[1], "tok_bleu_per_seed": [e.tok_bleu for e in evals],
+            "signature": evals[0].signature,
             # BLEU as the paper's authors scored it (diverse_fairseq.paper_bleu), where the dataset has their scoring
-            "paper_bleu": _mean_std([r["eval"].get("paper_bleu") for r in runs])[0],
-            "paper_bleu_kind": runs[0]["eval"].get("paper_bleu_kind"),
-            "bleu_by_subset": {name: _mean_std([r["evals"][name]["bleu"] for r in runs])[0]
-                               for name in runs[0].get("evals", {})},
-            "parameters": runs[0]["parameters"],
-            "train_steps_per_second": _mean_std([r["train_steps_per_second"] for r in runs])[0],
-            "decode_sentences_per_second": _mean_std(
-                [(r["eval"].get("speed") or {}).get("sentences_per_second") for r in runs])[0],
-            "updates": runs[0]["updates"],
+            "paper_bleu": _mean_std([e.paper_bleu for e in evals])[0],
+            "paper_bleu_kind": evals[0].paper_bleu_kind,
+            "bleu_by_subset": {name: _mean_std([r.evals[name].bleu for r in runs])[0] for name in runs[0].evals},
+            "parameters": trains[0].parameters,
+            "train_steps_per_second": _mean_std([t.train_steps_per_second for t in trains])[0],
+            "decode_sentences_per_second": _mean_std([(e.speed or {}).get("sentences_per_second") for e in evals])[0],
+            "updates": trains[0].updates,
             # the last validation of each seed: label-smoothed loss and NLL per target token (base 2, fairseq's)
-            "valid_loss_per_seed": [r["valid_loss"] for r in runs],
-            "valid_nll_loss": _mean_std([r["valid_nll_loss"] for r in runs])[0],
-            "valid_nll_loss_per_seed": [r["valid_nll_loss"] for r in runs],
-            "averaged_checkpoints": [r["averaged_checkpoints"] for r in runs],
-            "checkpoint_names": sorted({Path(r["checkpoint"]).name for r in runs if r.get("checkpoint")}),
-            "best_checkpoint_metric": [r["best_checkpoint_metric"] for r in runs],
-            "evaluated_checkpoint": [describe(r["best_checkpoint_metric"], r["averaged_checkpoints"]) for r in runs],
-            "reused_seeds": [r["seed"] for r in runs if r.get("reused") and not r.get("same_as")],
-            "trained_at": [r["trained_at"] for r in runs],
+            "valid_loss_per_seed": [t.valid_loss for t in trains],
+            "valid_nll_loss": _mean_std([t.valid_nll_loss for t in trains])[0],
+            "valid_nll_loss_per_seed": [t.valid_nll_loss for t in trains],
+            "averaged_checkpoints": [t.averaged_checkpoints for t in trains],
+            "checkpoint_names": sorted({Path(t.checkpoint).name for t in trains}),
+            "best_checkpoint_metric": [t.best_checkpoint_metric for t in trains],
+            "evaluated_checkpoint": [describe(t.best_checkpoint_metric, t.averaged_checkpoints) for t in trains],
+            "reused_seeds": [r.train.seed for r in runs if r.reused and not r.same_as],
+            "trained_at": [t.trained_at for t in trains],
             "embeddings": embedding_setup(runs[0]),
             "paper": row.paper,
-            "layers_mapped": layer_changes(row.args, runs[0]["args"]),  # scale.py, at demo scale
-            "same_as": runs[0].get("same_as"),  # trained once with an earlier row (runner.same_model_rows)
+            "layers_mapped": layer_changes(row.args, trains[0].args),  # scale.py, at demo scale
+            "same_as": runs[0].same_as,  # trained once with an earlier row (runner.same_model_rows)
         }
-        for key in ("output_disagreement",):
-            if all(key in r for r in runs):
-                entry[key] = _mean_std([r[key] for r in runs])[0]
+        if all(r.output_disagreement is not None for r in runs):
+            entry["output_disagreement"] = _mean_std([r.output_disagreement for r in runs])[0]
         entry.update(disagreement_entry(table, row, runs))  # EMNLP 2018 Tables 4-5 scores, ours and the paper's
         entry.update(probing_entry(table, row, runs))  # NAACL 2019 Table 1 / journal Table 7 probing accuracies
         if row.id in marks:

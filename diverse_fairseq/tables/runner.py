@@ -12,19 +12,20 @@ of the four cached steps, the checkpoint identity), ``pool.py`` (the worker proc
 ``progress.py`` (the progress line).
 """
 
+import json
 import shlex
 import sys
+from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
 from .. import training
 from ..evaluate import command_line
-from ..settings import SETTINGS
-from . import scale
 from .cache import lookup
 from .config import RunConfig
-from .keys import cache_key, same_key
+from .keys import cache_key
 from .pool import limit_threads, run_parallel
 from .progress import Progress
+from .records import JobRecord
 from .spec import Row, Table
 from .steps import eval_request, job_plan, run_job
 
@@ -51,7 +52,7 @@ def interrupted_lines(table: Table, run: RunConfig, jobs, resume: str) -> List[s
     return out
 
 
-def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
+def run_table(table: Table, run: RunConfig) -> Dict[str, List[JobRecord]]:
     """Train and evaluate every row and seed (``run.jobs`` at once); return ``{row id: [per-seed record]}``."""
     data = run.data_bin / run.dataset
     if not (data / "prepare.json").exists():
@@ -60,7 +61,7 @@ def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
     todo = [(row, seed) for row in table.rows if row.id not in same_as for seed in run.seeds]
     for row_id, first in same_as.items():
         print(f"[{table.table}] row {row_id} trains the same model as row {first} at this scale "
-              f"(same architecture, setting and mapped flags): it gets {first}'s runs", flush=True)
+              f"(the same run identity and cache key): it gets {first}'s runs", flush=True)
     if run.dry_run:
         dry_run_table(table, run, todo)
         return None
@@ -86,9 +87,9 @@ def run_table(table: Table, run: RunConfig) -> Dict[str, List[Dict]]:
     if failed:
         logs_ = "\n".join(f"  {row.id} seed {seed}: {run.log_path(row, seed)}" for row, seed in failed)
         raise SystemExit(f"error: {len(failed)} job(s) failed; their logs:\n{logs_}")
-    return {row.id: [dict(records[same_as.get(row.id, row.id), seed], row=row.id,
-                          **({"same_as": same_as[row.id]} if row.id in same_as else {}))
-                     for seed in run.seeds] for row in table.rows}
+    return {row.id: [records[row.id, seed] if row.id not in same_as else
+                     replace(records[same_as[row.id], seed], same_as=same_as[row.id]) for seed in run.seeds]
+            for row in table.rows}
 
 
 def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
@@ -98,7 +99,7 @@ def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
     for row, seed in todo:
         job = job_plan(row, run, seed)
         run_dir = run.run_dir(row, seed)
-        if lookup(run_dir / "train.json", cache_key(job), same=same_key).hit:
+        if lookup(run_dir / "train.json", cache_key(job)).hit:
             state = "finished earlier: its training would be reused"
         elif (run_dir / "checkpoint_last.pt").exists():
             state = "interrupted: training would resume it, or start afresh if its options changed"
@@ -117,17 +118,19 @@ def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
 
 
 def same_model_rows(table: Table, run: RunConfig) -> Dict[str, str]:
-    """``{row id: id of the first earlier row}`` for rows whose training command equals an earlier row's.
+    """``{row id: id of the first earlier row}`` for rows whose run is an earlier row's: the same cache key
+    (:func:`~diverse_fairseq.tables.keys.cache_key` of the first seed's plan: the run identity over the effective
+    option values, the updates, the averaging, the setting and the data), the key that decides reuse.
 
     At demo scale several paper layer lists map to one demo layer (``scale.py``), so e.g. NAACL 2019 Table 3's
-    rows [1-3], [1,2] and [1] are one model; it is trained once and its runs stand for every such row."""
-    first: Dict[tuple, str] = {}
+    rows [1-3], [1,2] and [1] are one model; so is a row that only spells out a default. It is trained once and
+    its runs stand for every such row. The identity holds the prepared data's metadata: the data must exist."""
+    first: Dict[str, str] = {}
     out = {}
     for row in table.rows:
-        setting = run.setting(row)
-        signature = (row.arch(SETTINGS[setting].arch), setting, tuple(scale.row_args(row.args, setting)))
-        if signature in first:
-            out[row.id] = first[signature]
+        key = json.dumps(cache_key(job_plan(row, run, run.seeds[0])), sort_keys=True)
+        if key in first:
+            out[row.id] = first[key]
         else:
-            first[signature] = row.id
+            first[key] = row.id
     return out

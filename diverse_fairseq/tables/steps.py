@@ -23,7 +23,7 @@ import os
 import shlex
 import shutil
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -35,34 +35,24 @@ from ..settings import SETTINGS
 from . import logs, scale
 from .cache import cache_version, checkpoint_identity, lookup, store, whole_file
 from .config import RunConfig
-from .keys import LOG_FORMAT_ARGS, cache_key, key_difference, same_key
-from .records import TrainRecord
+from .keys import LOG_FORMAT_ARGS, cache_key, key_difference
+from .records import EvalRecord, JobRecord, TrainRecord, from_json, to_json
 from .spec import Row
-
-
-def job_request(row: Row, run: RunConfig, seed: int) -> TrainRequest:
-    """The training request of one row/seed."""
-    run_dir = run.run_dir(row, seed)
-    setting = run.setting(row)
-    arch = row.arch(SETTINGS[setting].arch)
-    row_args = scale.row_args(row.args, setting)  # layer flags mapped to the setting's depth (scale.py)
-    extra = ["--arch", arch, *row_args, "--log-file", str(run_dir / "train.log"), *run.train_args, *LOG_FORMAT_ARGS]
-    return TrainRequest(
-        dataset=run.dataset, setting=setting, extra=tuple(extra), seed=seed, save_dir=run_dir,
-        data_bin=run.data_bin, gpus=run.gpus,
-        options=replace(run.train_options, dry_run=False),  # the runner's own dry run never calls training.run
-        entry=run.train_hook)
 
 
 def job_plan(row: Row, run: RunConfig, seed: int) -> Plan:
     """The one function that turns a table row (and seed) into its plan: what :func:`train_row` trains, its
     cache key, the dry run and check-tables read."""
-    return plan(job_request(row, run, seed))
-
-
-def job_env(run: RunConfig) -> Dict[str, str]:
-    """The environment of a job's training processes: this one's, pinned to ``run.threads`` CPU threads."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", **run.thread_env())
+    run_dir = run.run_dir(row, seed)
+    setting = run.setting(row)
+    arch = row.arch(SETTINGS[setting].arch)
+    row_args = scale.row_args(row.args, setting)  # layer flags mapped to the setting's depth (scale.py)
+    extra = ["--arch", arch, *row_args, "--log-file", str(run_dir / "train.log"), *run.train_args, *LOG_FORMAT_ARGS]
+    return plan(TrainRequest(
+        dataset=run.dataset, setting=setting, extra=tuple(extra), seed=seed, save_dir=run_dir,
+        data_bin=run.data_bin, gpus=run.gpus,
+        options=replace(run.train_options, dry_run=False),  # the runner's own dry run never calls training.run
+        entry=run.train_hook))
 
 
 def _move_aside(run_dir: Path, why: str, tag: str):
@@ -85,23 +75,24 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     row_args = scale.row_args(row.args, job.setting_name)
     log_file = run_dir / "train.log"
     key = cache_key(job)
-    finished = lookup(record_path, key, same=same_key)
+    finished = lookup(record_path, key)
     if finished.hit:
-        record = TrainRecord.from_dict(finished.data)
+        record = from_json(TrainRecord, finished.data)
         print(f"  [{tag}] training finished earlier ({record.trained_at}); reusing {run_dir}", flush=True)
         # the plan's checkpoint, beside train.json also when the results directory has moved since
         return replace(record, checkpoint=str(job.checkpoint(record.averaged_checkpoints))), True
     if finished.data is not None:
         _move_aside(run_dir, key_difference(finished.key, key), tag)
     elif run_dir.exists() and any(run_dir.iterdir()):
-        interrupted = lookup(key_path, key, stored_key=whole_file, same=same_key)
+        interrupted = lookup(key_path, key, stored_key=whole_file)
         if not interrupted.hit:
             _move_aside(run_dir, key_difference(interrupted.key, key), tag)
         else:
             print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
     store(key_path, key)
     print(f"  [{tag}] training {job.arch} ({job.setting_name}): {shlex.join(row_args + run.train_args)}", flush=True)
-    result = training.run(job.request, env=job_env(run))
+    # the training processes' environment: this one's, pinned to run.threads CPU threads
+    result = training.run(job.request, env=dict(os.environ, PYTHONUNBUFFERED="1", **run.thread_env()))
     log = log_file.read_text(encoding="utf-8", errors="replace")
     train, valid = logs.last_summary(log, "train"), logs.last_summary(log, "valid")
     record = TrainRecord(
@@ -112,7 +103,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
         parameters=logs.model_parameters(log), updates=int(train.get("num_updates", 0)),
         train_steps_per_second=train.get("ups"), train_loss=train.get("loss"), valid_loss=valid.get("loss"),
         valid_nll_loss=valid.get("nll_loss"))
-    store(record_path, record.to_dict())
+    store(record_path, to_json(record))
     return record, False
 
 
@@ -133,19 +124,17 @@ def eval_request(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: s
 
 
 def evaluation_key(request: EvalRequest) -> Dict:
-    """Everything that changes what an evaluation decodes, for its cache (``eval/key.json``): the checkpoint's
-    name and contents (:func:`checkpoint_identity`), the subset, beam, length penalty (value and form), length
-    limit, batch size, device,
-    precision and extra fairseq-generate flags, and the cache version."""
-    key = {"checkpoint": request.checkpoint.name, "checkpoint_identity": checkpoint_identity(request.checkpoint),
-           "subset": request.subset, "beam": request.beam, "lenpen": request.lenpen,
-           "length_penalty": request.length_penalty, "max_len_a": request.max_len_a, "max_len_b": request.max_len_b,
-           "batch_size": request.batch_size, "cpu": request.cpu, "precision": request.precision,
-           "generate_args": list(request.generate_args), "version": cache_version()}
+    """Everything that changes what an evaluation decodes, for its cache (``eval/key.json``): every field of the
+    request (subset, beam, length penalty value and form, length limit, batch size, device, precision, extra
+    fairseq-generate flags) but where it reads and writes, the checkpoint by name and contents
+    (:func:`checkpoint_identity`), and the cache version."""
+    key = {k: v for k, v in asdict(request).items() if k not in ("checkpoint", "data_dir", "out")}
+    key.update(checkpoint=request.checkpoint.name, checkpoint_identity=checkpoint_identity(request.checkpoint),
+               version=cache_version())
     return json.loads(json.dumps(key))
 
 
-def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: str = "test") -> Dict:
+def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: str = "test") -> EvalRecord:
     """Decode and score ``subset`` with one row/seed's checkpoint (cached in results.json of
     :meth:`RunConfig.eval_dir` while key.json there matches :func:`evaluation_key`)."""
     request = eval_request(run, row, seed, checkpoint, subset)
@@ -158,7 +147,8 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: s
             shutil.rmtree(out)  # made with other decoding flags
         results = evaluate(request)
         store(out / "key.json", key)
-    return dict(results, out=str(out), target_lang=load_dataset_meta(request.data_dir).target_lang)
+    target_lang = load_dataset_meta(request.data_dir).target_lang
+    return from_json(EvalRecord, dict(results, out=str(out), target_lang=target_lang))
 
 
 def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Optional[Dict]:
@@ -231,15 +221,12 @@ def probing_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict
     return payload["tasks"]
 
 
-def run_job(row: Row, run: RunConfig, seed: int) -> Dict:
+def run_job(row: Row, run: RunConfig, seed: int) -> JobRecord:
     """One row and seed: train (or reuse), evaluate, measure head disagreement (and probe, for tables that ask
-    for it); the per-seed record: the :class:`TrainRecord`'s fields, ``reused``, and the measurements."""
+    for it); the per-seed record."""
     train, reused = train_row(row, run, seed)
-    evals = {subset: evaluate_row(row, run, seed, train.checkpoint, subset) for subset in run.subsets}
-    record = dict(train.to_dict(), reused=reused, eval=evals[run.subsets[0]], evals=evals)  # eval: the report's BLEU
-    record["disagreement"] = disagreement_scores(row, run, seed, train.checkpoint)
-    if record["disagreement"]:  # None for a single-head model
-        record["output_disagreement"] = record["disagreement"]["enc_self"]["out"]
-    if run.probing_tasks:
-        record["probing"] = probing_scores(row, run, seed, train.checkpoint)
-    return record
+    return JobRecord(
+        train=train, reused=reused,
+        evals={subset: evaluate_row(row, run, seed, train.checkpoint, subset) for subset in run.subsets},
+        disagreement=disagreement_scores(row, run, seed, train.checkpoint),
+        probing=probing_scores(row, run, seed, train.checkpoint) if run.probing_tasks else None)
