@@ -96,8 +96,8 @@ def test_bad_task_files_are_named(tmp_path, text, message):
 # ---------------------------------------------------------------------------------------------- the text
 def test_sentences_are_prepared_as_the_models_training_data(tmp_path):
     (tmp_path / "codes").write_text("#version: 0.2\n", encoding="utf-8")  # no merges: BPE leaves words alone
-    meta = {"source_lang": "en", "bpe": "subword-nmt", "bpe_models": {"en": "codes"}, "moses_tokenized": True,
-            "lowercase": True}
+    meta = {"source_lang": "en", "target_lang": "de", "bpe": "subword-nmt", "bpe_models": {"en": "codes"},
+            "moses_tokenized": True, "lowercase": True}
     (tmp_path / "prepare.json").write_text(json.dumps(meta))
     prepare = probing.source_segmenter(tmp_path)
     assert prepare("The printer 's page , isn 't it ?") == "the printer &apos;s page , isn &apos;t it ?"
