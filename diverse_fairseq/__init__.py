@@ -17,6 +17,6 @@ halves (docs/architecture.md):
 __version__ = "0.1.0"
 
 from . import methods  # noqa: F401  (side effect: fairseq registrations, checkpoint allowlist)
-from .cli_logging import quiet_hydra
+from .runs.cli_logging import quiet_hydra
 
 quiet_hydra()  # fairseq's commands load the package (--user-dir) before they build their hydra configuration

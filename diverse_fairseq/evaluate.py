@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from . import env_checks, paths
-from .checkpoint_file import check_dataset, read_checkpoint
-from .dataset_meta import DatasetMeta, load_dataset_meta
-from .paper_bleu import authors_bleu
-from .run_plan import task_args
-from .settings import LENGTH_PENALTIES
+from .runs import env_checks, paths
+from .runs.checkpoint_file import check_dataset, read_checkpoint
+from .runs.dataset_meta import DatasetMeta, load_dataset_meta
+from .runs.paper_bleu import authors_bleu
+from .runs.plan import task_args
+from .runs.settings import LENGTH_PENALTIES
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 #: the Chinese segmentation of the tokenized BLEU where prepare.json names none (a zh target without a recorded
@@ -321,7 +321,7 @@ def evaluate(request: EvalRequest) -> Dict:
                "max_len_a": max_len_a, "max_len_b": max_len_b, "batch_size": request.batch_size,
                "device": "gpu" if on_gpu else "cpu", "reference": ref_kind}
     results.update(bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta))
-    # the paper authors' own scoring where their tables have one (diverse_fairseq.paper_bleu)
+    # the paper authors' own scoring where their tables have one (diverse_fairseq.runs.paper_bleu)
     targets = _in_order(parsed["targets"], n, "targets") if parsed["targets"] else None
     results.update(authors_bleu(meta.dataset, hyps_model, targets, refs_detok, tgt))
     results["speed"] = parsed["speed"]

@@ -14,7 +14,7 @@ DATA_BIN or a prepared dataset's folder; without it, the dataset the checkpoint 
 Both undo their segmentation on the output. Decoding uses the recipe's beam and length penalty, and the penalty
 form and length limit the checkpoint was validated with (:func:`stored_decoding`: GNMT's penalty and |x| + 50
 tokens for the THUMT papers' settings), as the evaluation does. A checkpoint of another dataset is refused
-(:mod:`diverse_fairseq.checkpoint_file`).
+(:mod:`diverse_fairseq.runs.checkpoint_file`).
 See docs/translating.md.
 """
 
@@ -25,10 +25,10 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from . import paths
-from .checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
-from .dataset_meta import DatasetMeta, load_dataset_meta
 from .evaluate import resolve_data
+from .runs import paths
+from .runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
+from .runs.dataset_meta import DatasetMeta, load_dataset_meta
 from .user_dir import USER_DIR
 
 
@@ -66,7 +66,7 @@ def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Optional[Di
                   ) -> List[str]:
     """``fairseq-interactive`` with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
     decoding settings, with ``decoding`` (:func:`stored_decoding`) over them."""
-    from .run_plan import task_args
+    from .runs.plan import task_args
 
     d = {"length_penalty": "fairseq", "max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **(decoding or {})}
     return ["fairseq-interactive", str(data_dir), "--path", str(checkpoint), "--user-dir", USER_DIR,

@@ -1,8 +1,8 @@
 """Train with the recipes' hyper-parameters: ``fairseq-train --user-dir diverse_fairseq`` on every visible GPU.
 
-The settings (:mod:`diverse_fairseq.settings`) hold the recipes' hyper-parameters; :func:`diverse_fairseq.run_plan.plan`
-turns a request into the run's plan (fairseq-train's arguments, save directory, checkpoint to evaluate), and
-:func:`run` trains it.
+The settings (:mod:`diverse_fairseq.runs.settings`) hold the recipes' hyper-parameters;
+:func:`diverse_fairseq.runs.plan.plan` turns a request into the run's plan (fairseq-train's arguments, save
+directory, checkpoint to evaluate), and :func:`run` trains it.
 
     python -m diverse_fairseq.training DATASET SETTING_OR_ARCH [extra fairseq-train options]
     scripts/train.sh DATASET SETTING_OR_ARCH [...]
@@ -20,13 +20,13 @@ checkpoints; with ``AVERAGE=N`` the last N checkpoints are averaged after traini
 is evaluated.
 
 Save directory: ``SAVE_DIR``, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash>``, one per run: the hash is
-that of the run's identity (:mod:`diverse_fairseq.identity`: the effective, model-changing option values), so
+that of the run's identity (:mod:`diverse_fairseq.runs.identity`: the effective, model-changing option values), so
 runs with other method flags never share a directory. The identity is stored in ``SAVE_DIR/train_args.json``;
 resuming a directory trained as another run is refused before training (``RESUME_ANYWAY=1`` overrides), see
-:mod:`diverse_fairseq.save_dir`. A finished run (``checkpoint_last.pt`` at ``--max-update``) is left alone:
+:mod:`diverse_fairseq.runs.save_dir`. A finished run (``checkpoint_last.pt`` at ``--max-update``) is left alone:
 raise ``MAX_UPDATE`` to train further (docs/training.md, "Resuming, finished runs and failures").
 
-Environment: DATA_BIN, CHECKPOINTS (defaults: :mod:`diverse_fairseq.paths`), SAVE_DIR, MAX_TOKENS,
+Environment: DATA_BIN, CHECKPOINTS (defaults: :mod:`diverse_fairseq.runs.paths`), SAVE_DIR, MAX_TOKENS,
 UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32), AVERAGE (N, default 0 = off),
 SEED, DRY_RUN=1 (print the command only), RESUME_ANYWAY=1, GPUS=N (train on the first N visible GPUs only: sets
 ``CUDA_VISIBLE_DEVICES`` of the training processes to the first N of the devices visible now, so fairseq's world
@@ -52,11 +52,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from . import env_checks, paths
-from . import save_dir as save_dirs
-from .checkpoint_file import refuse_damaged_last
-from .run_plan import PRECISIONS, Plan, TrainOptions, TrainRequest, plan, visible_gpus
-from .settings import EMBEDDINGS, SETTINGS, default_setting
+from .runs import env_checks, paths
+from .runs import save_dir as save_dirs
+from .runs.checkpoint_file import refuse_damaged_last
+from .runs.plan import PRECISIONS, Plan, TrainOptions, TrainRequest, plan, visible_gpus
+from .runs.settings import EMBEDDINGS, SETTINGS, default_setting
 
 
 def parse_gpus(text) -> Optional[int]:
@@ -146,7 +146,7 @@ def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=None,
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What :func:`run` did with a :class:`~diverse_fairseq.run_plan.Plan`."""
+    """What :func:`run` did with a :class:`~diverse_fairseq.runs.plan.Plan`."""
 
     plan: Plan
     averaged: int = 0  # checkpoints averaged into the evaluated model (0: a single model)
@@ -160,13 +160,13 @@ class TrainResult:
 
 
 def run(request: TrainRequest, env=None) -> TrainResult:
-    """Train the :func:`~diverse_fairseq.run_plan.plan` of ``request`` (resuming from
+    """Train the :func:`~diverse_fairseq.runs.plan.plan` of ``request`` (resuming from
     SAVE_DIR/checkpoint_last.pt if present), then average.
 
     A finished run, whose ``checkpoint_last.pt`` has reached ``--max-update`` (``MAX_UPDATE``), is left alone
     (``finished_earlier``): fairseq would resume it and train one more update before its stop check,
     overwriting the finished model. Model options the architecture lacks (``--routing-*`` without a routing
-    architecture) stop the run before it starts (:func:`~diverse_fairseq.run_plan.plan`). A resume of another
+    architecture) stop the run before it starts (:func:`~diverse_fairseq.runs.plan.plan`). A resume of another
     run (another identity) is refused. A failed fairseq-train raises SystemExit that offers to resume only
     where a checkpoint exists (a save directory left with nothing but ``train_args.json`` is removed) and
     ends with fairseq's own error line (:func:`failure_message`). A ``checkpoint_last.pt`` that cannot be read is

@@ -50,7 +50,7 @@ def _clean_env(request, monkeypatch):
 
 def fake_prepared(data_bin, dataset, **meta):
     """``data_bin/dataset/prepare.json`` (en→de, joined dictionary, plus ``meta``) and nothing else: all that
-    :func:`diverse_fairseq.run_plan.plan` reads. Returns ``data_bin``."""
+    :func:`diverse_fairseq.runs.plan.plan` reads. Returns ``data_bin``."""
     d = Path(data_bin) / dataset
     d.mkdir(parents=True, exist_ok=True)
     (d / "prepare.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de", "joined_dictionary": True,

@@ -1,5 +1,5 @@
 """Bad checkpoint files and checkpoints of another dataset: one clear error each, from the evaluation and the
-analysis alike (diverse_fairseq.checkpoint_file), and no empty output folder left behind."""
+analysis alike (diverse_fairseq.runs.checkpoint_file), and no empty output folder left behind."""
 
 import datetime
 import json
@@ -11,8 +11,8 @@ import torch
 from conftest import run_cli
 
 from diverse_fairseq.analysis.__main__ import main as analyze
-from diverse_fairseq.checkpoint_file import read_checkpoint
 from diverse_fairseq.evaluate import main as evaluate
+from diverse_fairseq.runs.checkpoint_file import read_checkpoint
 from diverse_fairseq.user_dir import USER_DIR
 
 pytestmark = pytest.mark.slow  # every test here uses a model trained by fairseq-train

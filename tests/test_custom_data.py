@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import lines
 
-from diverse_fairseq import settings, training
+from diverse_fairseq import training
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.data.text import tokenize
+from diverse_fairseq.runs import settings
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"

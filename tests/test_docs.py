@@ -177,7 +177,7 @@ def test_paper_settings_tables_match_the_table_descriptions():
 
 
 def test_paper_settings_training_table_matches_the_code():
-    from diverse_fairseq.settings import SETTINGS
+    from diverse_fairseq.runs.settings import SETTINGS
 
     tables = markdown_tables((REPO / "docs" / "paper-settings.md").read_text(encoding="utf-8"))
     header, *rows = tables["Our training settings"][0]

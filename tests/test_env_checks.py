@@ -1,5 +1,5 @@
 """Every environment variable the entry points read is validated before any work, with an error naming the
-variable, the bad value and the accepted values (diverse_fairseq.env_checks, shared by training, data
+variable, the bad value and the accepted values (diverse_fairseq.runs.env_checks, shared by training, data
 preparation, evaluation and the table runner; the runner's own cases are in test_tables.py)."""
 
 import os
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import fake_prepared
 
-from diverse_fairseq import env_checks
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.evaluate import main as evaluate
+from diverse_fairseq.runs import env_checks
 from diverse_fairseq.training import request_from_env
 
 REPO = Path(__file__).resolve().parents[1]

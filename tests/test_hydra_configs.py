@@ -5,7 +5,7 @@ For every ``configs/<method>/<dataset>_*.yaml``:
 
 * its keys become fairseq-train flags (``section.key: value`` → ``--key value``; ``_name`` → ``--task``,
   ``--arch``, ``--criterion``, ``--optimizer``, ``--lr-scheduler``; lists → comma lists; ``true`` → a switch);
-* :func:`diverse_fairseq.run_plan.plan` builds the command of the same dataset and architecture, with
+* :func:`diverse_fairseq.runs.plan.plan` builds the command of the same dataset and architecture, with
   only the config's method options (criterion name, ``disagreement_*``, ``routing_*``, ``repulsive_*``) as
   extra flags, for the GPUs the config is written for (8 × 4096 tokens for base/big, one GPU for small) in fp32
   (the configs say to add ``common.fp16=true`` on GPUs);
@@ -20,8 +20,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from diverse_fairseq.data.recipes import RECIPES
-from diverse_fairseq.run_plan import plan
-from diverse_fairseq.settings import resolve_setting
+from diverse_fairseq.runs.plan import plan
+from diverse_fairseq.runs.settings import resolve_setting
 from diverse_fairseq.training import request_from_env
 from diverse_fairseq.user_dir import USER_DIR
 

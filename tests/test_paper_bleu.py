@@ -1,4 +1,4 @@
-"""The EMNLP 2020 authors' BLEU (diverse_fairseq.paper_bleu): fairseq-generate's scorer for IWSLT14, the
+"""The EMNLP 2020 authors' BLEU (diverse_fairseq.runs.paper_bleu): fairseq-generate's scorer for IWSLT14, the
 detokenize / tokenize without -a / ##AT## / multi-bleu chain for WMT14, and its column in the report."""
 
 from dataclasses import replace
@@ -7,9 +7,9 @@ import pytest
 from test_tables import _fake_run, _refs, _table
 
 from diverse_fairseq.data.text import tokenize
-from diverse_fairseq.dataset_meta import meta_from_dict
 from diverse_fairseq.evaluate import tokenized_pair
-from diverse_fairseq.paper_bleu import atat_split, authors_bleu, iwslt14_bleu, wmt14_bleu, wmt14_tokens
+from diverse_fairseq.runs.dataset_meta import meta_from_dict
+from diverse_fairseq.runs.paper_bleu import atat_split, authors_bleu, iwslt14_bleu, wmt14_bleu, wmt14_tokens
 from diverse_fairseq.tables import report
 
 REFS = ["the cat sat on the mat .", "we saw a zyzzyva in the garden yesterday .", "it was raining all day long .",

@@ -16,9 +16,9 @@ import pytest
 import torch
 from conftest import REPO, USER_DIR, fake_prepared, job_record, run_cli, tiny_train_args
 
-from diverse_fairseq import save_dir as save_dirs
 from diverse_fairseq import training
-from diverse_fairseq.run_plan import plan
+from diverse_fairseq.runs import save_dir as save_dirs
+from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.tables import runner
 from diverse_fairseq.tables.config import RunConfig
 
@@ -172,7 +172,7 @@ def test_a_truncated_checkpoint_last_is_refused_before_training_with_the_fix(env
             f"cp {where}/checkpoint_best.pt {last}, then run the same command again to resume; ") in message
     assert f"or, to train afresh in {where}, only mv {last} {last}.damaged" in message
     # the fix works: after it, the run resumes from update 4
-    from diverse_fairseq.checkpoint_file import refuse_damaged_last
+    from diverse_fairseq.runs.checkpoint_file import refuse_damaged_last
 
     subprocess.run(f"mv {last} {last}.damaged && cp {where}/checkpoint_best.pt {last}", shell=True, check=True)
     refuse_damaged_last(where, "rerun")
@@ -180,7 +180,7 @@ def test_a_truncated_checkpoint_last_is_refused_before_training_with_the_fix(env
 
 
 def test_a_damaged_checkpoint_last_without_an_intact_one_is_moved_aside(env, tmp_path):
-    from diverse_fairseq.checkpoint_file import refuse_damaged_last
+    from diverse_fairseq.runs.checkpoint_file import refuse_damaged_last
 
     where = tmp_path / "run"
     _damaged_run(env, where, others=())

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from conftest import fake_prepared
 
-from diverse_fairseq import paths
-from diverse_fairseq.dataset_meta import load_dataset_meta
 from diverse_fairseq.evaluate import EvalRequest
-from diverse_fairseq.run_plan import plan
+from diverse_fairseq.runs import paths
+from diverse_fairseq.runs.dataset_meta import load_dataset_meta
+from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.training import request_from_env
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """One save directory per training variant (a readable name plus a hash of the effective options), the options
-stored in it, and the refusal to resume a directory trained with other options (diverse_fairseq.save_dir)."""
+stored in it, and the refusal to resume a directory trained with other options (diverse_fairseq.runs.save_dir)."""
 
 import json
 import os
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import fake_prepared
 
-from diverse_fairseq import run_plan
-from diverse_fairseq import save_dir as save_dirs
-from diverse_fairseq.run_plan import plan
+from diverse_fairseq.runs import plan as run_plan
+from diverse_fairseq.runs import save_dir as save_dirs
+from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.training import request_from_env, run_from_env
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from diverse_fairseq.methods.length_penalty import GnmtSequenceGenerator
-from diverse_fairseq.run_plan import plan
-from diverse_fairseq.settings import SETTINGS
+from diverse_fairseq.runs.plan import plan
+from diverse_fairseq.runs.settings import SETTINGS
 from diverse_fairseq.tables import check, scale, steps
 from diverse_fairseq.tables.config import RunConfig
 from diverse_fairseq.tables.spec import TABLE_DIR, load_table

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from diverse_fairseq import settings
 from diverse_fairseq.methods.options import parse_layers, parse_names
+from diverse_fairseq.runs import settings
 from diverse_fairseq.tables.spec import TABLE_DIR, TableSpecError, load_table, parse_table
 from diverse_fairseq.user_dir import USER_DIR
 

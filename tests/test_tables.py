@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 from conftest import fake_prepared, job_record, with_train
 
-from diverse_fairseq import run_plan, training
-from diverse_fairseq.env_checks import parse_seeds
-from diverse_fairseq.run_plan import TrainOptions
+from diverse_fairseq import training
+from diverse_fairseq.runs import plan as run_plan
+from diverse_fairseq.runs.env_checks import parse_seeds
+from diverse_fairseq.runs.plan import TrainOptions
 from diverse_fairseq.tables import report, runner, steps
 from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs
 from diverse_fairseq.tables.config import RunConfig

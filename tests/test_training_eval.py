@@ -15,8 +15,8 @@ from conftest import fake_prepared, lines
 
 from diverse_fairseq.average_checkpoints import average_checkpoints, last_n_checkpoints
 from diverse_fairseq.evaluate import parse_generate_output, parse_generate_speed
-from diverse_fairseq.run_plan import plan, update_freq
-from diverse_fairseq.settings import resolve_setting
+from diverse_fairseq.runs.plan import plan, update_freq
+from diverse_fairseq.runs.settings import resolve_setting
 from diverse_fairseq.training import request_from_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -266,7 +266,7 @@ def test_thumt_settings_train_the_authors_100k_updates_and_big_300k_is_named():
     Vaswani et al.'s 300k stays an option named big_300k, otherwise the big setting."""
     from dataclasses import replace
 
-    from diverse_fairseq.settings import SETTINGS
+    from diverse_fairseq.runs.settings import SETTINGS
 
     assert SETTINGS["base"].max_update == SETTINGS["big"].max_update == 100000
     assert SETTINGS["big_300k"] == replace(SETTINGS["big"], max_update=300000)
@@ -276,9 +276,9 @@ def test_thumt_settings_train_the_authors_100k_updates_and_big_300k_is_named():
 def test_each_setting_decodes_as_its_paper(data_bin):
     """THUMT settings (base, big): GNMT's penalty through the plugin's task and at most |x| + 50 tokens, in the
     validation BLEU and in the table runner's evaluation; fairseq's settings keep --lenpen and the recipe's cap."""
-    from diverse_fairseq import settings
-    from diverse_fairseq.dataset_meta import load_dataset_meta
-    from diverse_fairseq.run_plan import decoding, task_args
+    from diverse_fairseq.runs import settings
+    from diverse_fairseq.runs.dataset_meta import load_dataset_meta
+    from diverse_fairseq.runs.plan import decoding, task_args
 
     fake_prepared(data_bin, "wmt14_en_de", beam=4, lenpen=0.6, max_len_a=0.0, max_len_b=200)
     meta = load_dataset_meta(data_bin / "wmt14_en_de")
@@ -310,7 +310,7 @@ def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path, monkeypatch)
 
     for key in ("LENGTH_PENALTY", "MAX_LEN_A", "MAX_LEN_B", "BEAM", "LENPEN", "PRECISION", "CPU"):
         monkeypatch.delenv(key, raising=False)
-    from diverse_fairseq.dataset_meta import meta_from_dict
+    from diverse_fairseq.runs.dataset_meta import meta_from_dict
 
     meta = meta_from_dict({"source_lang": "en", "target_lang": "de", "beam": 4, "lenpen": 0.6, "max_len_a": 0,
                            "max_len_b": 200, "post_process": "subword_nmt"})
@@ -335,8 +335,8 @@ def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path, monkeypatch)
 def test_interactive_command_decodes_as_the_checkpoint_was_validated(tmp_path):
     """A THUMT-setting checkpoint (validated with GNMT's penalty and |x| + 50 tokens) gets the same decoding in
     the printed fairseq-interactive command; a plain translation checkpoint keeps fairseq's and the recipe's."""
-    from diverse_fairseq.dataset_meta import meta_from_dict
     from diverse_fairseq.interactive_command import build_command, stored_decoding
+    from diverse_fairseq.runs.dataset_meta import meta_from_dict
 
     meta = meta_from_dict({"source_lang": "en", "target_lang": "de", "bpe": "sentencepiece",
                            "bpe_models": {"en": "spm.model"}, "beam": 4, "lenpen": 0.6, "max_len_a": 0,

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import fake_prepared
 
-from diverse_fairseq import save_dir as save_dirs
 from diverse_fairseq import training
-from diverse_fairseq.run_plan import plan
-from diverse_fairseq.settings import resolve_setting
+from diverse_fairseq.runs import save_dir as save_dirs
+from diverse_fairseq.runs.plan import plan
+from diverse_fairseq.runs.settings import resolve_setting
 
 ENV_KEYS = ("SEEDS", "SEED", "TRAIN_ARGS", "DRY_RUN", "SAVE_DIR", "MAX_UPDATE", "GPUS", "AVERAGE", "RESUME_ANYWAY")
 

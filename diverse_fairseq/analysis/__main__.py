@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_logging import setup_cli_logging
+from ..runs.cli_logging import setup_cli_logging
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ from fairseq.dataclass.utils import overwrite_args_by_name
 
 import diverse_fairseq  # noqa: F401  (registrations, checkpoint allowlist)
 
-from ..checkpoint_file import check_dataset, read_checkpoint, stored_data_dir, stored_task
+from ..runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_dir, stored_task
 
 
 @dataclass

@@ -53,7 +53,7 @@ def source_segmenter(data_dir: Path, log=print) -> Callable[[str], str]:
     Without ``prepare.json`` (data not made by this toolkit) the sentences are used as they are."""
     from ..data.bpe import segment
     from ..data.text import detokenize, tokenize
-    from ..dataset_meta import load_dataset_meta
+    from ..runs.dataset_meta import load_dataset_meta
 
     meta_path = Path(data_dir) / "prepare.json"
     if not meta_path.is_file():
@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from ..cli_logging import setup_cli_logging
+    from ..runs.cli_logging import setup_cli_logging
 
     setup_cli_logging()
     if args.threads:

@@ -8,8 +8,8 @@ DATA_BIN/custom_xx_yy (or DATA_BIN/DATASET_NAME). The steps (download, extract,
 collect, normalize, tokenize, clean, learn-bpe, apply-bpe, [clean-bpe], binarize) are each skipped
 when their outputs exist and are complete, so an interrupted run continues where it stopped.
 Intermediate files go to WORK_DIR/DATASET, the binarized data to DATA_BIN/DATASET (defaults: the repository's
-work/ and data-bin/, :mod:`diverse_fairseq.paths`), together with ``prepare.json`` (how the data was made, read
-through :mod:`diverse_fairseq.dataset_meta`), the test references (``test.ref.TGT`` raw, ``test.tok.TGT``
+work/ and data-bin/, :mod:`diverse_fairseq.runs.paths`), together with ``prepare.json`` (how the data was made, read
+through :mod:`diverse_fairseq.runs.dataset_meta`), the test references (``test.ref.TGT`` raw, ``test.tok.TGT``
 tokenized) and the BPE model. Long steps print progress lines (done of all, elapsed, time left) every
 PROGRESS_INTERVAL seconds (:mod:`.progress`).
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import List, Optional
 
-from .. import env_checks, paths
+from ..runs import env_checks, paths
 from . import bpe as bpe_mod
 from . import progress
 from .archive import CorruptArchiveError, extract

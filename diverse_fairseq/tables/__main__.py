@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from .. import env_checks, paths, training
-from ..cli_logging import setup_cli_logging
+from .. import training
 from ..data.recipes import RECIPES
-from ..settings import SETTINGS
+from ..runs import env_checks, paths
+from ..runs.cli_logging import setup_cli_logging
+from ..runs.settings import SETTINGS
 from .config import RunConfig
 from .keys import RUNNER_FLAGS
 from .report import summarise, write_report

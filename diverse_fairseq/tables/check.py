@@ -45,12 +45,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .. import env_checks, paths
-from ..cli_logging import setup_cli_logging
 from ..data.recipes import RECIPES
-from ..dataset_meta import load_dataset_meta
-from ..run_plan import Plan, TrainOptions
-from ..settings import SETTINGS
+from ..runs import env_checks, paths
+from ..runs.cli_logging import setup_cli_logging
+from ..runs.dataset_meta import load_dataset_meta
+from ..runs.plan import Plan, TrainOptions
+from ..runs.settings import SETTINGS
 from . import scale as scale_mod
 from .config import RunConfig
 from .spec import TABLE_DIR, Row, Table, load_table
@@ -221,7 +221,7 @@ def build_and_step(args: List[str], layers: int, step: bool) -> Result:
 
 def decoding_note(job: Plan) -> str:
     """How a row's runs decode (validation BLEU and test), e.g. `` [decoding: beam 4, gnmt length penalty
-    0.6, at most 1·|x| + 49 tokens]`` (:attr:`diverse_fairseq.run_plan.Plan.decoding`)."""
+    0.6, at most 1·|x| + 49 tokens]`` (:attr:`diverse_fairseq.runs.plan.Plan.decoding`)."""
     d = job.decoding
     return (f" [decoding: beam {d.beam}, {d.length_penalty} length penalty {d.lenpen:g}, at most "
             f"{d.max_len_a:g}·|x| + {d.max_len_b} tokens]")

@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..paths import DATA_BIN
-from ..run_plan import TrainOptions
-from ..settings import DEMO_SETTING, default_setting
+from ..runs.paths import DATA_BIN
+from ..runs.plan import TrainOptions
+from ..runs.settings import DEMO_SETTING, default_setting
 from .spec import Row
 
 
@@ -40,7 +40,7 @@ class RunConfig:
 
     def setting(self, row: Row) -> str:
         """The training setting of ``row``: ``tiny`` at demo scale, else the row's or the dataset's
-        (:func:`diverse_fairseq.settings.default_setting`: the papers' for their datasets, by size for your own
+        (:func:`diverse_fairseq.runs.settings.default_setting`: the papers' for their datasets, by size for your own
         corpus)."""
         if self.scale == "demo":
             return DEMO_SETTING

@@ -1,7 +1,7 @@
 """The cache key of a training run: what a finished run must match to be reused.
 
 A run is reused only if it is the same run: :func:`cache_key` is the run's identity
-(:func:`diverse_fairseq.identity.run_identity`, the same one that names a save directory and checks a resume:
+(:func:`diverse_fairseq.runs.identity.run_identity`, the same one that names a save directory and checks a resume:
 the effective, model-changing fairseq-train option values and the prepared data), plus what the identity leaves
 to the caller: the number of updates, the checkpoint averaging, and the cache version. The run's own paths and
 the logging options are not part of the identity, so a results directory can move and a machine without
@@ -13,8 +13,8 @@ changes the last bits of the numbers, not the experiment.
 import json
 from typing import Dict, Optional
 
-from ..identity import differences
-from ..run_plan import Plan
+from ..runs.identity import differences
+from ..runs.plan import Plan
 from .cache import cache_version
 
 #: fairseq-train flags (each with one value) that the runner sets itself for every run (TRAIN_ARGS must not contain

@@ -26,7 +26,7 @@ def limit_threads(threads: int):
 
 
 def _worker_init(threads: int):
-    from ..cli_logging import setup_cli_logging
+    from ..runs.cli_logging import setup_cli_logging
 
     limit_threads(threads)
     setup_cli_logging()

@@ -23,7 +23,7 @@ class TrainRecord:
     key: Dict  # the cache key (keys.cache_key)
     trained_at: str
     threads: int
-    checkpoint: str  # the checkpoint to evaluate (run_plan.Plan.checkpoint)
+    checkpoint: str  # the checkpoint to evaluate (runs.plan.Plan.checkpoint)
     args: List[str]  # the row's flags, mapped to the setting's depth (scale.py)
     averaged_checkpoints: int  # checkpoints averaged into the evaluated model (0: a single model)
     best_checkpoint_metric: Optional[str]  # the setting's (checkpoint_choice.METRICS): which single model

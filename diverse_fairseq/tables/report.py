@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..checkpoint_choice import METRICS, describe
+from ..runs.checkpoint_choice import METRICS, describe
 from .disagreement_report import disagreement_entry, disagreement_section
 from .probing_report import probing_entry, probing_section
 from .records import JobRecord
@@ -136,7 +136,8 @@ def summarise(table: Table, results: Dict[str, List[JobRecord]], dataset: str, s
             "bleu": bleu[0], "bleu_std": bleu[1], "bleu_per_seed": [e.bleu for e in evals],
             "tok_bleu": tok[0], "tok_bleu_std": tok[1], "tok_bleu_per_seed": [e.tok_bleu for e in evals],
             "signature": evals[0].signature,
-            # BLEU as the paper's authors scored it (diverse_fairseq.paper_bleu), where the dataset has their scoring
+            # BLEU as the paper's authors scored it (diverse_fairseq.runs.paper_bleu), where the dataset has their
+            # scoring
             "paper_bleu": _mean_std([e.paper_bleu for e in evals])[0],
             "paper_bleu_kind": evals[0].paper_bleu_kind,
             "bleu_by_subset": {name: _mean_std([r.evals[name].bleu for r in runs])[0] for name in runs[0].evals},
@@ -202,7 +203,7 @@ def params_footnote(summary: Dict, rows: List[Dict]) -> str:
 
 
 def checkpoints_note(rows: List[Dict]) -> str:
-    """Which checkpoint was evaluated (:mod:`diverse_fairseq.checkpoint_choice`): a single one (the last, or the
+    """Which checkpoint was evaluated (:mod:`diverse_fairseq.runs.checkpoint_choice`): a single one (the last, or the
     best by validation BLEU as the THUMT papers' rows, or by validation loss as the EMNLP 2020 rows, at paper
     scale) or an average (from the train records)."""
     def single(r: Dict) -> str:
@@ -381,7 +382,7 @@ def to_markdown(summary: Dict) -> str:
                      + f" at full scale, for reference: this run used `{summary['dataset']}` at scale "
                      f"`{summary['scale']}`.")
     if authors:
-        notes.append(f"authors' BLEU: {authors} (diverse_fairseq/paper_bleu.py), the number to compare with the "
+        notes.append(f"authors' BLEU: {authors} (diverse_fairseq/runs/paper_bleu.py), the number to compare with the "
                      "paper's BLEU; the BLEU column is sacrebleu's on detokenized text.")
     if has_rel:
         notes.append("Step time (rel.): the baseline's training steps/s divided by the row's.")

@@ -18,7 +18,7 @@ from typing import List
 
 from diverse_fairseq.methods.options import ALL_LAYERS, parse_layer_spec
 
-from ..settings import SETTINGS
+from ..runs.settings import SETTINGS
 
 PAPER_LAYERS = 6
 # every option that selects layers (tests/test_table_scale.py checks that the plugin registers no other)

@@ -43,8 +43,8 @@ from typing import Dict, List, Optional
 
 import yaml
 
-from ..paths import REPO
-from ..settings import DEMO_SETTING, SETTINGS
+from ..runs.paths import REPO
+from ..runs.settings import DEMO_SETTING, SETTINGS
 
 TABLE_DIR = REPO / "configs" / "tables"
 FAMILIES = ("transformer", "diverse_transformer")

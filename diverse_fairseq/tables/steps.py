@@ -9,7 +9,7 @@
    **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained afresh; a run
    interrupted under the same key resumes from its last checkpoint.
 2. :func:`evaluate_row` evaluates the run's checkpoint (the average of the last checkpoints where training made
-   one, else the setting's single model, :mod:`diverse_fairseq.checkpoint_choice`: ``checkpoint_best.pt`` by
+   one, else the setting's single model, :mod:`diverse_fairseq.runs.checkpoint_choice`: ``checkpoint_best.pt`` by
    validation BLEU for the THUMT papers' settings, by validation loss for the EMNLP 2020 authors' fairseq
    settings, ``checkpoint_last.pt`` at demo scale) with :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU,
    decoding speed; reused while ``eval/key.json`` matches);
@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from .. import training
-from ..dataset_meta import load_dataset_meta
 from ..evaluate import EvalRequest, evaluate
-from ..run_plan import Plan, TrainRequest, decoding, plan
-from ..settings import SETTINGS
+from ..runs.dataset_meta import load_dataset_meta
+from ..runs.plan import Plan, TrainRequest, decoding, plan
+from ..runs.settings import SETTINGS
 from . import logs, scale
 from .cache import cache_version, checkpoint_identity, lookup, store, whole_file
 from .config import RunConfig
@@ -109,7 +109,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
 
 def eval_request(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: str) -> EvalRequest:
     """The evaluation of ``subset`` with ``checkpoint`` into :meth:`RunConfig.eval_dir`: what the table says
-    (its subsets, the row's setting's decoding (:func:`diverse_fairseq.run_plan.decoding`, as its plan: GNMT's
+    (its subsets, the row's setting's decoding (:func:`diverse_fairseq.runs.plan.decoding`, as its plan: GNMT's
     length penalty and |x| + 50 tokens for the THUMT papers' settings), its ``GENERATE_ARGS``, its devices and
     precision) and nothing of the environment: ``SUBSET``,
     ``BEAM``, ``LENPEN``, ``BATCH_SIZE`` and ``CPU`` are scripts/evaluate.sh's, not the table's

@@ -33,9 +33,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import diverse_fairseq  # noqa: E402,F401  (registers the plugin before fairseq imports the user dir)
-from diverse_fairseq import save_dir as save_dirs  # noqa: E402
 from diverse_fairseq.methods.repulsive import particle_adam  # noqa: E402
 from diverse_fairseq.methods.repulsive.svgd import rbf_kernel  # noqa: E402
+from diverse_fairseq.runs import save_dir as save_dirs  # noqa: E402
 
 
 def kernel_stats(theta, grad, alpha, bandwidth, grad_scale=None):

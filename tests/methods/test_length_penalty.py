@@ -151,8 +151,8 @@ def test_unnormalized_scores_stay_unnormalized():
 def test_thumt_length_limit_is_source_length_plus_50(src_len):
     """THUMT (utils/inference.py) stops a hypothesis that has not ended at |x| + 50 words, |x| the source's
     words; fairseq's --max-len-a 1 --max-len-b 49 gives the same limit, since its source length counts the EOS
-    (the THUMT settings' values, diverse_fairseq.settings.THUMT_MAX_LEN). A model that never ends hits it."""
-    from diverse_fairseq.settings import THUMT_MAX_LEN
+    (the THUMT settings' values, diverse_fairseq.runs.settings.THUMT_MAX_LEN). A model that never ends hits it."""
+    from diverse_fairseq.runs.settings import THUMT_MAX_LEN
 
     hypos, _ = decode("gnmt", src_len=src_len, eos_logit=-100.0, **THUMT_MAX_LEN)
     assert len(hypos[0]["tokens"]) - 1 == src_len + 50

@@ -1,6 +1,6 @@
 """Which checkpoint file of a run is evaluated: the one place where this is decided.
 
-A setting names its ``best_checkpoint_metric`` (:class:`diverse_fairseq.settings.Setting`):
+A setting names its ``best_checkpoint_metric`` (:class:`diverse_fairseq.runs.settings.Setting`):
 
 - ``None``: the last checkpoint, ``checkpoint_last.pt`` (the demo scale);
 - ``"bleu"``: ``checkpoint_best.pt``, the best by validation BLEU (fairseq's ``--eval-bleu`` with

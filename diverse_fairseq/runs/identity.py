@@ -5,7 +5,7 @@ arguments are parsed with fairseq's own parser (``options.parse_args_and_arch``,
 plugin's criteria, optimizers and architectures add their options and defaults), and only the values that
 differ from what fairseq would use anyway for the same task, architecture, criterion, optimizer and scheduler
 count, together with those choices themselves and the prepared data (``prepare.json`` without its creation
-time, :meth:`diverse_fairseq.dataset_meta.DatasetMeta.identity`). So spelling out a default changes nothing:
+time, :meth:`diverse_fairseq.runs.dataset_meta.DatasetMeta.identity`). So spelling out a default changes nothing:
 ``--dropout 0.1`` on an architecture whose dropout is 0.1, or ``--repulsive-method svgd --repulsive-alpha 0.01
 --repulsive-stepsize 0.1`` under ``--optimizer repulsive_adam``, is the same run as leaving them out.
 

@@ -3,7 +3,7 @@ dataset, and the names a user may give (a setting or a registered architecture).
 
 The settings take the papers' values where the papers give them and fill the rest from Vaswani et al. 2017 or
 fairseq's examples (the comments on :data:`SETTINGS` and docs/paper-settings.md say which is which). They are the
-single source of the recipes' hyper-parameters: :func:`diverse_fairseq.run_plan.plan` turns one into
+single source of the recipes' hyper-parameters: :func:`diverse_fairseq.runs.plan.plan` turns one into
 fairseq-train's arguments, the table specs (``tables/spec.py``) are validated against :data:`SETTINGS`, and the
 hydra configs in ``configs/`` must give the same fairseq options (``tests/test_hydra_configs.py``).
 """
@@ -42,7 +42,7 @@ class Setting:
     attention_dropout: Optional[float] = None  # None: the architecture's default (0 in fairseq)
     activation_dropout: Optional[float] = None  # ReLU dropout; None: the architecture's default (0)
     adam_eps: float = 1e-9
-    # the checkpoint evaluated (diverse_fairseq.checkpoint_choice): None: checkpoint_last.pt; "bleu":
+    # the checkpoint evaluated (diverse_fairseq.runs.checkpoint_choice): None: checkpoint_last.pt; "bleu":
     # checkpoint_best.pt by validation BLEU (fairseq's --eval-bleu, the THUMT settings); "loss": checkpoint_best.pt
     # by validation loss (fairseq's default best metric, the EMNLP 2020 authors' fairseq settings)
     best_checkpoint_metric: Optional[str] = None

@@ -52,7 +52,7 @@ def atat_split(line: str) -> str:
 def wmt14_tokens(detokenized: str, lang: str) -> str:
     """A detokenized line as the authors' WMT14 script scores it: Moses-tokenized without ``-a`` (escaping on, as
     ``tokenizer.perl``), then hyphens split as ``##AT##-##AT##``."""
-    from .data.text import tokenize
+    from ..data.text import tokenize
 
     return atat_split(tokenize(detokenized, lang, aggressive_dash=False))
 
@@ -60,7 +60,7 @@ def wmt14_tokens(detokenized: str, lang: str) -> str:
 def wmt14_bleu(hyps_model: List[str], refs_detok: List[str], lang: str):
     """The authors' WMT14 BLEU: ``hyps_model`` are the model's BPE-removed (``-a``-tokenized) hypotheses, which are
     detokenized first; ``refs_detok`` the raw references."""
-    from .data.text import detokenize
+    from ..data.text import detokenize
 
     hyps = [wmt14_tokens(detokenize(h, lang), lang) for h in hyps_model]
     refs = [wmt14_tokens(r, lang) for r in refs_detok]

@@ -153,7 +153,7 @@ def refuse_damaged_last(save_dir, rerun: str = "run the same command again") -> 
     would say "resuming", crash in torch's zip reader and leave the file as it is, so the same command would fail
     again.
 
-    The update counts are read memory-mapped (:func:`diverse_fairseq.save_dir.trained_updates`); the full read
+    The update counts are read memory-mapped (:func:`diverse_fairseq.runs.save_dir.trained_updates`); the full read
     that says what is wrong (:func:`read_checkpoint`) only runs on a file that fails that cheap read."""
     from .save_dir import trained_updates
 

@@ -5,8 +5,8 @@ its dry run, check-tables and the report.
 
 The plan holds fairseq-train's arguments and launcher, the save directory, the architecture, the number of
 updates, the checkpoint averaging, the checkpoint to evaluate, the embeddings, the decoding options, the
-prepared data's metadata (:class:`~diverse_fairseq.dataset_meta.DatasetMeta`) and the run's identity
-(:func:`~diverse_fairseq.identity.run_identity`).
+prepared data's metadata (:class:`~diverse_fairseq.runs.dataset_meta.DatasetMeta`) and the run's identity
+(:func:`~diverse_fairseq.runs.identity.run_identity`).
 
 Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs
 with ``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs
@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ..user_dir import USER_DIR  # the package directory, for --user-dir
 from .checkpoint_choice import checkpoint_name
 from .dataset_meta import DatasetMeta, load_dataset_meta
 from .identity import run_identity
 from .paths import CHECKPOINTS, DATA_BIN
 from .save_dir import default_save_dir, effective_options
 from .settings import LENGTH_PENALTIES, Setting, diverse_equivalent, registered_architectures, resolve_setting
-from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class Plan:
     launcher: Tuple[str, ...]  # the program before the arguments: this Python -m fairseq_cli.train, or torchrun
     save_dir: Path
     meta: DatasetMeta
-    identity: Dict = field(compare=False)  # :func:`diverse_fairseq.identity.run_identity`
+    identity: Dict = field(compare=False)  # :func:`diverse_fairseq.runs.identity.run_identity`
     gpus: int = 0  # GPUs per node (0: the CPU)
     nodes: int = 1
     max_tokens: int = 0
@@ -246,7 +246,7 @@ class Plan:
 
     def checkpoint(self, averaged: int) -> Path:
         """The checkpoint to evaluate when ``averaged`` checkpoints went into an average (0: none): the run's
-        file of :func:`diverse_fairseq.checkpoint_choice.checkpoint_name`, the one rule for it."""
+        file of :func:`diverse_fairseq.runs.checkpoint_choice.checkpoint_name`, the one rule for it."""
         return self.save_dir / checkpoint_name(self.best_checkpoint_metric, averaged)
 
     @property
@@ -260,7 +260,7 @@ def plan(request: TrainRequest) -> Plan:
     """The :class:`Plan` of ``request``.
 
     The save directory is ``request.save_dir`` when given (or a ``--save-dir`` among the extra options), else
-    ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>`` (:mod:`diverse_fairseq.save_dir`).
+    ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>`` (:mod:`diverse_fairseq.runs.save_dir`).
     The launcher runs ``-m fairseq_cli.train`` (or ``request.entry``) with the arguments: torchrun when
     ``options.nnodes`` is set, else this Python. Model options the architecture lacks (``--routing-*``
     without a routing architecture) are refused here, before anything runs."""

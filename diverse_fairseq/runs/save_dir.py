@@ -2,7 +2,7 @@
 
 :func:`diverse_fairseq.training.run` (``scripts/train.sh``) names its default save directory
 ``CHECKPOINTS/<DATASET>_<SETTING>-<hash>``: the hash (8 hex digits) is taken over the run's identity
-(:func:`diverse_fairseq.identity.run_identity`: the effective, model-changing fairseq-train option values and
+(:func:`diverse_fairseq.runs.identity.run_identity`: the effective, model-changing fairseq-train option values and
 the prepared data), so two method variants never share a directory, and rerunning the same command, or one that
 only spells out defaults, finds its own directory again and resumes it. An explicit ``SAVE_DIR`` is used as given.
 
@@ -10,7 +10,7 @@ Before training, the identity is written to ``SAVE_DIR/train_args.json``. A run 
 (one with ``checkpoint_last.pt``) whose stored identity differs from the requested one stops before training,
 naming each differing option with its old and new value; ``RESUME_ANYWAY=1`` resumes anyway (and records the
 new options), another ``SAVE_DIR`` or deleting the directory starts afresh. The options that may differ on
-resume are :data:`diverse_fairseq.identity.NOT_THE_MODEL` (logging, saving, ``--max-update``, ...): so
+resume are :data:`diverse_fairseq.runs.identity.NOT_THE_MODEL` (logging, saving, ``--max-update``, ...): so
 ``MAX_UPDATE=N`` extends a run in its own directory, ``AVERAGE=N`` (which only keeps more checkpoints) averages
 the run trained without it, and a resubmitted SLURM job (another ``--distributed-port``) resumes its run.
 """
@@ -54,7 +54,7 @@ def default_save_dir(checkpoints: Path, name: str, identity: Dict) -> Path:
 
 def check_resume(save_dir: Path, identity: Dict, resume_anyway: bool = False) -> Optional[str]:
     """Refuse (``SystemExit``) to resume ``save_dir`` when it was trained as another run (another
-    :func:`~diverse_fairseq.identity.run_identity`), unless ``resume_anyway`` (``RESUME_ANYWAY=1``); return a
+    :func:`~diverse_fairseq.runs.identity.run_identity`), unless ``resume_anyway`` (``RESUME_ANYWAY=1``); return a
     warning to print, or ``None``. Called before training, also by a dry run."""
     save_dir = Path(save_dir)
     if not (save_dir / "checkpoint_last.pt").exists():
