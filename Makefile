@@ -31,9 +31,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 
+# pytest-xdist spreads the tests over the cores (at most 4 workers: most tests start fairseq processes of their own);
+# PYTEST_ARGS='-n 0' runs them in one process
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --maxprocesses 4 $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m diverse_fairseq.tables demo
