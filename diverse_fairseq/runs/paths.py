@@ -13,7 +13,7 @@ A variable that is set is used as given (a relative path then is relative to the
 import os
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA_BIN = REPO / "data-bin"
 CHECKPOINTS = REPO / "checkpoints"
 WORK_DIR = REPO / "work"
