@@ -162,6 +162,19 @@ def test_paper_scale_refuses_wmt17_data_without_a_record_of_its_corpora(tmp_path
     assert data_problems({"dataset": "wmt17_zh_en", "training_data": verified}) == []
 
 
+def test_paper_scale_refuses_data_checked_against_a_stand_in_manifest(tmp_path):
+    """Data prepared with EXPECT (stand-in archives, e.g. the test fixtures) is not the papers' data: a paper-scale
+    table refuses it unless asked, and the message names the dataset to prepare without its +NAME suffix."""
+    data = tmp_path / "wmt14_en_de+fixture"
+    data.mkdir()
+    meta = {"dataset": "wmt14_en_de", "verification": {"expectations": {"manifest": "fixture", "path": "x.json"}}}
+    (data / "prepare.json").write_text(json.dumps(meta))
+    with pytest.raises(SystemExit, match=r"stand-in manifest 'fixture'.*make data DATASET=wmt14_en_de, "):
+        check_paper_data(data, allow=False)
+    check_paper_data(data, allow=True)  # asked for: a warning, no refusal
+    assert data_problems({"dataset": "wmt14_en_de", "verification": {"expectations": "published"}}) == []
+
+
 def test_the_length_cap_unit_is_an_option():
     assert wmt17.configure(wmt17.RECIPE, {"work_dir": "/nonexistent"}).clean_after_bpe  # subwords (default)
     words = wmt17.configure(wmt17.RECIPE, {"work_dir": "/nonexistent", "length_unit": "words"})

@@ -207,13 +207,17 @@ def ensure_demo_data(data: Path):
 def data_problems(meta: dict) -> List[str]:
     """Why a prepared dataset (its prepare.json) is not the published data, in words; empty when it is, or when
     its recipe records nothing about its corpora."""
+    expectations = (meta.get("verification") or {}).get("expectations", "published")
+    stand_in = [] if expectations == "published" else [
+        f"its files were checked against the stand-in manifest {expectations.get('manifest')!r} (EXPECT), not the "
+        f"published sizes, checksums and counts"]
     record = meta.get("training_data")
     if record is None:
         recipe = RECIPES.get(meta.get("dataset"))
         if recipe is not None and recipe.corpora_file:  # a recipe that records its corpora, prepared before it did
-            return ["prepared by an older version that did not check the corpora' counts (no training_data)"]
-        return []
-    return [] if record.get("verified", True) else list(record.get("problems") or ["not verified"])
+            return stand_in + ["prepared by an older version that did not check the corpora' counts (no training_data)"]
+        return stand_in
+    return stand_in + ([] if record.get("verified", True) else list(record.get("problems") or ["not verified"]))
 
 
 def check_paper_data(data: Path, allow: bool):
@@ -233,8 +237,8 @@ def check_paper_data(data: Path, allow: bool):
               f": the results are not comparable with the papers'", flush=True)
         return
     raise SystemExit(f"error: {data} was prepared from other data than the papers' ({what}), see its prepare.json. "
-                     f"Prepare it again with the full published corpora (make data DATASET={data.name}, without "
-                     f"CWMT=skip or ALLOW_UNVERIFIED=1), or run this paper-scale table on it anyway with "
+                     f"Prepare it again with the full published corpora (make data DATASET={data.name.split('+')[0]}, "
+                     f"without CWMT=skip, ALLOW_UNVERIFIED=1 or EXPECT), or run this paper-scale table on it anyway with "
                      f"ALLOW_UNVERIFIED_DATA=1 (--allow-unverified-data 1).")
 
 
