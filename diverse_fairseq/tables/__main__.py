@@ -238,8 +238,8 @@ def check_paper_data(data: Path, allow: bool):
         return
     raise SystemExit(f"error: {data} was prepared from other data than the papers' ({what}), see its prepare.json. "
                      f"Prepare it again with the full published corpora (make data DATASET={data.name.split('+')[0]}, "
-                     f"without CWMT=skip, ALLOW_UNVERIFIED=1 or EXPECT), or run this paper-scale table on it anyway with "
-                     f"ALLOW_UNVERIFIED_DATA=1 (--allow-unverified-data 1).")
+                     f"without CWMT=skip, ALLOW_UNVERIFIED=1 or EXPECT), or run this paper-scale table on it anyway "
+                     f"with ALLOW_UNVERIFIED_DATA=1 (--allow-unverified-data 1).")
 
 
 def ensure_probing_data(tasks: List[str], folder: Optional[str], scale: str = "paper") -> Path:
