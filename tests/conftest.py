@@ -60,7 +60,13 @@ def fake_prepared(data_bin, dataset, **meta):
 
 def run_cli(module, args, timeout=600, env=None, check=True):
     """Run ``python -m fairseq_cli.<module> args`` and return the CompletedProcess (output captured)."""
-    cmd = [sys.executable, "-m", f"fairseq_cli.{module}", *map(str, args)]
+    args = [str(a) for a in args]
+    if module == "train" and "--data-buffer-size" not in args:
+        # fairseq prefetches batches in a daemon thread (data/iterators.py, BackgroundConsumer); when a short run
+        # ends while that thread is inside torch, the interpreter's exit can abort the process ("terminate called
+        # without an active exception", exit -6): seen once in a fixture's one-update run under pytest-xdist
+        args += ["--data-buffer-size", "0"]
+    cmd = [sys.executable, "-m", f"fairseq_cli.{module}", *args]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     full_env.update(env or {})
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
