@@ -74,6 +74,12 @@ ARCHIVES = [
 ]
 
 
+def newstest2013_plain(ctx: Context):
+    """newstest2013 en/de from dev.tgz's plain-text files."""
+    root = ctx.extracted("dev")
+    return {lang: list(iter_lines(find_member(root, f"dev/newstest2013.{lang}"))) for lang in ("en", "de")}
+
+
 def newstest2013(ctx: Context):
     """newstest2013 en/de from dev.tgz: the SGM files when present, else the plain-text ones."""
     root = ctx.extracted("dev")
@@ -81,22 +87,28 @@ def newstest2013(ctx: Context):
         return {"en": sgm_segments(find_member(root, "dev/newstest2013-src.en.sgm")),
                 "de": sgm_segments(find_member(root, "dev/newstest2013-ref.de.sgm"))}
     except FileNotFoundError:
-        return {lang: list(iter_lines(find_member(root, f"dev/newstest2013.{lang}"))) for lang in ("en", "de")}
+        return newstest2013_plain(ctx)
 
 
-def collect(ctx: Context):
+def collect_corpora(ctx: Context, news_commentary, valid):
+    """Write raw train (Europarl v7, Common Crawl, then ``news_commentary``: (name, archive, member stem)), valid
+    (``valid(ctx)``: {lang: lines}) and test (newstest2014 from the SGM files)."""
     corpora = []
     for name, archive, stem in (("europarl-v7", "europarl", "training/europarl-v7.de-en"),
-                                ("commoncrawl", "commoncrawl", "commoncrawl.de-en"),
-                                ("news-commentary-v9", "news-commentary", "training/news-commentary-v9.de-en")):
+                                ("commoncrawl", "commoncrawl", "commoncrawl.de-en"), news_commentary):
         root = ctx.extracted(archive)
         corpora.append((name, find_member(root, f"{stem}.en"), find_member(root, f"{stem}.de")))
     concat_parallel(ctx, "train", corpora, "en", "de")
-    write_parallel(ctx, "valid", newstest2013(ctx))
+    write_parallel(ctx, "valid", valid(ctx))
     root = ctx.extracted("test")
     write_parallel(ctx, "test", {"en": sgm_segments(find_member(root, "test-full/newstest2014-deen-src.en.sgm")),
                                  "de": sgm_segments(find_member(root, "test-full/newstest2014-deen-ref.de.sgm"))})
     return {}
+
+
+def collect(ctx: Context):
+    return collect_corpora(ctx, ("news-commentary-v9", "news-commentary", "training/news-commentary-v9.de-en"),
+                           newstest2013)
 
 
 RECIPE = Recipe(
@@ -128,20 +140,8 @@ MACARON_ARCHIVES = [
 def collect_macaron(ctx: Context):
     """macaron-net's corpora (Europarl v7, Common Crawl, News Commentary v12, in that order: its ``CORPORA``), valid
     from the plain-text newstest2013 files (its ``dev=dev/newstest2013``), test newstest2014 from the SGM files."""
-    corpora = []
-    for name, archive, stem in (("europarl-v7", "europarl", "training/europarl-v7.de-en"),
-                                ("commoncrawl", "commoncrawl", "commoncrawl.de-en"),
-                                ("news-commentary-v12", "news-commentary-v12", "training/news-commentary-v12.de-en")):
-        root = ctx.extracted(archive)
-        corpora.append((name, find_member(root, f"{stem}.en"), find_member(root, f"{stem}.de")))
-    concat_parallel(ctx, "train", corpora, "en", "de")
-    dev = ctx.extracted("dev")
-    write_parallel(ctx, "valid", {lang: list(iter_lines(find_member(dev, f"dev/newstest2013.{lang}")))
-                                  for lang in ("en", "de")})
-    root = ctx.extracted("test")
-    write_parallel(ctx, "test", {"en": sgm_segments(find_member(root, "test-full/newstest2014-deen-src.en.sgm")),
-                                 "de": sgm_segments(find_member(root, "test-full/newstest2014-deen-ref.de.sgm"))})
-    return {}
+    return collect_corpora(ctx, ("news-commentary-v12", "news-commentary-v12", "training/news-commentary-v12.de-en"),
+                           newstest2013_plain)
 
 
 MACARON = dataclasses.replace(
