@@ -1,4 +1,4 @@
-"""The evaluated checkpoint is decided in one place (diverse_fairseq.runs.checkpoint_choice): the EMNLP 2020 settings
+"""The evaluated checkpoint is decided in one place (diverse_fairseq.runs.settings): the EMNLP 2020 settings
 evaluate checkpoint_best.pt by validation loss, the THUMT settings by validation BLEU, the demo the last one."""
 
 from dataclasses import replace
@@ -8,7 +8,7 @@ from conftest import fake_prepared
 
 from diverse_fairseq import training
 from diverse_fairseq.runs import settings
-from diverse_fairseq.runs.checkpoint_choice import checkpoint_name, describe
+from diverse_fairseq.runs.settings import checkpoint_name, describe
 from diverse_fairseq.tables import report
 
 ENV_KEYS = ("SEEDS", "SEED", "SAVE_DIR", "TRAIN_ARGS", "JOBS", "DRY_RUN", "SCALE", "AVERAGE", "GPUS")

@@ -17,7 +17,8 @@ import torch
 from conftest import REPO, USER_DIR, fake_prepared, job_record, run_cli, tiny_train_args
 
 from diverse_fairseq import training
-from diverse_fairseq.runs import save_dir as save_dirs
+from diverse_fairseq.runs.checkpoint_file import trained_updates
+from diverse_fairseq.runs.identity import write_args
 from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.tables import runner
 from diverse_fairseq.tables.config import RunConfig
@@ -86,7 +87,7 @@ def test_ctrl_c_during_training_ends_with_one_line_and_resumes(toy_bin, tmp_path
     found = INTERRUPTED.fullmatch(last)
     assert found, last
     reached, saved, checkpoint, resume = int(found[1]), int(found[2]), Path(found[3]), found[4]
-    assert reached >= 3 and 2 <= saved <= reached and save_dirs.trained_updates(checkpoint) == saved
+    assert reached >= 3 and 2 <= saved <= reached and trained_updates(checkpoint) == saved
     assert resume.startswith(f"SAVE_DIR={checkpoint.parent} ") and " scripts/train.sh toy tiny " in resume
     # the command resumes that run: the same directory, no option changed (its dry run, in this process, says so)
     words = shlex.split(resume)
@@ -151,7 +152,7 @@ def _damaged_run(env, where: Path, others=(("checkpoint_best.pt", 4), ("checkpoi
     checkpoint_last.pt and the intact ``others``."""
     p = plan(training.request_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where)), gpus=0))
     where.mkdir(parents=True)
-    save_dirs.write_args(where, p.identity, p.command)
+    write_args(where, p.identity, p.command)
     _checkpoint(where / "checkpoint_last.pt", 6)
     data = (where / "checkpoint_last.pt").read_bytes()
     (where / "checkpoint_last.pt").write_bytes(data[: len(data) // 2])
@@ -176,7 +177,7 @@ def test_a_truncated_checkpoint_last_is_refused_before_training_with_the_fix(env
 
     subprocess.run(f"mv {last} {last}.damaged && cp {where}/checkpoint_best.pt {last}", shell=True, check=True)
     refuse_damaged_last(where, "rerun")
-    assert save_dirs.trained_updates(last) == 4
+    assert trained_updates(last) == 4
 
 
 def test_a_damaged_checkpoint_last_without_an_intact_one_is_moved_aside(env, tmp_path):

@@ -1,5 +1,6 @@
 """The training settings: each model scale's hyper-parameters (:data:`SETTINGS`), the default setting of a
-dataset, and the names a user may give (a setting or a registered architecture).
+dataset, the names a user may give (a setting or a registered architecture), and which checkpoint a setting
+evaluates (:func:`checkpoint_name`).
 
 The settings take the papers' values where the papers give them and fill the rest from Vaswani et al. 2017 or
 fairseq's examples (the comments on :data:`SETTINGS` and docs/paper-settings.md say which is which). They are the
@@ -12,8 +13,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .checkpoint_choice import check_metric
+from fairseq.models import ARCH_MODEL_REGISTRY
+
 from .dataset_meta import load_dataset_meta
+
+#: the metrics a setting may name, with its evaluated checkpoint in words for the report: None the last
+#: checkpoint (the demo scale); "bleu" checkpoint_best.pt by validation BLEU (fairseq's --eval-bleu), as the THUMT
+#: trainer of the EMNLP 2018 / NAACL 2019 / journal papers keeps its best checkpoints; "loss" checkpoint_best.pt by
+#: validation loss (fairseq's default best metric), as the EMNLP 2020 authors' README tests checkpoint_best.pt
+#: (bangann/Repulsive-Attention, commit f480b5c, RepulsiveTransformer/README.md lines 31 and 37)
+METRICS = {None: "the last", "bleu": "the best by validation BLEU", "loss": "the best by validation loss"}
+
+
+def check_metric(metric: Optional[str]):
+    """ValueError naming the choices unless ``metric`` is one of :data:`METRICS`."""
+    if metric not in METRICS:
+        raise ValueError(f"best_checkpoint_metric={metric!r} is not known: use None (evaluate checkpoint_last.pt), "
+                         "'bleu' or 'loss' (evaluate checkpoint_best.pt chosen by that validation metric)")
 
 
 @dataclass(frozen=True)
@@ -42,9 +58,7 @@ class Setting:
     attention_dropout: Optional[float] = None  # None: the architecture's default (0 in fairseq)
     activation_dropout: Optional[float] = None  # ReLU dropout; None: the architecture's default (0)
     adam_eps: float = 1e-9
-    # the checkpoint evaluated (diverse_fairseq.runs.checkpoint_choice): None: checkpoint_last.pt; "bleu":
-    # checkpoint_best.pt by validation BLEU (fairseq's --eval-bleu, the THUMT settings); "loss": checkpoint_best.pt
-    # by validation loss (fairseq's default best metric, the EMNLP 2020 authors' fairseq settings)
+    # the checkpoint evaluated, one of METRICS (:func:`checkpoint_name`)
     best_checkpoint_metric: Optional[str] = None
     keep_best: int = 0  # how many of the best checkpoints fairseq keeps (--keep-best-checkpoints)
     # the decoding protocol of the setting's paper (validation BLEU and test): how a finished hypothesis' score is
@@ -59,8 +73,25 @@ class Setting:
         check_metric(self.best_checkpoint_metric)
 
 
+def checkpoint_name(metric: Optional[str], average: int = 0) -> str:
+    """The file evaluated for a setting whose best metric is ``metric`` (:data:`METRICS`), after averaging the last
+    ``average`` checkpoints (0: none); :meth:`diverse_fairseq.runs.plan.Plan.checkpoint` applies it to a run."""
+    check_metric(metric)
+    if average:
+        return f"checkpoint_avg_last{int(average)}.pt"
+    return "checkpoint_best.pt" if metric else "checkpoint_last.pt"
+
+
+def describe(metric: Optional[str], averaged: int = 0) -> str:
+    """What was evaluated, in words: "the average of the last 5 checkpoints (checkpoint_avg_last5.pt)", "a single
+    checkpoint (the best by validation loss, checkpoint_best.pt)", ..."""
+    name = checkpoint_name(metric, averaged)
+    if averaged:
+        return f"the average of the last {int(averaged)} checkpoints ({name})"
+    return f"a single checkpoint ({METRICS[metric]}, {name})"
+
+
 EMBEDDINGS = ("shared", "untied")
-LENGTH_PENALTIES = ("fairseq", "gnmt")  # diverse_fairseq.methods.length_penalty.LENGTH_PENALTIES
 # THUMT decodes at most |x| + decode_length tokens (Diversify-MHA bin/trainer.py and bin/translator.py:
 # decode_length=50; utils/inference.py: max_length = source_length + decode_length, where source_length counts
 # the source's EOS, and the loop runs while step < max_length, the batch's longest; a finished hypothesis then
@@ -157,14 +188,6 @@ def default_setting(dataset: str, data_bin) -> str:
     return next((name for limit, name in SIZE_SETTINGS if pairs < limit), LARGE_SETTING)
 
 
-def registered_architectures() -> Dict[str, type]:
-    """fairseq's ``--arch`` names with their model classes, the plugin's included (importing this package
-    registers them)."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    return ARCH_MODEL_REGISTRY
-
-
 def resolve_setting(name: str):
     """(setting name, Setting, architecture) for a setting name or a registered architecture name.
 
@@ -172,11 +195,11 @@ def resolve_setting(name: str):
     with the base setting's hyper-parameters."""
     if name in SETTINGS:
         return name, SETTINGS[name], SETTINGS[name].arch
-    if name not in registered_architectures():
+    if name not in ARCH_MODEL_REGISTRY:
         from difflib import get_close_matches
 
         near = get_close_matches(name.lower(), list(SETTINGS), n=1, cutoff=0.0)  # always the nearest one
-        archs = get_close_matches(name, [a for a in registered_architectures() if a.startswith("diverse_")], n=1)
+        archs = get_close_matches(name, [a for a in ARCH_MODEL_REGISTRY if a.startswith("diverse_")], n=1)
         hint = f"did you mean the setting {near[0]!r}?" + (f" (or the architecture {archs[0]!r})" if archs else "")
         raise SystemExit(f"error: {name!r} is neither a setting ({', '.join(SETTINGS)}) nor a registered "
                          f"architecture (--arch): {hint}")
@@ -189,4 +212,4 @@ def diverse_equivalent(arch: str) -> str:
     """The plugin's architecture with ``arch``'s sizes: ``diverse_<arch>`` where registered, else
     ``diverse_transformer``."""
     name = arch if arch.startswith("diverse_") else f"diverse_{arch}"
-    return name if name in registered_architectures() else "diverse_transformer"
+    return name if name in ARCH_MODEL_REGISTRY else "diverse_transformer"

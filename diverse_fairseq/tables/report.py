@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..runs.checkpoint_choice import METRICS, describe
+from ..runs.settings import METRICS, describe
 from .disagreement_report import disagreement_entry, disagreement_section
 from .probing_report import probing_entry, probing_section
 from .records import JobRecord
@@ -203,7 +203,7 @@ def params_footnote(summary: Dict, rows: List[Dict]) -> str:
 
 
 def checkpoints_note(rows: List[Dict]) -> str:
-    """Which checkpoint was evaluated (:mod:`diverse_fairseq.runs.checkpoint_choice`): a single one (the last, or the
+    """Which checkpoint was evaluated (:mod:`diverse_fairseq.runs.settings`): a single one (the last, or the
     best by validation BLEU as the THUMT papers' rows, or by validation loss as the EMNLP 2020 rows, at paper
     scale) or an average (from the train records)."""
     def single(r: Dict) -> str:

@@ -9,7 +9,7 @@
    **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained afresh; a run
    interrupted under the same key resumes from its last checkpoint.
 2. :func:`evaluate_row` evaluates the run's checkpoint (the average of the last checkpoints where training made
-   one, else the setting's single model, :mod:`diverse_fairseq.runs.checkpoint_choice`: ``checkpoint_best.pt`` by
+   one, else the setting's single model, :mod:`diverse_fairseq.runs.settings`: ``checkpoint_best.pt`` by
    validation BLEU for the THUMT papers' settings, by validation loss for the EMNLP 2020 authors' fairseq
    settings, ``checkpoint_last.pt`` at demo scale) with :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU,
    decoding speed; reused while ``eval/key.json`` matches);
