@@ -6,29 +6,23 @@
 SETTING is ``small`` (Transformer-small, IWSLT), ``base``, ``big`` (the THUMT papers' Transformer-Base and -Big,
 100k updates as the authors' trainer), ``big_300k`` (big for Vaswani et al.'s 300k updates), ``fairseq_base``,
 ``fairseq_big`` (fairseq's Transformer, EMNLP 2020) or ``tiny`` (the laptop-CPU demo scale); an architecture name
-(``transformer_wmt_en_de``, ``diverse_transformer_vaswani_wmt_en_de_big``, ...) picks the setting its name implies
-(``big``, ``iwslt`` → small, ``tiny``, else base) and replaces its architecture; left out, the dataset's default
-(:func:`~diverse_fairseq.runs.settings.default_setting`). Extra options go to fairseq-train after ours, so they
-override them (e.g. ``--criterion ... --optimizer repulsive_adam``). :func:`~diverse_fairseq.runs.plan.plan` turns
-the request into the run's plan, and :func:`run` trains it.
-
-No setting averages checkpoints (the journal reports single models); ``AVERAGE=N`` averages the last N after
-training into ``SAVE_DIR/checkpoint_avg_lastN.pt``, and that average is evaluated.
+(``diverse_transformer_vaswani_wmt_en_de_big``, ...) picks the setting its name implies (``big``, ``iwslt`` →
+small, ``tiny``, else base) and replaces its architecture; left out, the dataset's default. Extra options go to
+fairseq-train after ours, so they override them (e.g. ``--criterion ... --optimizer repulsive_adam``).
+:func:`~diverse_fairseq.runs.plan.plan` turns the request into the run's plan, and :func:`run` trains it.
 
 Save directory: ``SAVE_DIR``, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>``
-(:mod:`diverse_fairseq.runs.identity`: the effective, model-changing option values), stored in
-``SAVE_DIR/train_args.json``; resuming a directory trained as another run is refused (``RESUME_ANYWAY=1``
-overrides). A finished run (``checkpoint_last.pt`` at ``--max-update``) is left alone: raise ``MAX_UPDATE`` to
-train further (docs/training.md, "Resuming, finished runs and failures").
+(:mod:`diverse_fairseq.runs.identity`); resuming a directory trained as another run is refused
+(``RESUME_ANYWAY=1`` overrides). A finished run (``checkpoint_last.pt`` at ``--max-update``) is left alone: raise
+``MAX_UPDATE`` to train further (docs/training.md, "Resuming, finished runs and failures"). No setting averages
+checkpoints (the journal reports single models); ``AVERAGE=N`` averages the last N into
+``SAVE_DIR/checkpoint_avg_lastN.pt``, and that average is evaluated.
 
-Environment: DATA_BIN, CHECKPOINTS (defaults: :mod:`diverse_fairseq.runs.paths`), SAVE_DIR, MAX_TOKENS,
-UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32), AVERAGE (N, default 0 = off),
-EMBEDDINGS (shared | untied), SEED, DRY_RUN=1 (print the command only), RESUME_ANYWAY=1, GPUS=N (train on the first
-N visible GPUs: the training processes' ``CUDA_VISIBLE_DEVICES``, so that fairseq's world size, torchrun and the
-``--update-freq`` arithmetic use N; GPUS=0 trains on the CPU; more than are visible is an error); every value is
-checked before anything runs. Multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (started through torchrun
-on each node), or run under SLURM (``srun`` with one task per node; fairseq reads the SLURM variables, we add
-``--distributed-port``).
+Environment, every value checked before anything runs: DATA_BIN, CHECKPOINTS (:mod:`diverse_fairseq.runs.paths`),
+SAVE_DIR, MAX_TOKENS, UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32),
+AVERAGE, EMBEDDINGS (shared | untied), SEED, DRY_RUN=1 (print the command only), RESUME_ANYWAY=1, GPUS=N (the
+first N visible GPUs, as the training processes' ``CUDA_VISIBLE_DEVICES``; 0: the CPU). Multi-node: NNODES,
+NODE_RANK, MASTER_ADDR, MASTER_PORT (torchrun on each node), or SLURM (``srun`` with one task per node).
 """
 
 import codecs
@@ -202,27 +196,27 @@ def call_keeping_error(cmd: List[str], env) -> tuple:
     group): this waits for it to stop, without passing on its KeyboardInterrupt traceback, and raises
     :class:`Interrupted` with that update (also when fairseq-train alone was stopped by SIGINT)."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    streams = {proc.stdout.fileno(): sys.stdout, proc.stderr.fileno(): sys.stderr}
+    out, err = proc.stdout.fileno(), proc.stderr.fileno()
+    streams = {out: sys.stdout, err: sys.stderr}
     decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in streams}
+    tails = dict.fromkeys(streams, "")  # the last 64 KiB of each stream
     selector = selectors.DefaultSelector()
     for fd in streams:
         selector.register(fd, selectors.EVENT_READ)
-    tail, update, interrupted_at, carry = "", None, None, {fd: "" for fd in streams}
+    update, interrupted_at = None, None
     try:
         while selector.get_map():
             try:
-                ready = selector.select(timeout=1.0)
-                for key, _ in ready:
+                for key, _ in selector.select(timeout=1.0):
                     chunk = os.read(key.fd, 65536)
                     text = decoders[key.fd].decode(chunk, final=not chunk)
                     if not chunk:
                         selector.unregister(key.fd)
-                    seen = last_update(carry[key.fd] + text)  # tqdm's progress bar writes to stderr
+                    tails[key.fd] = (tails[key.fd] + text)[-65536:]
+                    # both streams (tqdm writes to stderr), a number split between two chunks included
+                    seen = last_update(tails[key.fd][-64 - len(text):])
                     update = update if seen is None else seen
-                    carry[key.fd] = (carry[key.fd] + text)[-64:]  # a number split between two chunks
-                    if key.fd == proc.stderr.fileno():
-                        tail = (tail + text)[-65536:]
-                    if interrupted_at is None or key.fd == proc.stdout.fileno():  # not its traceback
+                    if interrupted_at is None or key.fd == out:  # not its traceback
                         streams[key.fd].write(text)
                         streams[key.fd].flush()
                 if interrupted_at is not None and proc.poll() is None and time.time() - interrupted_at > 10:
@@ -242,7 +236,7 @@ def call_keeping_error(cmd: List[str], env) -> tuple:
         proc.stderr.close()
     if interrupted_at is not None or rc in (-signal.SIGINT, INTERRUPT_EXIT):
         raise Interrupted(update)
-    lines = [line.strip() for line in tail.replace("\r", "\n").split("\n")]
+    lines = [line.strip() for line in tails[err].replace("\r", "\n").split("\n")]
     return rc, next((line for line in reversed(lines) if line), "")
 
 

@@ -128,9 +128,8 @@ def task_args(length_penalty: str) -> List[str]:
     (:mod:`diverse_fairseq.methods.length_penalty`)."""
     if length_penalty not in LENGTH_PENALTIES:
         raise ValueError(f"length penalty {length_penalty!r}: use one of {', '.join(LENGTH_PENALTIES)}")
-    if length_penalty == "fairseq":
-        return ["--task", "translation"]
-    return ["--task", "translation_length_penalty", "--length-penalty", length_penalty]
+    plugin = ["--task", "translation_length_penalty", "--length-penalty", length_penalty]
+    return ["--task", "translation"] if length_penalty == "fairseq" else plugin
 
 
 def decoding(meta: DatasetMeta, s: Optional[Setting] = None) -> "Decoding":
@@ -149,16 +148,13 @@ def eval_bleu_args(meta: DatasetMeta, s: Optional[Setting] = None) -> List[str]:
     segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
     text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
     d = decoding(meta, s)  # the penalty form is a task option (task_args), not part of --eval-bleu-args
-    generation = {"beam": d.beam, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
+    generation = {name: getattr(d, name) for name in ("beam", "lenpen", "max_len_a", "max_len_b")}
     post = meta.post_process
-    args = ["--eval-bleu", "--eval-bleu-args", json.dumps(generation),
-            "--eval-bleu-remove-bpe", "@@ " if post == "subword_nmt" else post]
-    if meta.moses_tokenized:
-        args += ["--eval-bleu-detok", "moses", "--eval-bleu-detok-args",
-                 json.dumps({"target_lang": meta.target_lang})]
-    else:
-        args += ["--eval-bleu-detok", "space"]
-    return args + ["--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
+    detok = ["moses", "--eval-bleu-detok-args", json.dumps({"target_lang": meta.target_lang})] \
+        if meta.moses_tokenized else ["space"]
+    return ["--eval-bleu", "--eval-bleu-args", json.dumps(generation),
+            "--eval-bleu-remove-bpe", "@@ " if post == "subword_nmt" else post, "--eval-bleu-detok", *detok,
+            "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
 def effective_options(args: List[str]) -> Dict[str, Optional[str]]:
@@ -167,18 +163,16 @@ def effective_options(args: List[str]) -> Dict[str, Optional[str]]:
     options: Dict[str, Optional[str]] = {}
     i = 0
     while i < len(args):
-        arg = args[i]
-        if arg.startswith("--"):
-            name, eq, value = arg.partition("=")
-            if eq:
-                options[name] = value
-            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-                options[name] = args[i + 1]
-                i += 1
-            else:
-                options[name] = None
+        name, eq, value = args[i].partition("=")
+        if not name.startswith("--"):
+            options["DATA"] = args[i]
+        elif eq:
+            options[name] = value
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            i += 1
+            options[name] = args[i]
         else:
-            options["DATA"] = arg
+            options[name] = None
         i += 1
     return options
 

@@ -9,7 +9,9 @@ fairseq-train's arguments, the table specs (``tables/spec.py``) are validated ag
 hydra configs in ``configs/`` must give the same fairseq options (``tests/test_hydra_configs.py``).
 """
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -98,10 +100,7 @@ EMBEDDINGS = ("shared", "untied")
 # has at most |x| + 50 tokens before its EOS). fairseq's limit is max_len_a * src_len + max_len_b tokens before
 # the EOS, with src_len the batch's longest source *including* its EOS (src_tokens.size(1)), so |x| + 50 is
 # --max-len-a 1 --max-len-b 49.
-THUMT_DECODE_LENGTH = 50
-THUMT_MAX_LEN = dict(max_len_a=1.0, max_len_b=THUMT_DECODE_LENGTH - 1)
-
-
+THUMT_MAX_LEN = dict(max_len_a=1.0, max_len_b=50 - 1)
 TINY_LAYERS = 2
 # The THUMT Transformer that the EMNLP 2018, NAACL 2019 and journal papers trained (the authors' Diversify-MHA
 # fork of THUMT): untied source/target/output embeddings over separate dictionaries, pre-norm, Adam
@@ -113,6 +112,12 @@ TINY_LAYERS = 2
 THUMT = dict(embeddings="untied", normalize_before=True, attention_dropout=0.1, activation_dropout=0.1,
              adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5, length_penalty="gnmt", **THUMT_MAX_LEN)
 THUMT_TRAIN_STEPS = 100000
+WMT_BATCH = dict(max_tokens=4096, batch_tokens=8 * 4096, save_interval_updates=1000)  # 8 GPUs x 4096 tokens
+# big (16 heads, d = 1024): the schedule of base (below) peaks at 1024^-0.5 · 4000^-0.5 = 4.9e-4; "for both Base
+# and Big models ... all types of dropout rate is set to 0.1" (journal §4.1.1, not Vaswani et al.'s 0.3); 100k
+# updates, as the authors' trainer runs every model
+BIG = Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_update=THUMT_TRAIN_STEPS, **WMT_BATCH,
+              **THUMT)
 SETTINGS: Dict[str, Setting] = {
     # fairseq's IWSLT14 Transformer recipe: lr 5e-4, warmup 4000, dropout 0.3, weight decay 1e-4, 4096 tokens
     # on one GPU as the repulsive-attention paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes
@@ -125,32 +130,23 @@ SETTINGS: Dict[str, Setting] = {
     # 4000 steps, i.e. a peak of 1.0 · d^-0.5 · 4000^-0.5 = 7e-4 for d = 512; 8 P40 GPUs x 4096 tokens;
     # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates: the authors'
     # trainer (THUMT_TRAIN_STEPS). The model and its decoding are the THUMT Transformer's (above).
-    "base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
-                    max_update=THUMT_TRAIN_STEPS, save_interval_updates=1000, keep_checkpoints=10, **THUMT),
-    # big (16 heads, d = 1024): the same schedule peaks at 1024^-0.5 · 4000^-0.5 = 4.9e-4; "for both Base and
-    # Big models ... all types of dropout rate is set to 0.1" (journal §4.1.1, not Vaswani et al.'s 0.3);
-    # 100k updates, as the authors' trainer runs every model
-    "big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_tokens=4096,
-                   batch_tokens=8 * 4096, max_update=THUMT_TRAIN_STEPS, save_interval_updates=1000,
-                   keep_checkpoints=10, **THUMT),
+    "base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_update=THUMT_TRAIN_STEPS, **WMT_BATCH,
+                    **THUMT),
+    "big": BIG,
     # big trained for Vaswani et al.'s 300k updates (their Transformer-big) instead of the authors' 100k: an
     # option, not the papers' setting (SETTING=big_300k, or a table row's `setting: big_300k`)
-    "big_300k": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_tokens=4096,
-                        batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000, keep_checkpoints=10,
-                        **THUMT),
+    "big_300k": replace(BIG, max_update=300000),
     # fairseq's Transformer-base as the EMNLP 2020 authors ran it (their WMT14 scripts): joined dictionary with
     # --share-all-embeddings, post-norm, lr 7e-4 warmed up over 8000 updates, Adam eps 1e-8, no weight decay;
     # their scripts batch 4 GPUs x 4096 tokens x update-freq 2 for MA but 4 for RMA, while the paper says
     # the configurations are the same: one batch (8 x 4096 tokens) for every row; checkpoint_best.pt by
     # validation loss, as their README tests (test-wmt14-base.sh $DATA_DIR/checkpoint_best.pt)
-    "fairseq_base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_tokens=4096, batch_tokens=8 * 4096,
-                            max_update=100000, warmup=8000, save_interval_updates=1000, keep_checkpoints=10,
-                            adam_eps=1e-8, best_checkpoint_metric="loss"),
+    "fairseq_base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_update=100000, warmup=8000,
+                            adam_eps=1e-8, best_checkpoint_metric="loss", **WMT_BATCH),
     # fairseq's Transformer-big, EMNLP 2020's reference row ("big-MA"): the big architecture with fairseq's
     # WMT14 en-de big recipe (Ott et al. 2018: lr 5e-4, dropout 0.3), shared embeddings, Adam eps 1e-8
-    "fairseq_big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.3, max_tokens=4096,
-                           batch_tokens=8 * 4096, max_update=300000, save_interval_updates=1000,
-                           keep_checkpoints=10, adam_eps=1e-8, best_checkpoint_metric="loss"),
+    "fairseq_big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.3, max_update=300000,
+                           adam_eps=1e-8, best_checkpoint_metric="loss", **WMT_BATCH),
     # laptop-CPU demo scale: a 2+2-layer, 128-wide pre-norm Transformer with 4 heads, small batches so that
     # it sees many updates (800, about 1.3 epochs). lr 2e-3, warmup 400, dropout 0.1 were chosen on the
     # baseline's validation BLEU over seeds 1-3 against lr 6e-3 / warmup 150 / no dropout and lr 1e-3
@@ -168,8 +164,7 @@ DEFAULT_SETTING = {"demo": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "bas
                    "wmt14_en_de_joined": "fairseq_base", "wmt17_zh_en": "base"}
 # Any other dataset (your own corpus, scripts/prepare_data.sh custom) by its number of training pairs: below 20k
 # the demo's tiny model (about one epoch in its 800 updates), below 1M Transformer-small (IWSLT14: 160k), else base.
-SIZE_SETTINGS = ((20_000, "tiny"), (1_000_000, "small"))
-LARGE_SETTING = "base"
+SIZE_SETTINGS = ((20_000, "tiny"), (1_000_000, "small"), (math.inf, "base"))
 
 
 def default_setting(dataset: str, data_bin) -> str:
@@ -185,7 +180,7 @@ def default_setting(dataset: str, data_bin) -> str:
     if pairs is None:
         raise SystemExit(f"error: {data / 'prepare.json'} does not record the number of training pairs, so no "
                          f"setting can be chosen for {dataset}: name one ({', '.join(SETTINGS)})")
-    return next((name for limit, name in SIZE_SETTINGS if pairs < limit), LARGE_SETTING)
+    return next(name for limit, name in SIZE_SETTINGS if pairs < limit)
 
 
 def resolve_setting(name: str):
@@ -196,8 +191,6 @@ def resolve_setting(name: str):
     if name in SETTINGS:
         return name, SETTINGS[name], SETTINGS[name].arch
     if name not in ARCH_MODEL_REGISTRY:
-        from difflib import get_close_matches
-
         near = get_close_matches(name.lower(), list(SETTINGS), n=1, cutoff=0.0)  # always the nearest one
         archs = get_close_matches(name, [a for a in ARCH_MODEL_REGISTRY if a.startswith("diverse_")], n=1)
         hint = f"did you mean the setting {near[0]!r}?" + (f" (or the architecture {archs[0]!r})" if archs else "")
