@@ -77,14 +77,12 @@ def options_from_env(env) -> TrainOptions:
 def request_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=None,
                      gpus: Optional[int] = None) -> TrainRequest:
     """The request of ``scripts/train.sh DATASET SETTING EXTRA...``: every variable of ``env`` (default: this
-    process's environment) checked before anything runs. ``gpus`` overrides ``GPUS``; a ``GPUS`` above the
-    visible devices is an error here."""
+    process's environment) checked before anything runs. ``gpus`` overrides ``GPUS`` (None: every visible GPU)."""
     env = dict(os.environ if env is None else env)
     options = options_from_env(env)  # every variable, before anything else
     seed = _int(env, "SEED", 1, 0)
     if gpus is None:
-        gpus = _int(env, "GPUS", None, 0)  # None: every visible GPU
-        select_gpus(gpus, env, visible_gpus())  # more than are visible: stop now
+        gpus = _int(env, "GPUS", None, 0)
     save_dir = env_checks.get(env, "SAVE_DIR")
     return TrainRequest(dataset=dataset, setting=setting_or_arch, extra=tuple(extra), seed=seed,
                         save_dir=Path(save_dir) if save_dir else None,
@@ -111,20 +109,13 @@ class TrainResult:
 
 
 def run(request: TrainRequest, env=None) -> TrainResult:
-    """Train the :func:`~diverse_fairseq.runs.plan.plan` of ``request`` (resuming from
-    SAVE_DIR/checkpoint_last.pt if present), then average.
-
-    Refused before training: model options the architecture lacks (by :func:`~diverse_fairseq.runs.plan.plan`), a
-    resume of another run (another identity) and an unreadable ``checkpoint_last.pt`` (:func:`refuse_damaged_last`,
-    naming the intact checkpoint to resume from). A finished run, whose ``checkpoint_last.pt`` has reached
-    ``--max-update``, is left alone (``finished_earlier``): fairseq would resume it and train one more update
-    before its stop check, overwriting the finished model. A failed fairseq-train raises SystemExit
-    (:func:`failure_message`); Ctrl-C raises :class:`Interrupted` with its one line (:func:`interrupt_message`).
-
-    ``request.gpus`` (None: every visible GPU) restricts training to the first ``gpus`` visible devices
-    (:func:`~diverse_fairseq.runs.plan.select_gpus`). ``env`` is the training processes' environment (default: this
-    process's), their ``CUDA_VISIBLE_DEVICES`` set to the chosen devices; no training option is read from it.
-    """
+    """Train the :func:`~diverse_fairseq.runs.plan.plan` of ``request`` (resuming from ``checkpoint_last.pt``), then
+    average. Refused before training: a resume of another run (another identity) and an unreadable
+    ``checkpoint_last.pt`` (:func:`refuse_damaged_last`). A finished run (``checkpoint_last.pt`` at ``--max-update``)
+    is left alone: fairseq would train one more update before its stop check, overwriting the finished model. A
+    failed fairseq-train raises SystemExit (:func:`failure_message`), Ctrl-C :class:`Interrupted` with its one line.
+    ``request.gpus`` restricts training to the first visible devices (:func:`select_gpus`); ``env`` is the training
+    processes' environment (default: this process's), no training option is read from it."""
     env = dict(os.environ if env is None else env)
     gpus, device_env = select_gpus(request.gpus, env, visible_gpus())
     env.update(device_env)
@@ -286,12 +277,11 @@ def remove_unused(save_dir: Path) -> bool:
     """After a training that wrote no checkpoint: delete our :data:`ARGS_FILE` and every empty folder in
     ``save_dir`` (an unused tensorboard folder, then ``save_dir`` itself). Nothing else is touched, so a folder
     holding anything else (logs, a user's files) stays. Returns whether ``save_dir`` is gone."""
-    save_dir = Path(save_dir)
     if not save_dir.is_dir() or any(save_dir.glob("checkpoint*.pt")):
         return False
     (save_dir / ARGS_FILE).unlink(missing_ok=True)
-    for folder in sorted((p for p in save_dir.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        if not any(folder.iterdir()):
+    for folder in sorted(save_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # the deepest first
+        if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
     if any(save_dir.iterdir()):
         return False
@@ -341,7 +331,7 @@ def main(argv=None):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         print("settings: " + ", ".join(f"{k} ({v.arch})" for k, v in SETTINGS.items()))
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+        return 0 if argv else 2
     dataset, rest = argv[0], argv[1:]
     if rest and not rest[0].startswith("-"):
         setting, extra = rest[0], rest[1:]

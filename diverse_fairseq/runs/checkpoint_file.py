@@ -1,14 +1,11 @@
 """Read a fairseq checkpoint file with one clear error per way it can be wrong, and check it against a dataset.
 
 torch's own errors do not say what is wrong: an empty file gives a bare ``EOFError``, a file that is not a
-checkpoint gets the advice to load it with ``weights_only=False`` (which would run whatever code the file holds),
-and a checkpoint of another dataset fails deep in ``load_state_dict`` with a ``size mismatch`` dump.
-:func:`read_checkpoint` and :func:`check_dataset` (used by the evaluation, the analysis and the interactive
-command) say instead that the file is *truncated* (an interrupted save or copy), *not a checkpoint* (or holds
-Python objects outside the package's allowlist), or of *another dataset* (embedding tables without one row per
-symbol of the dataset's dictionaries, or other languages). Training reads the update count of
-``checkpoint_last.pt`` (:func:`trained_updates`) to leave a finished run alone and refuses a damaged one
-(:func:`refuse_damaged_last`).
+checkpoint the advice to load it with ``weights_only=False`` (which would run whatever code the file holds), a
+checkpoint of another dataset a ``size mismatch`` dump. :func:`read_checkpoint` and :func:`check_dataset` say
+instead that the file is *truncated*, *not a checkpoint* (or holds Python objects outside the package's
+allowlist), or of *another dataset* (another dictionary size or language pair). Training reads the update count
+of ``checkpoint_last.pt`` (:func:`trained_updates`) and refuses a damaged one (:func:`refuse_damaged_last`).
 """
 
 import pickle

@@ -96,27 +96,18 @@ def differences(old: Dict, new: Dict) -> List[str]:
         return [f"made by another version of this package (identity version {old.get('version')}, "
                 f"now {new.get('version')})"]
 
-    def show(values, name):
-        return str(values[name]) if name in values else "(default)"
-
-    before, after = old.get("options", {}), new["options"]
-    lines = [f"{name} {show(before, name)} → {show(after, name)}" for name in sorted(set(before) | set(after))
-             if (name in before) != (name in after) or before.get(name) != after.get(name)]
+    before, after, unset = old.get("options", {}), new["options"], "(default)"
+    lines = [f"{name} {before.get(name, unset)} → {after.get(name, unset)}" for name in sorted(set(before) | set(after))
+             if before.get(name, unset) != after.get(name, unset)]
     if old.get("data") != new["data"]:
         lines.append("the prepared data (prepare.json of DATA_BIN/DATASET)")
     return lines
-
-
-def default_save_dir(checkpoints: Path, name: str, identity: Dict) -> Path:
-    """``checkpoints/<name>-<hash of the run's identity>`` (``name`` is ``<DATASET>_<SETTING>``)."""
-    return Path(checkpoints) / f"{name}-{identity_hash(identity)}"
 
 
 def check_resume(save_dir: Path, identity: Dict, resume_anyway: bool = False) -> Optional[str]:
     """Refuse (``SystemExit``) to resume ``save_dir`` when it was trained as another run (another
     :func:`run_identity`), unless ``resume_anyway`` (``RESUME_ANYWAY=1``); return a warning to print, or ``None``.
     Called before training, also by a dry run."""
-    save_dir = Path(save_dir)
     if not (save_dir / "checkpoint_last.pt").exists():
         return None
     stored = save_dir / ARGS_FILE

@@ -6,10 +6,9 @@ the number of updates, the averaging, the checkpoint to evaluate, the decoding, 
 (:func:`diverse_fairseq.training.run`), the resume check, the table runner's cache key, its dry run,
 check-tables and the report.
 
-Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs
-with ``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs
-go to ``SAVE_DIR/tensorboard`` when a writer is installed (``pip install -e .[tensorboard]``); without one,
-``--tensorboard-logdir`` is left out (it is not part of the run's identity either way).
+Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs with
+``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs go to
+``SAVE_DIR/tensorboard`` where a writer is installed (``pip install -e .[tensorboard]``).
 """
 
 import argparse
@@ -27,7 +26,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from ..methods.length_penalty import LENGTH_PENALTIES
 from ..user_dir import USER_DIR  # the package directory, for --user-dir
 from .dataset_meta import DatasetMeta, load_dataset_meta
-from .identity import default_save_dir, run_identity
+from .identity import identity_hash, run_identity
 from .paths import CHECKPOINTS, DATA_BIN
 from .settings import Setting, checkpoint_name, diverse_equivalent, resolve_setting
 
@@ -69,8 +68,8 @@ class TrainRequest:
     data_bin: Path = DATA_BIN
     gpus: Optional[int] = None  # GPUs per node: None every visible one, 0 the CPU, N the first N visible
     options: TrainOptions = TrainOptions()
-    # a Python script started in place of ``-m fairseq_cli.train`` with the same arguments: a per-run hook that
-    # watches training (e.g. scripts/experiments/kernel_probe.py); it is not part of the command's identity
+    # a script started in place of ``-m fairseq_cli.train`` with the same arguments, a hook that watches training
+    # (e.g. scripts/experiments/kernel_probe.py); not part of the run's identity
     entry: Optional[str] = None
 
 
@@ -79,8 +78,7 @@ def visible_gpus() -> int:
 
 
 def select_gpus(requested: Optional[int], env, visible: int):
-    """(GPUs to train on, environment for the training processes) for ``requested`` GPUs (None: all visible).
-
+    """(GPUs to train on, environment for the training processes) for ``requested`` GPUs (None: all visible):
     ``CUDA_VISIBLE_DEVICES`` becomes the first ``requested`` entries of the current one (0..N-1 when unset), so
     that fairseq (whose default world size is the number of visible devices), torchrun and SLURM's fairseq
     launch all see exactly those devices. More than ``visible`` is an error."""
@@ -132,17 +130,28 @@ def task_args(length_penalty: str) -> List[str]:
     return ["--task", "translation"] if length_penalty == "fairseq" else plugin
 
 
-def decoding(meta: DatasetMeta, s: Optional[Setting] = None) -> "Decoding":
+@dataclass(frozen=True)
+class Decoding:
+    """How a run's validation BLEU and test set are decoded: the beam, the length penalty (value and form:
+    ``fairseq`` or ``gnmt``) and the length limit ``max_len_a * |x| + max_len_b`` (:func:`decoding`)."""
+
+    beam: int
+    lenpen: float
+    length_penalty: str
+    max_len_a: float
+    max_len_b: int
+
+
+def decoding(meta: DatasetMeta, s: Setting) -> Decoding:
     """How setting ``s`` decodes the prepared data: the recipe's beam and length penalty value, the setting's
-    penalty form (fairseq's or GNMT's) and its length limit where it has one, else the recipe's (without ``s``:
-    fairseq's penalty, the recipe's limit). The validation BLEU and the test evaluation both use it."""
-    a = s.max_len_a if s is not None and s.max_len_a is not None else meta.max_len_a
-    b = s.max_len_b if s is not None and s.max_len_b is not None else meta.max_len_b
-    return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty if s else "fairseq",
-                    max_len_a=a, max_len_b=b)
+    penalty form (fairseq's or GNMT's) and its length limit where it has one, else the recipe's. The validation
+    BLEU and the test evaluation both use it."""
+    return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty,
+                    max_len_a=meta.max_len_a if s.max_len_a is None else s.max_len_a,
+                    max_len_b=meta.max_len_b if s.max_len_b is None else s.max_len_b)
 
 
-def eval_bleu_args(meta: DatasetMeta, s: Optional[Setting] = None) -> List[str]:
+def eval_bleu_args(meta: DatasetMeta, s: Setting) -> List[str]:
     """fairseq's validation BLEU (``--eval-bleu``) for choosing the best checkpoint, fitted to the prepared data
     (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
     segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
@@ -192,18 +201,6 @@ def check_model_options(args: List[str]):
     if unknown:
         raise SystemExit(f"error: {', '.join(unknown)}: routing-by-agreement options, which --arch {arch} does not "
                          f"accept: add --arch {diverse_equivalent(arch)} (the same sizes, with the routing options)")
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """How a run's validation BLEU and test set are decoded: the beam, the length penalty (value and form:
-    ``fairseq`` or ``gnmt``) and the length limit ``max_len_a * |x| + max_len_b`` (:func:`decoding`)."""
-
-    beam: int
-    lenpen: float
-    length_penalty: str
-    max_len_a: float
-    max_len_b: int
 
 
 @dataclass(frozen=True)
@@ -331,7 +328,7 @@ def plan(request: TrainRequest) -> Plan:
     check_model_options(args + extra)  # e.g. --routing-* without a routing architecture: before anything runs
     identity = run_identity([a.replace(placeholder, "<save-dir>") for a in args + extra], meta)
     explicit = request.save_dir or effective_options(extra).get("--save-dir")
-    save_dir = Path(explicit) if explicit else default_save_dir(o.checkpoints, f"{dataset}_{setting_or_arch}", identity)
+    save_dir = Path(explicit or Path(o.checkpoints) / f"{dataset}_{setting_or_arch}-{identity_hash(identity)}")
     args = [a.replace(placeholder, str(save_dir)) for a in args] + extra
     max_update = int(effective_options(args).get("--max-update") or 0)  # the extra options may override it
     return Plan(request=request, setting_name=key, setting=s, arch=effective_options(args).get("--arch") or arch,

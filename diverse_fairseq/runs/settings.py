@@ -52,16 +52,14 @@ class Setting:
     average: int = 0  # average the last N checkpoints after training (0: no averaging, the papers' choice)
     log_interval: int = 100
     extra: List[str] = field(default_factory=list)
-    # embeddings: "shared" (fairseq's: --share-all-embeddings on a joined dictionary, else
-    # --share-decoder-input-output-embed) or "untied" (source, target and output embeddings all separate, as
-    # the THUMT Transformer of the EMNLP 2018 / NAACL 2019 / journal papers); EMBEDDINGS=shared|untied overrides
+    # "shared" (fairseq's sharing, plan.model_args) or "untied" (source, target and output embeddings all separate,
+    # as the THUMT Transformer of the EMNLP 2018 / NAACL 2019 / journal papers); EMBEDDINGS=shared|untied overrides
     embeddings: str = "shared"
     normalize_before: bool = False  # pre-norm (layer norm before each sub-layer) in encoder and decoder
     attention_dropout: Optional[float] = None  # None: the architecture's default (0 in fairseq)
     activation_dropout: Optional[float] = None  # ReLU dropout; None: the architecture's default (0)
     adam_eps: float = 1e-9
-    # the checkpoint evaluated, one of METRICS (:func:`checkpoint_name`)
-    best_checkpoint_metric: Optional[str] = None
+    best_checkpoint_metric: Optional[str] = None  # the checkpoint evaluated, one of METRICS (checkpoint_name)
     keep_best: int = 0  # how many of the best checkpoints fairseq keeps (--keep-best-checkpoints)
     # the decoding protocol of the setting's paper (validation BLEU and test): how a finished hypothesis' score is
     # normalised by its length, "fairseq" (--lenpen: / |y|^a) or "gnmt" (/ ((5 + |y|)/6)^a, THUMT's), with a the
