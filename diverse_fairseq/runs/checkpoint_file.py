@@ -18,8 +18,6 @@ from fairseq.data import Dictionary
 
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip archive
 PICKLE_MAGIC = b"\x80"  # the legacy format starts with a pickle protocol opcode
-ANOTHER = ("use another checkpoint of the run (checkpoint_best.pt, checkpoint_last.pt or checkpointN.pt in {dir}) "
-           "or copy the file again")
 
 
 class UnreadableCheckpoint(SystemExit):
@@ -34,8 +32,9 @@ class UnreadableCheckpoint(SystemExit):
 
 def _truncated(path: Path, size: int, why: str) -> SystemExit:
     what = f"truncated ({size:,} bytes; {why})"
-    return UnreadableCheckpoint(f"error: {path} is {what}: its save or copy did not finish; "
-                                + ANOTHER.format(dir=path.parent), what)
+    return UnreadableCheckpoint(f"error: {path} is {what}: its save or copy did not finish; use another checkpoint "
+                                f"of the run (checkpoint_best.pt, checkpoint_last.pt or checkpointN.pt in "
+                                f"{path.parent}) or copy the file again", what)
 
 
 def _not_a_checkpoint(path: Path, why: str) -> SystemExit:
@@ -61,16 +60,14 @@ def read_checkpoint(path) -> Dict:
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
     except pickle.UnpicklingError as e:
-        unsafe = "Unsupported global" in str(e) or "weights_only" in str(e)
         detail = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), "")
-        if torch_file and unsafe:
+        if torch_file and ("Unsupported global" in str(e) or "weights_only" in str(e)):
             raise _not_a_checkpoint(path, "it holds Python objects that fairseq checkpoints do not, which loading "
                                           "would have to execute" + (f": {detail}" if detail else "")) from None
         raise _not_a_checkpoint(path, "torch cannot read it") from None
     except EOFError:
-        if torch_file:
-            raise _truncated(path, size, "it ends in the middle of the data") from None
-        raise _not_a_checkpoint(path, "torch cannot read it") from None
+        raise (_truncated(path, size, "it ends in the middle of the data") if torch_file
+               else _not_a_checkpoint(path, "torch cannot read it")) from None
     except RuntimeError as e:
         if magic.startswith(ZIP_MAGIC) and ("zip archive" in str(e) or "PytorchStreamReader" in str(e)):
             raise _truncated(path, size, "its zip archive has no end") from None

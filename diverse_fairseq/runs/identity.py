@@ -95,7 +95,6 @@ def differences(old: Dict, new: Dict) -> List[str]:
     if old.get("version") != new.get("version"):
         return [f"made by another version of this package (identity version {old.get('version')}, "
                 f"now {new.get('version')})"]
-
     before, after, unset = old.get("options", {}), new["options"], "(default)"
     lines = [f"{name} {before.get(name, unset)} → {after.get(name, unset)}" for name in sorted(set(before) | set(after))
              if before.get(name, unset) != after.get(name, unset)]
