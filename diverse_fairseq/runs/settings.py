@@ -92,63 +92,44 @@ def describe(metric: Optional[str], averaged: int = 0) -> str:
 
 
 EMBEDDINGS = ("shared", "untied")
-# THUMT decodes at most |x| + decode_length tokens (Diversify-MHA bin/trainer.py and bin/translator.py:
-# decode_length=50; utils/inference.py: max_length = source_length + decode_length, where source_length counts
-# the source's EOS, and the loop runs while step < max_length, the batch's longest; a finished hypothesis then
-# has at most |x| + 50 tokens before its EOS). fairseq's limit is max_len_a * src_len + max_len_b tokens before
-# the EOS, with src_len the batch's longest source *including* its EOS (src_tokens.size(1)), so |x| + 50 is
-# --max-len-a 1 --max-len-b 49.
+# Where each value comes from: docs/paper-settings.md ("Our training settings", "Paper scale", "Decoding").
+# THUMT decodes at most |x| + 50 tokens before the EOS (Diversify-MHA decode_length=50, utils/inference.py, its
+# source length counting the EOS); fairseq allows max_len_a * src_len + max_len_b, src_len with its EOS: 1, 49.
 THUMT_MAX_LEN = dict(max_len_a=1.0, max_len_b=50 - 1)
 TINY_LAYERS = 2
-# The THUMT Transformer that the EMNLP 2018, NAACL 2019 and journal papers trained (the authors' Diversify-MHA
-# fork of THUMT): untied source/target/output embeddings over separate dictionaries, pre-norm, Adam
-# (0.9, 0.98, 1e-9), the best checkpoints kept by validation BLEU (their trainer keeps the top 5). Dropout:
-# the journal's text (§4.1.1) says "all types of dropout rate is set to 0.1" (residual, attention, ReLU);
-# the released code has attention/ReLU dropout 0: we follow the text. Decoding as their THUMT (utils/inference.py):
-# GNMT's length penalty (alpha: the recipe's 0.6, decode_alpha=0.6 in bin/trainer.py) and at most |x| + 50 tokens.
-# Training length: their trainer's train_steps=100000 (bin/trainer.py) for every model, Big too; the papers say none.
+# The THUMT Transformer of the EMNLP 2018, NAACL 2019 and journal papers (the authors' Diversify-MHA fork): untied
+# embeddings, pre-norm, Adam eps 1e-9, the best 5 checkpoints by validation BLEU; "all types of dropout rate is set
+# to 0.1" (journal §4.1.1; the released code has attention/ReLU dropout 0: we follow the text); GNMT's length
+# penalty (decode_alpha=0.6); train_steps=100000 (bin/trainer.py) for every model, Big too: the papers say none.
 THUMT = dict(embeddings="untied", normalize_before=True, attention_dropout=0.1, activation_dropout=0.1,
              adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5, length_penalty="gnmt", **THUMT_MAX_LEN)
 THUMT_TRAIN_STEPS = 100000
 WMT_BATCH = dict(max_tokens=4096, batch_tokens=8 * 4096, save_interval_updates=1000)  # 8 GPUs x 4096 tokens
-# big (16 heads, d = 1024): the schedule of base (below) peaks at 1024^-0.5 · 4000^-0.5 = 4.9e-4; "for both Base
-# and Big models ... all types of dropout rate is set to 0.1" (journal §4.1.1, not Vaswani et al.'s 0.3); 100k
-# updates, as the authors' trainer runs every model
+# Vaswani et al.'s schedule with "learning rate initially 1.0" (journal §4.1.1) peaks at d^-0.5 · 4000^-0.5:
+# 7e-4 for base (d = 512), 4.9e-4 for big (d = 1024, 16 heads, dropout 0.1 as base, not Vaswani et al.'s 0.3)
 BIG = Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.1, max_update=THUMT_TRAIN_STEPS, **WMT_BATCH,
               **THUMT)
 SETTINGS: Dict[str, Setting] = {
-    # fairseq's IWSLT14 Transformer recipe: lr 5e-4, warmup 4000, dropout 0.3, weight decay 1e-4, 4096 tokens
-    # on one GPU as the repulsive-attention paper (one TITAN Xp); 50k updates as fairseq's IWSLT recipes
-    # (pay_less_attention_paper; the papers give no number of updates). The EMNLP 2020 authors' scripts
-    # (fairseq): joined dictionary with --share-all-embeddings, Adam eps 1e-8 (fairseq's default).
-    # checkpoint_best.pt by validation loss, as their README tests (test-iwslt14.sh $DATA_DIR/checkpoint_best.pt)
+    # fairseq's IWSLT14 recipe, on one GPU as EMNLP 2020 (one TITAN Xp); 50k updates as fairseq's IWSLT recipes
+    # (the papers give none); the authors' scripts: joined dictionary, Adam eps 1e-8; checkpoint_best.pt by
+    # validation loss, as their README tests (test-iwslt14.sh $DATA_DIR/checkpoint_best.pt)
     "small": Setting("transformer_iwslt_de_en", lr=5e-4, dropout=0.3, weight_decay=1e-4, max_tokens=4096,
                      batch_tokens=4096, max_update=50000, adam_eps=1e-8, best_checkpoint_metric="loss"),
-    # The papers follow Vaswani et al. 2017 (journal §4.1.1): "learning rate initially 1.0" warmed up over
-    # 4000 steps, i.e. a peak of 1.0 · d^-0.5 · 4000^-0.5 = 7e-4 for d = 512; 8 P40 GPUs x 4096 tokens;
-    # dropout 0.1; single models ("without using the averaging or ensemble model"). 100k updates: the authors'
-    # trainer (THUMT_TRAIN_STEPS). The model and its decoding are the THUMT Transformer's (above).
     "base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_update=THUMT_TRAIN_STEPS, **WMT_BATCH,
                     **THUMT),
     "big": BIG,
-    # big trained for Vaswani et al.'s 300k updates (their Transformer-big) instead of the authors' 100k: an
-    # option, not the papers' setting (SETTING=big_300k, or a table row's `setting: big_300k`)
+    # Vaswani et al.'s 300k updates instead of the authors' 100k: an option, not the papers' setting
     "big_300k": replace(BIG, max_update=300000),
-    # fairseq's Transformer-base as the EMNLP 2020 authors ran it (their WMT14 scripts): joined dictionary with
-    # --share-all-embeddings, post-norm, lr 7e-4 warmed up over 8000 updates, Adam eps 1e-8, no weight decay;
-    # their scripts batch 4 GPUs x 4096 tokens x update-freq 2 for MA but 4 for RMA, while the paper says
-    # the configurations are the same: one batch (8 x 4096 tokens) for every row; checkpoint_best.pt by
-    # validation loss, as their README tests (test-wmt14-base.sh $DATA_DIR/checkpoint_best.pt)
+    # fairseq's Transformer-base as the EMNLP 2020 authors' WMT14 scripts: joined dictionary, post-norm, warm-up
+    # 8000, Adam eps 1e-8; one batch for every row as the paper says (their scripts give RMA twice MA's);
+    # checkpoint_best.pt by validation loss, as their README tests (test-wmt14-base.sh)
     "fairseq_base": Setting("transformer_wmt_en_de", lr=7e-4, dropout=0.1, max_update=100000, warmup=8000,
                             adam_eps=1e-8, best_checkpoint_metric="loss", **WMT_BATCH),
-    # fairseq's Transformer-big, EMNLP 2020's reference row ("big-MA"): the big architecture with fairseq's
-    # WMT14 en-de big recipe (Ott et al. 2018: lr 5e-4, dropout 0.3), shared embeddings, Adam eps 1e-8
+    # EMNLP 2020's reference row ("big-MA"): fairseq's WMT14 en-de big recipe (Ott et al. 2018: lr 5e-4, dropout 0.3)
     "fairseq_big": Setting("transformer_vaswani_wmt_en_de_big", lr=5e-4, dropout=0.3, max_update=300000,
                            adam_eps=1e-8, best_checkpoint_metric="loss", **WMT_BATCH),
-    # laptop-CPU demo scale: a 2+2-layer, 128-wide pre-norm Transformer with 4 heads, small batches so that
-    # it sees many updates (800, about 1.3 epochs). lr 2e-3, warmup 400, dropout 0.1 were chosen on the
-    # baseline's validation BLEU over seeds 1-3 against lr 6e-3 / warmup 150 / no dropout and lr 1e-3
-    # (docs/demo-findings.md, section 1).
+    # the laptop-CPU demo: 2+2 pre-norm layers of width 128, 4 heads, 800 updates (about 1.3 epochs); lr, warm-up
+    # and dropout chosen on the baseline's validation BLEU over seeds 1-3 (docs/demo-findings.md, section 1)
     "tiny": Setting("transformer", lr=2e-3, dropout=0.1, max_tokens=1024, batch_tokens=1024, max_update=800,
                     warmup=400, layers=TINY_LAYERS, save_interval_updates=400, keep_checkpoints=2, log_interval=50,
                     extra=["--encoder-layers", str(TINY_LAYERS), "--decoder-layers", str(TINY_LAYERS),
