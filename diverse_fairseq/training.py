@@ -234,13 +234,11 @@ def call_keeping_error(cmd: List[str], env) -> tuple:
 def resume_command(request: TrainRequest, save_dir: Path) -> str:
     """The ``scripts/train.sh`` command that continues ``request``'s training in ``save_dir``: its dataset,
     setting and extra options, with the variables that set its options (``SAVE_DIR`` pins the directory)."""
-    o = request.options
-    variables = {"SAVE_DIR": str(save_dir), "DATA_BIN": str(request.data_bin),
-                 "SEED": str(request.seed) if request.seed != 1 else None,
-                 "GPUS": None if request.gpus is None else str(request.gpus),
-                 "MAX_TOKENS": o.max_tokens, "UPDATE_FREQ": o.update_freq, "MAX_UPDATE": o.max_update,
-                 "AVERAGE": o.average, "PRECISION": o.precision, "EMBEDDINGS": o.embeddings,
-                 "RESUME_ANYWAY": "1" if o.resume_anyway else None}
+    o, seed = request.options, request.seed
+    variables = {"SAVE_DIR": save_dir, "DATA_BIN": request.data_bin, "SEED": seed if seed != 1 else None,
+                 "GPUS": request.gpus, "MAX_TOKENS": o.max_tokens, "UPDATE_FREQ": o.update_freq,
+                 "MAX_UPDATE": o.max_update, "AVERAGE": o.average, "PRECISION": o.precision,
+                 "EMBEDDINGS": o.embeddings, "RESUME_ANYWAY": "1" if o.resume_anyway else None}
     prefix = "".join(f"{k}={shlex.quote(str(v))} " for k, v in variables.items() if v is not None)
     return prefix + shlex.join(["scripts/train.sh", request.dataset, request.setting, *request.extra])
 
@@ -250,7 +248,7 @@ def interrupt_message(update: Optional[int], save_dir: Path, resume: str) -> str
     ``save_dir/checkpoint_last.pt``, where fairseq resumes from) and the command that resumes."""
     at = f"interrupted at update {update}" if update is not None else "interrupted before fairseq reported an update"
     last = Path(save_dir) / "checkpoint_last.pt"
-    saved = trained_updates(last) if last.exists() else None
+    saved = trained_updates(last)  # None: missing or unreadable
     if saved is not None:
         return f"{at}; the last checkpoint is at update {saved} ({last}); resume with: {resume}"
     if last.exists():
