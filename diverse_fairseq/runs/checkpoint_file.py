@@ -9,6 +9,7 @@ of ``checkpoint_last.pt`` (:func:`trained_updates`) and refuses a damaged one (:
 """
 
 import pickle
+import struct
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -16,14 +17,12 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
 
-ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip archive
-PICKLE_MAGIC = b"\x80"  # the legacy format starts with a pickle protocol opcode
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip archive; the legacy one starts with b"\x80"
 
 
 class UnreadableCheckpoint(SystemExit):
     """The SystemExit of :func:`read_checkpoint` for a file it cannot read; ``what`` says why without the advice
-    (``truncated (1,024 bytes; its zip archive has no end)``, ``not a checkpoint (...)``), for callers that give
-    their own (:func:`refuse_damaged_last`)."""
+    (``truncated (1,024 bytes; its zip archive has no end)``), for callers that give their own."""
 
     def __init__(self, message: str, what: str):
         super().__init__(message)
@@ -56,7 +55,7 @@ def read_checkpoint(path) -> Dict:
         raise _truncated(path, 0, "the file is empty")
     with open(path, "rb") as f:
         magic = f.read(len(ZIP_MAGIC))
-    torch_file = magic.startswith(ZIP_MAGIC) or magic.startswith(PICKLE_MAGIC)
+    torch_file = magic.startswith((ZIP_MAGIC, b"\x80"))
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
     except pickle.UnpicklingError as e:
@@ -72,7 +71,7 @@ def read_checkpoint(path) -> Dict:
         if magic.startswith(ZIP_MAGIC) and ("zip archive" in str(e) or "PytorchStreamReader" in str(e)):
             raise _truncated(path, size, "its zip archive has no end") from None
         raise _not_a_checkpoint(path, f"torch cannot read it: {str(e).splitlines()[0][:200]}") from None
-    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as e:
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, struct.error) as e:
         what = "a torch file without fairseq's checkpoint fields" if torch_file else "torch cannot read it"
         raise _not_a_checkpoint(path, f"{what}: {type(e).__name__} {e}") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict) or \

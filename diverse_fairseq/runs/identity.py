@@ -11,11 +11,8 @@ same run. :data:`NOT_THE_MODEL` lists the options that do not change the model: 
 tensorboard folder, which is added only where a writer is installed), data loading and ``--max-update``
 (raising it extends a run in its own directory; the table cache adds it to its key itself). The batch options
 that depend on the number of GPUs (``--update-freq``, ``--distributed-world-size``, ``--cpu``, precision) count.
-
-The default save directory is ``CHECKPOINTS/<DATASET>_<SETTING>-<hash of the identity>``: two method variants never
-share one, and the same command finds its own again. The identity is written to ``SAVE_DIR/train_args.json``
-before training; resuming a directory whose stored identity differs stops before training, naming each
-differing option (:func:`check_resume`), unless ``RESUME_ANYWAY=1``.
+The identity's hash names the default save directory (two method variants never share one), and it is stored in
+``SAVE_DIR/train_args.json`` to refuse resuming a directory trained as another run (:func:`check_resume`).
 """
 
 import contextlib
