@@ -330,9 +330,9 @@ def plan(request: TrainRequest) -> Plan:
     explicit = request.save_dir or effective_options(extra).get("--save-dir")
     save_dir = Path(explicit or Path(o.checkpoints) / f"{dataset}_{setting_or_arch}-{identity_hash(identity)}")
     args = [a.replace(placeholder, str(save_dir)) for a in args] + extra
-    max_update = int(effective_options(args).get("--max-update") or 0)  # the extra options may override it
-    return Plan(request=request, setting_name=key, setting=s, arch=effective_options(args).get("--arch") or arch,
+    final = effective_options(args)  # the extra options may override ours
+    return Plan(request=request, setting_name=key, setting=s, arch=final.get("--arch") or arch,
                 args=tuple(args), launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity,
-                gpus=gpus, nodes=nnodes, max_tokens=max_tokens, update_freq=freq, max_update=max_update,
-                average=average, best_checkpoint_metric=best_metric,
+                gpus=gpus, nodes=nnodes, max_tokens=max_tokens, update_freq=freq,
+                max_update=int(final.get("--max-update") or 0), average=average, best_checkpoint_metric=best_metric,
                 rank0=o.node_rank == 0 and o.slurm_node_id == 0)
