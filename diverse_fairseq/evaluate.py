@@ -199,8 +199,10 @@ def command_line(request: EvalRequest) -> List[str]:
     args = [str(request.checkpoint), str(request.data_dir)]
     for name in OPTIONS:
         value, flag = getattr(request, name), "--" + name.replace("_", "-")
-        if value is not None and value is not False:
-            args += [flag] if value is True else [flag, str(value)]
+        if value is True:
+            args.append(flag)
+        elif value is not None and value is not False:  # a float as short as it reads back: 1.0 is "1"
+            args += [flag, str(value).removesuffix(".0") if isinstance(value, float) else str(value)]
     return args + list(request.generate_args)
 
 
