@@ -149,12 +149,12 @@ def paired_bootstrap(baseline: Sequence[str], systems: Dict[str, Sequence[str]],
             os.environ.pop("SACREBLEU_SEED", None)
         else:
             os.environ["SACREBLEU_SEED"] = old
-    base = scores["BLEU"][0].score
-    # equal BLEU: no evidence of a difference, p = 1 (sacrebleu would report 1/(samples+1))
-    return str(signatures["BLEU"]), {
-        name: {"bleu": res.score, "mean": res.mean, "ci95": res.ci,
-               "p_value": 1.0 if name != "baseline" and res.p_value is not None and res.score == base else res.p_value}
-        for name, res in zip(scores["System"], scores["BLEU"])}
+    base, results = scores["BLEU"][0].score, {}
+    for name, res in zip(scores["System"], scores["BLEU"]):
+        # equal BLEU: no evidence of a difference (sacrebleu would report 1/(samples+1))
+        p = 1.0 if name != "baseline" and res.p_value is not None and res.score == base else res.p_value
+        results[name] = {"bleu": res.score, "mean": res.mean, "ci95": res.ci, "p_value": p}
+    return str(signatures["BLEU"]), results
 
 
 def mark(p: float, single: str = "*", double: str = "**") -> str:

@@ -348,8 +348,8 @@ def to_markdown(summary: Dict) -> str:
     valid = summary["subset"] != "test"  # a diagnosis on the validation set (docs/demo-findings.md)
     authors = next((r["paper_bleu_kind"] for r in rows if r["paper_bleu"] is not None), None)
 
-    def mean_std(mean, std):
-        return "–" if mean is None else f"{mean:.2f}" + (f" ± {std:.2f}" if seeds > 1 else "")
+    def mean_std(value, std):
+        return "–" if value is None else f"{value:.2f}" + (f" ± {std:.2f}" if seeds > 1 else "")
 
     def bleu(r, b, sig):
         marks = sig.get("bootstrap", {}).get("mark", "") + sig.get("sign_test", {}).get("mark", "")
