@@ -129,11 +129,9 @@ def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int
 def embedding_setup(record: JobRecord) -> Dict:
     """How the run's embeddings are shared (as the plan gave fairseq-train) and its dictionary sizes (from the
     data)."""
-    data, sizes = Path(record.eval.data), {}
-    if data.is_dir():
-        for path in sorted(data.glob("dict.*.txt")):
-            # fairseq adds 4 special symbols (<s>, <pad>, </s>, <unk>) to the entries of the file
-            sizes[path.name.split(".")[1]] = sum(1 for _ in path.open(encoding="utf-8")) + 4
+    # fairseq adds 4 special symbols (<s>, <pad>, </s>, <unk>) to the entries of the file
+    sizes = {path.name.split(".")[1]: sum(1 for _ in path.open(encoding="utf-8")) + 4
+             for path in sorted(Path(record.eval.data).glob("dict.*.txt"))}
     return {"sharing": record.train.embeddings, "dictionary_sizes": sizes}
 
 
