@@ -48,9 +48,9 @@ def segmentation_options(data_dir: Path, meta: DatasetMeta) -> List[str]:
 def stored_decoding(state: Dict) -> Dict[str, object]:
     """How the checkpoint's training decoded its validation set: ``length_penalty`` (its task's
     ``--length-penalty``; ``fairseq`` for the plain ``translation`` task) and, where ``--eval-bleu-args`` gave
-    them, ``max_len_a`` / ``max_len_b``."""
-    cfg = state.get("cfg") or {}
-    task = cfg.get("task") or vars(state.get("args") or argparse.Namespace())
+    them, ``max_len_a`` / ``max_len_b``. ``state`` is :func:`~diverse_fairseq.runs.checkpoint_file.read_checkpoint`'s,
+    which fairseq has upgraded: an argparse-era checkpoint's ``args`` are in its ``cfg`` too."""
+    task = (state.get("cfg") or {}).get("task") or {}
     decoding = {"length_penalty": str(task.get("length_penalty") or "fairseq")}
     try:
         generation = json.loads(task.get("eval_bleu_args") or "{}") if task.get("eval_bleu") else {}
