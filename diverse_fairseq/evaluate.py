@@ -95,14 +95,12 @@ def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: Lis
     """The tokenized hypothesis and reference lines for the tokenized BLEU."""
     from .data.text import compound_split, tokenize
 
-    tgt = meta.target_lang
-
     def tok(lines):
-        return [tokenize(s, tgt, aggressive_dash=meta.aggressive_dash, lowercase=meta.lowercase,
+        return [tokenize(s, meta.target_lang, aggressive_dash=meta.aggressive_dash, lowercase=meta.lowercase,
                          zh_seg=meta.zh_seg or ZH_TOKENIZED_BLEU) for s in lines]
 
     hyps = hyps_model if meta.moses_tokenized else tok(hyps_detok)
-    ref_file = data_dir / f"{subset}.tok.{tgt}"
+    ref_file = data_dir / f"{subset}.tok.{meta.target_lang}"
     refs = ref_file.read_text(encoding="utf-8").splitlines() if ref_file.exists() else tok(refs_detok)
     if meta.compound_split:
         hyps = [compound_split(s) for s in hyps]

@@ -109,9 +109,8 @@ def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int
         _, boot = paired_bootstrap(base_hyps, systems, refs, samples=samples)
         base_ratio = length_ratio(base_hyps, refs)
         for row_id in row_ids:
-            hyps = systems[f"row:{row_id}"]
+            hyps, p_boot = systems[f"row:{row_id}"], boot[f"row:{row_id}"]["p_value"]
             delta = boot[f"row:{row_id}"]["bleu"] - boot["baseline"]["bleu"]
-            p_boot = boot[f"row:{row_id}"]["p_value"]
             sign = sign_test(base_hyps, hyps, refs)
             marks[row_id] = {
                 "baseline": base_id, "seeds": seeds, "sentences": len(refs), "delta": delta,
