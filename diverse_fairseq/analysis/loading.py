@@ -1,10 +1,6 @@
-"""Load a fairseq translation checkpoint and a binarized split as a fixed list of collated batches.
-
-Any checkpoint that ``fairseq-generate`` can load works (stock ``transformer`` or ``diverse_transformer``); a
-stock ``transformer`` is rebuilt as the ``diverse_transformer`` with the same weights (same parameter names,
-same outputs), whose attention heads can be observed. Importing :mod:`diverse_fairseq` first registers the
-project's models and allowlists the classes fairseq pickles into checkpoints for torch's ``weights_only`` loader.
-"""
+"""Load a fairseq translation checkpoint (stock ``transformer`` or ``diverse_transformer``) and a binarized split
+as a fixed list of collated batches. A stock ``transformer`` is rebuilt as the ``diverse_transformer`` with the
+same weights (same parameter names, same outputs), whose attention heads can be observed."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +21,8 @@ from ..runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_d
 class LoadedModel:
     model: torch.nn.Module
     task: object
-    cfg: object
-    checkpoint: Path
+    arch: str
     data: Path
-
-    @property
-    def arch(self) -> str:
-        return str(getattr(self.cfg.model, "arch", None) or getattr(self.cfg.model, "_name", "?"))
 
 
 def load_checkpoint(checkpoint: str, data: Optional[str] = None, device: str = "cpu") -> LoadedModel:
@@ -51,7 +42,8 @@ def load_checkpoint(checkpoint: str, data: Optional[str] = None, device: str = "
         overwrite_args_by_name(state["cfg"], {"data": str(data_dir)})
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], state=state)
     model = as_diverse(models[0], cfg, task).to(device).eval()
-    return LoadedModel(model=model, task=task, cfg=cfg, checkpoint=path, data=data_dir)
+    arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", "?")
+    return LoadedModel(model=model, task=task, arch=str(arch), data=data_dir)
 
 
 def as_diverse(model: torch.nn.Module, cfg, task) -> torch.nn.Module:
@@ -85,11 +77,12 @@ def load_batches(task, subset: str, max_sentences: Optional[int], max_tokens: in
     sizes = np.array([dataset.num_tokens(int(i)) for i in indices])
     indices = indices[np.argsort(sizes, kind="stable")]
     chunks = data_utils.batch_by_size(indices, dataset.num_tokens, max_tokens=max_tokens, max_sentences=batch_size)
-    batches = []
-    for chunk in chunks:
-        sample = dataset.collater([dataset[int(i)] for i in chunk])
-        batches.append(utils.move_to_cuda(sample) if device == "cuda" else sample)
-    return batches
+    return [_collate(dataset, chunk, device) for chunk in chunks]
+
+
+def _collate(dataset, indices, device: str) -> Dict:
+    sample = dataset.collater([dataset[int(i)] for i in indices])
+    return utils.move_to_cuda(sample) if device == "cuda" else sample
 
 
 def load_sentence(task, subset: str, index: int, device: str = "cpu") -> Dict:
@@ -97,8 +90,7 @@ def load_sentence(task, subset: str, index: int, device: str = "cpu") -> Dict:
     dataset = task.dataset(subset)
     if not 0 <= index < len(dataset):
         raise SystemExit(f"error: --sentence-id {index} out of range (subset {subset!r} has {len(dataset)} sentences)")
-    sample = dataset.collater([dataset[index]])
-    return utils.move_to_cuda(sample) if device == "cuda" else sample
+    return _collate(dataset, [index], device)
 
 
 def pick_sentence(task, subset: str, limit: int, min_len: int = 5, max_len: int = 20) -> int:
