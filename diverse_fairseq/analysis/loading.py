@@ -65,7 +65,7 @@ def as_diverse(model: torch.nn.Module, cfg, task) -> torch.nn.Module:
 
 
 def load_batches(task, subset: str, max_sentences: Optional[int], max_tokens: int = 4096,
-                 batch_size: Optional[int] = None, device: str = "cpu") -> List[Dict]:
+                 device: str = "cpu") -> List[Dict]:
     """The first ``max_sentences`` sentences of ``subset`` (file order; all if None), collated into batches
     of similar length (at most ``max_tokens`` tokens), moved to ``device``. Deterministic."""
     task.load_dataset(subset, combine=False, epoch=1)
@@ -76,7 +76,7 @@ def load_batches(task, subset: str, max_sentences: Optional[int], max_tokens: in
     indices = np.arange(count, dtype=np.int64)
     sizes = np.array([dataset.num_tokens(int(i)) for i in indices])
     indices = indices[np.argsort(sizes, kind="stable")]
-    chunks = data_utils.batch_by_size(indices, dataset.num_tokens, max_tokens=max_tokens, max_sentences=batch_size)
+    chunks = data_utils.batch_by_size(indices, dataset.num_tokens, max_tokens=max_tokens)
     return [_collate(dataset, chunk, device) for chunk in chunks]
 
 

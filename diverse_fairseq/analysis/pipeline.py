@@ -54,15 +54,12 @@ def _write_json(path: Path, payload) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def _prepare(checkpoint: str, opts: Options, label: Optional[str]):
-    """The loaded model, its batches of ``opts.subset``, its attention sites (two heads or more) and the report's
-    metadata."""
+    """Seeds everything; the loaded model, its batches of ``opts.subset``, its attention sites (two heads or more)
+    and the report's metadata."""
+    random.seed(opts.seed)
+    np.random.seed(opts.seed)
+    torch.manual_seed(opts.seed)
     loaded = load_checkpoint(checkpoint, opts.data, opts.device)
     batches = load_batches(loaded.task, opts.subset, opts.max_sentences, opts.max_tokens, device=opts.device)
     sites = attention_sites(loaded.model)
@@ -81,7 +78,6 @@ def score_checkpoint(checkpoint: str, opts: Options, label: Optional[str] = None
     ``payload["nll"]`` is None); ``payload["seconds"]`` is the time taken, loading included.
     """
     start = time.time()
-    _seed_everything(opts.seed)
     loaded, batches, sites, meta = _prepare(checkpoint, opts, label)
     collected = collect(loaded.model, sites, batches, loaded.task.target_dictionary.pad(), progress=opts.progress,
                         nll=False)
@@ -93,7 +89,6 @@ def score_checkpoint(checkpoint: str, opts: Options, label: Optional[str] = None
 def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optional[str] = None) -> Analysis:
     """Scores, head importance and pictures of one checkpoint, written to ``out``."""
     start = time.time()
-    _seed_everything(opts.seed)
     out = Path(out)
     loaded, batches, sites, meta = _prepare(checkpoint, opts, label)
     out.mkdir(parents=True, exist_ok=True)  # after loading: a bad checkpoint leaves no empty folder

@@ -105,13 +105,11 @@ def plot_layer_scores(by_model: Mapping[str, Mapping[str, Sequence[Mapping[str, 
             heads = set()
             for mi, (label, per_type) in enumerate(by_model.items()):
                 layers = per_type.get(atype, [])
-                ys = [entry.get(score) for entry in layers]
                 heads.update(entry["heads"] for entry in layers if entry.get("heads"))
-                xs = [i + 1 for i, y in enumerate(ys) if y is not None]
-                ys = [y for y in ys if y is not None]
-                if ys:
-                    ax.plot(xs, ys, marker="o", color=f"C{mi}", label=label)
-                    seen += ys
+                points = [(i + 1, entry[score]) for i, entry in enumerate(layers) if entry.get(score) is not None]
+                if points:
+                    ax.plot(*zip(*points), marker="o", color=f"C{mi}", label=label)
+                    seen += [y for _, y in points]
             if score == "pos":  # in (0, 1]
                 ax.set_yscale("log")
                 positive = [y for y in seen if y > 0]

@@ -12,6 +12,7 @@ the top encoding layer", with an MLP. Here the encoder is a trained translation 
 3. :func:`train_classifier`: an MLP (SentEval's: linear, dropout, sigmoid, linear) is trained with Adam on
    the ``tr`` features, the epoch with the best ``va`` accuracy is kept (early stopping after ``patience``
    epochs without improvement), and its ``te`` accuracy is reported. Deterministic for a seed.
+
 ``python -m diverse_fairseq.probing CHECKPOINT [--tasks SentLen,WC,...] [--data-dir DIR] [--download]``.
 """
 
@@ -62,15 +63,14 @@ def source_segmenter(data_dir: Path, log=print) -> Callable[[str], str]:
     model = Path(data_dir) / meta.bpe_models[src]
     if not model.is_file():
         raise SystemExit(f"error: the segmentation model {model} named in {meta_path} is missing")
-    kind, moses, lower, dash = meta.bpe, meta.moses_tokenized, meta.lowercase, meta.aggressive_dash
 
     def prepare(sentence: str) -> str:
         text = detokenize(sentence, src)  # SentEval's text is Moses-tokenized; start from plain text
-        if moses:
-            text = tokenize(text, src, aggressive_dash=dash, lowercase=lower)
-        elif lower:
+        if meta.moses_tokenized:
+            text = tokenize(text, src, aggressive_dash=meta.aggressive_dash, lowercase=meta.lowercase)
+        elif meta.lowercase:
             text = text.lower()
-        return segment(kind, model, text)
+        return segment(meta.bpe, model, text)
 
     return prepare
 
@@ -120,14 +120,6 @@ def sentence_features(model, tokens: Sequence[torch.Tensor], pad: int, eos: int,
     return features if features is not None else torch.empty(0, 0)
 
 
-def build_classifier(dim: int, classes: int, settings: ProbeSettings) -> nn.Module:
-    """SentEval's MLP (linear, dropout, sigmoid, linear), or a linear layer when ``hidden`` is 0."""
-    if settings.hidden <= 0:
-        return nn.Linear(dim, classes)
-    return nn.Sequential(nn.Linear(dim, settings.hidden), nn.Dropout(settings.dropout), nn.Sigmoid(),
-                         nn.Linear(settings.hidden, classes))
-
-
 @torch.no_grad()
 def accuracy(classifier: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 4096) -> float:
     """Percentage of ``x`` classified as ``y``."""
@@ -138,14 +130,17 @@ def accuracy(classifier: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int
 
 def train_classifier(x_train: torch.Tensor, y_train: torch.Tensor, x_valid: torch.Tensor, y_valid: torch.Tensor,
                      classes: int, settings: ProbeSettings):
-    """Train on (x_train, y_train), keep the epoch with the best validation accuracy.
+    """Train SentEval's MLP (linear, dropout, sigmoid, linear; a linear layer when ``hidden`` is 0) on (x_train,
+    y_train), keep the epoch with the best validation accuracy.
 
     Returns ``(classifier, best validation accuracy, best epoch, epochs run)``. Runs on the CPU under its own
     random state (``settings.seed``: initialisation, shuffling, dropout), leaving the global one untouched."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         generator = torch.Generator().manual_seed(settings.seed)
-        classifier = build_classifier(x_train.size(1), classes, settings)
+        dim, hidden = x_train.size(1), settings.hidden
+        classifier = nn.Linear(dim, classes) if hidden <= 0 else nn.Sequential(
+            nn.Linear(dim, hidden), nn.Dropout(settings.dropout), nn.Sigmoid(), nn.Linear(hidden, classes))
         optimizer = torch.optim.Adam(classifier.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
         loss_fn = nn.CrossEntropyLoss()
         best, best_epoch, best_state, epoch = -1.0, 0, None, 0

@@ -20,6 +20,7 @@ exp(−1/H) orthogonal, 1 cancelling): docs/methods.md#disagreement-scores.
 """
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Optional, Tuple
 
@@ -164,15 +165,10 @@ def combine_layers(layer_scores: Iterable[Dict]) -> Dict:
     combined: Dict = {}
     for name in SCORE_NAMES:
         values = [s[name] for s in layer_scores if s.get(name) is not None]
-        if not values:
-            combined[name] = None
-        elif any(v <= 0.0 for v in values):
-            combined[name] = 0.0
-        else:
-            combined[name] = math.exp(sum(math.log(v) for v in values) / len(values))
+        combined[name] = None if not values else 0.0 if min(values) <= 0.0 else statistics.geometric_mean(values)
     if layer_scores and all("offdiag_cos" in s for s in layer_scores):
         combined["offdiag_cos"] = {}
         for name in COSINE_NAMES:
             values = [s["offdiag_cos"][name] for s in layer_scores if s["offdiag_cos"].get(name) is not None]
-            combined["offdiag_cos"][name] = sum(values) / len(values) if values else None
+            combined["offdiag_cos"][name] = statistics.fmean(values) if values else None
     return combined
