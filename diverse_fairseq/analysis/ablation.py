@@ -57,12 +57,9 @@ class _Replayed(nn.Module):
 
 
 class LayerReplay:
-    """Records the output of every encoder and decoder layer over one pass of ``batches``, then lets later
-    passes replay the layers below a given depth instead of recomputing them.
-
-    Found structurally (``model.encoder.layers``, ``model.decoder.layers``); a replayed layer returns exactly
-    the object the real layer returned (a tensor, or the decoder layer's tuple).
-    """
+    """Records the output of every layer of ``model.encoder.layers`` and ``model.decoder.layers`` over one pass,
+    then lets later passes replay the layers below a given depth: each returns exactly what the real layer
+    returned (a tensor, or the decoder layer's tuple)."""
 
     def __init__(self, model):
         self.stacks = {"encoder": model.encoder.layers, "decoder": model.decoder.layers}
@@ -107,12 +104,8 @@ class LayerReplay:
 @torch.no_grad()
 def mean_nll(model, batches: List[Dict], pad: int) -> float:
     """Teacher-forced NLL (nats per target token) of the references in ``batches``."""
-    total, tokens = 0.0, 0
-    for sample in batches:
-        batch_sum, batch_tokens = batch_nll(model, sample, model(**sample["net_input"]), pad)
-        total += batch_sum
-        tokens += batch_tokens
-    return total / max(tokens, 1)
+    sums = [batch_nll(model, sample, model(**sample["net_input"]), pad) for sample in batches]
+    return sum(nll for nll, _ in sums) / max(sum(tokens for _, tokens in sums), 1)
 
 
 @torch.no_grad()

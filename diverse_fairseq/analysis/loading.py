@@ -85,20 +85,15 @@ def _collate(dataset, indices, device: str) -> Dict:
     return utils.move_to_cuda(sample) if device == "cuda" else sample
 
 
-def load_sentence(task, subset: str, index: int, device: str = "cpu") -> Dict:
-    """One sentence of ``subset`` (by its index in the split) as a batch of one."""
+def heatmap_sentence(task, subset: str, index: Optional[int], limit: Optional[int], device: str = "cpu"):
+    """``(index, batch of one)``: sentence ``index`` of ``subset`` (``--sentence-id``), by default a legible one,
+    the first of the first ``limit`` sentences (all if None) whose source and target lengths (with </s>) are
+    both within [5, 20], else sentence 0."""
     dataset = task.dataset(subset)
+    if index is None:
+        tgt_sizes = dataset.tgt_sizes if dataset.tgt_sizes is not None else np.zeros(len(dataset))
+        index = next((i for i in range(min(limit or len(dataset), len(dataset)))
+                      if 5 <= dataset.src_sizes[i] <= 20 and 5 <= tgt_sizes[i] <= 20), 0)
     if not 0 <= index < len(dataset):
         raise SystemExit(f"error: --sentence-id {index} out of range (subset {subset!r} has {len(dataset)} sentences)")
-    return _collate(dataset, [index], device)
-
-
-def pick_sentence(task, subset: str, limit: int, min_len: int = 5, max_len: int = 20) -> int:
-    """A legible default for the heatmaps: the first of the first ``limit`` sentences whose source and
-    target lengths (with </s>) are both within [min_len, max_len]; sentence 0 if there is none."""
-    dataset = task.dataset(subset)
-    for i in range(min(limit, len(dataset))):
-        src, tgt = dataset.src_sizes[i], dataset.tgt_sizes[i] if dataset.tgt_sizes is not None else 0
-        if min_len <= src <= max_len and min_len <= tgt <= max_len:
-            return i
-    return 0
+    return index, _collate(dataset, [index], device)

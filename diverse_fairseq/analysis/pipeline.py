@@ -18,7 +18,7 @@ from diverse_fairseq.methods.sites import ATTENTION_TYPES, TOKEN_SIDES, attentio
 from . import plots
 from .ablation import head_importance
 from .collect import attention_maps, collect, token_labels
-from .loading import load_batches, load_checkpoint, load_sentence, pick_sentence
+from .loading import heatmap_sentence, load_batches, load_checkpoint
 from .report import comparison_markdown, importance_payload, scores_markdown, scores_payload
 from .scores import SCALE, check_heads
 
@@ -96,9 +96,7 @@ def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optiona
     pad = task.target_dictionary.pad()
 
     collected = collect(model, sites, batches, pad, progress=opts.progress)
-    sentence_id = opts.sentence_id if opts.sentence_id is not None else pick_sentence(
-        task, opts.subset, opts.max_sentences or len(task.dataset(opts.subset)))
-    sentence = load_sentence(task, opts.subset, sentence_id, opts.device)
+    sentence_id, sentence = heatmap_sentence(task, opts.subset, opts.sentence_id, opts.max_sentences, opts.device)
     maps = attention_maps(model, sites, sentence)
     imp = None
     if opts.ablation:
