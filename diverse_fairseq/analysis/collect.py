@@ -73,8 +73,3 @@ def attention_maps(model, sites: Sequence[AttentionSite], sample: Dict) -> Dict[
     with observe(sites, {"a"}) as seen:
         model(**sample["net_input"])
     return {s.key: seen.heads(s)["a"][0].float().cpu() for s in sites}
-
-
-def token_labels(dictionary, tokens: Tensor, pad: Optional[int] = None) -> List[str]:
-    """Dictionary symbols of a 1-D token tensor, padding dropped."""
-    return [dictionary[int(t)] for t in tokens.tolist() if pad is None or int(t) != pad]

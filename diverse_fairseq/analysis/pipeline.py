@@ -17,7 +17,7 @@ from diverse_fairseq.methods.sites import ATTENTION_TYPES, TOKEN_SIDES, attentio
 
 from . import plots
 from .ablation import head_importance
-from .collect import attention_maps, collect, token_labels
+from .collect import attention_maps, collect
 from .loading import heatmap_sentence, load_batches, load_checkpoint
 from .report import comparison_markdown, importance_payload, scores_markdown, scores_payload
 from .scores import SCALE, check_heads
@@ -128,8 +128,9 @@ def _heads(matrix: np.ndarray):
 
 def _plot_one(out: Path, label: str, scores: Dict, imp: Optional[Dict], head_means: Dict, maps: Dict,
               sentence: Dict, sentence_id: int, task, pad: int, seed: int) -> None:
-    tokens = {"source": token_labels(task.source_dictionary, sentence["net_input"]["src_tokens"][0], pad),
-              "target": token_labels(task.target_dictionary, sentence["net_input"]["prev_output_tokens"][0], pad)}
+    net_input = sentence["net_input"]  # the heatmaps' axes: the sentence's symbols, padding dropped
+    tokens = {"source": [task.source_dictionary[t] for t in net_input["src_tokens"][0].tolist() if t != pad],
+              "target": [task.target_dictionary[t] for t in net_input["prev_output_tokens"][0].tolist() if t != pad]}
     panels = {}
     for atype in ATTENTION_TYPES:
         per_layer = {layer: m.numpy() for (t, layer), m in maps.items() if t == atype}
