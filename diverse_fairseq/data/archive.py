@@ -10,7 +10,6 @@ select the members a recipe reads.)
 
 import contextlib
 import gzip
-import io
 import os
 import shutil
 import tarfile
@@ -26,39 +25,32 @@ class CorruptArchiveError(RuntimeError):
     """An archive could not be read to its end."""
 
 
-class _ConcatReader(io.RawIOBase):
-    """A read-only stream over several files one after the other (``cat part.00 part.01 ...``)."""
+class _ConcatReader:
+    """A read-only stream over several files one after the other (``cat part.00 part.01 ...``); a read returns
+    bytes of one file at a time, as a raw stream may (tarfile and gzip read until they have enough)."""
 
     def __init__(self, paths: Sequence[Path]):
-        self._paths = list(paths)
-        self._current = None
+        self._files = [open(p, "rb") for p in paths]
 
-    def readable(self):
-        return True
-
-    def readinto(self, buffer):
-        while self._current is not None or self._paths:
-            if self._current is None:
-                self._current = open(self._paths.pop(0), "rb")
-            n = self._current.readinto(buffer)
-            if n:
-                return n
-            self._current.close()
-            self._current = None
-        return 0
+    def read(self, size: int = -1) -> bytes:
+        while self._files:
+            data = self._files[0].read(size)
+            if data:
+                return data
+            self._files.pop(0).close()
+        return b""
 
     def close(self):
-        if self._current is not None:
-            self._current.close()
-        super().close()
+        for f in self._files:
+            f.close()
 
 
 def _tar_members(parts: Sequence[Path]) -> Iterator[Tuple[str, IO[bytes]]]:
     """(name, content) of the regular files of the tar (or tar.gz) archive made of ``parts``, in order."""
     with open(parts[0], "rb") as f:
         gzipped = f.read(2) == b"\x1f\x8b"
-    with io.BufferedReader(_ConcatReader(parts), buffer_size=CHUNK) as raw, \
-            (gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw) as stream:
+    with contextlib.closing(_ConcatReader(parts)) as raw, \
+            (gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else contextlib.nullcontext(raw)) as stream:
         with tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
                 if member.isfile():

@@ -1,16 +1,14 @@
-"""Download files with resume, checksum verification, atomic rename and a mirror override.
+"""Download files with resume, verification, atomic rename and a mirror override.
 
-A file is only ever visible under its final name once it is complete and verified: bytes go to
-``NAME.part`` first (kept between runs so that an interrupted download resumes with an HTTP ``Range`` request),
-are checked by :mod:`.verify` (not an HTML page, the right magic bytes, the published size and checksum), and are
-then renamed. A location that answers an HTML page or a wrong file is given up and the next one is tried. A file
-found under its final name (placed by hand, or left by an older version) is verified before use, and moved to
-``NAME.rejected`` when it is not the published one.
+Bytes go to ``NAME.part`` first (kept between runs so that an interrupted download resumes with an HTTP ``Range``
+request) and are renamed to ``NAME`` only once :mod:`.verify` accepted them; a location that answers an HTML page or
+a wrong file is given up and the next one is tried. A file found under its final name (placed by hand) is verified
+before use.
 
 Mirrors: ``--mirror BASE`` or the environment variable ``DIVERSE_FAIRSEQ_MIRROR`` replaces the real addresses.
-``BASE`` is a URL (``https://mirror.example.org/nmt``) or a local directory; the file is looked up there by its
-file name (``BASE/training-parallel-nc-v9.tgz``), so a mirror is simply a flat directory of the original archives.
-A local mirror is read through ``file://`` URLs, by the same code as a download.
+``BASE`` is a URL (``https://mirror.example.org/nmt``) or a local directory (read through ``file://`` URLs, by the
+same code); the file is looked up there by its name (``BASE/training-parallel-nc-v9.tgz``), so a mirror is simply a
+flat directory of the original archives.
 """
 
 import http.client
@@ -19,7 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -89,20 +87,17 @@ def expected_for(source: Source, checksums: Optional[Dict[str, str]] = None,
         return manifest[source.filename]
     expected = Expected(source.size, source.sha256, source.md5, source.checksum_source or "published checksum")
     override = (checksums or {}).get(source.filename)
-    if not override:
-        return expected
-    algorithm = "md5" if len(override) == 32 else "sha256"
+    algorithm = "md5" if len(override or "") == 32 else "sha256"
     published = getattr(expected, algorithm)
-    if published and published.lower() != override.lower():
+    if not override or (published and published.lower() == override.lower()):
+        return expected
+    if published:
         raise DownloadError(
             f"{source.filename}: the checksum file gives {algorithm} {override}, but the published {algorithm} is "
             f"{published} ({expected.source}). Remove the line from CHECKSUMS; for stand-in files (tests, "
             f"fixtures) use an expectations manifest (--expect / EXPECT), which labels the data it makes.")
-    if published:
-        return expected
-    source_note = "the CHECKSUMS file" if not expected.pinned() else expected.source + " and the CHECKSUMS file"
-    return Expected(expected.size, override if algorithm == "sha256" else expected.sha256,
-                    override if algorithm == "md5" else expected.md5, source_note)
+    return replace(expected, **{algorithm: override},
+                   source=expected.source + " and the CHECKSUMS file" if expected.pinned() else "the CHECKSUMS file")
 
 
 def where_to_get(source: Source, mirror: Optional[str] = None) -> str:

@@ -117,34 +117,31 @@ def check(ctx: Context):
     src, tgt = ctx.recipe.langs
     for split in SPLITS:
         stats = {lang: _scan(found[split, lang]) for lang in (src, tgt)}
-        counts = {lang: s.lines for lang, s in stats.items()}
-        for lang, n in counts.items():
-            if n == 0:
+        for lang, s in stats.items():
+            if s.lines == 0:
                 raise SystemExit(f"error: {found[split, lang]} is empty: every split needs sentences "
                                  f"(valid and test a few hundred or more, cut from the training data if need be)")
-        if counts[src] != counts[tgt]:
+        n, names = stats[src].lines, f"{found[split, src].name} / {found[split, tgt].name}"
+        if n != stats[tgt].lines:
             raise SystemExit(
-                f"error: {found[split, src]} has {counts[src]:,} lines but {found[split, tgt]} has {counts[tgt]:,}: "
+                f"error: {found[split, src]} has {n:,} lines but {found[split, tgt]} has {stats[tgt].lines:,}: "
                 f"line i of one must be the translation of line i of the other. Fix the alignment (a sentence "
                 f"with a line break inside, or a missing line) so that both have the same number of lines")
-        for lang in (src, tgt):
-            s = stats[lang]
+        for lang, s in stats.items():
             if s.crlf:
                 ctx.log(f"  warning: {found[split, lang]}: {s.crlf:,} of {s.lines:,} lines end in CR LF (Windows "
                         f"line ends); they are read as plain line ends")
             if s.empty and split != "train":
-                what = "reference" if lang == tgt else "source sentence"
                 raise SystemExit(
                     f"error: {found[split, lang]} line {s.empty[0]} is empty ({len(s.empty):,} empty lines in all: "
-                    f"{_lines(s.empty)}): an empty {what} in {split} would be scored as if it were a translation. "
-                    f"Remove the pair (line {s.empty[0]} of both {found[split, src].name} and "
-                    f"{found[split, tgt].name}) or fill in the missing sentence")
+                    f"{_lines(s.empty)}): an empty {'reference' if lang == tgt else 'source sentence'} in {split} "
+                    f"would be scored as if it were a translation. Remove the pair (line {s.empty[0]} of both "
+                    f"{found[split, src].name} and {found[split, tgt].name}) or fill in the missing sentence")
         empty_pairs = sorted(set(stats[src].empty) | set(stats[tgt].empty))
         if empty_pairs:
-            ctx.log(f"  warning: {split}: {len(empty_pairs):,} of {counts[src]:,} sentence pairs have an empty side "
-                    f"(lines {_lines(empty_pairs)} of {found[split, src].name} / {found[split, tgt].name}); "
-                    f"they are dropped")
-        ctx.log(f"  {split}: {counts[src]:,} sentence pairs in {found[split, src].name} / {found[split, tgt].name}")
+            ctx.log(f"  warning: {split}: {len(empty_pairs):,} of {n:,} sentence pairs have an empty side "
+                    f"(lines {_lines(empty_pairs)} of {names}); they are dropped")
+        ctx.log(f"  {split}: {n:,} sentence pairs in {names}")
 
 
 def collect_key(ctx: Context):
