@@ -10,6 +10,8 @@ from ..download import Source, published_md5
 from ..lines import iter_lines
 from ..steps import atomic_path
 
+SPLITS = ("train", "valid", "test")
+
 
 @dataclass
 class Archive:
@@ -87,7 +89,7 @@ class Recipe:
         return (self.src, self.tgt)
 
     def raw_splits(self) -> Tuple[str, ...]:
-        return ("train", "test") if self.valid_every else ("train", "valid", "test")
+        return ("train", "test") if self.valid_every else SPLITS
 
 
 #: what the two WMT recipes share: Moses normalisation of train, fairseq's apostrophe fix on the SGM dev/test
@@ -180,9 +182,6 @@ def write_raw(ctx: Context, split: str, corpora: Sequence[Tuple[str, Iterable[st
     ctx.corpora_path(split).write_text(json.dumps(sizes) + "\n")
     ctx.log(f"  raw {split}: {sum(n for _, n in sizes):,} sentence pairs" + (" in all" if len(corpora) > 1 else ""))
     return [n for _, n in sizes]
-
-
-SPLITS = ("train", "valid", "test")
 
 
 def corpus_files(directory: Path, langs: Sequence[str], hint: str) -> Dict[Tuple[str, str], Path]:

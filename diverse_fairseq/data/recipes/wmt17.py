@@ -127,12 +127,10 @@ def configure(recipe: Recipe, options: Dict[str, object]) -> Recipe:
     (not skipped and not given by hand) and the unit of the length cap (``length_unit``)."""
     source = options.get("source") or "original"
     unit = options.get("length_unit") or "subwords"
-    if source not in SOURCES:
-        raise SystemExit(f"error: WMT17_SOURCE (--wmt17-source)={source!r} is not valid: use one of "
-                         f"{', '.join(SOURCES)}")
-    if unit not in LENGTH_UNITS:
-        raise SystemExit(f"error: LENGTH_UNIT (--length-unit)={unit!r} is not valid: use one of "
-                         f"{', '.join(LENGTH_UNITS)}")
+    for var, value, choices in (("WMT17_SOURCE (--wmt17-source)", source, SOURCES),
+                                ("LENGTH_UNIT (--length-unit)", unit, LENGTH_UNITS)):
+        if value not in choices:
+            raise SystemExit(f"error: {var}={value!r} is not valid: use one of {', '.join(choices)}")
     archives = [a for a in recipe.archives if not a.name.startswith("cwmt-")]
     if source == "hf":
         archives = [replace(a, parts=[HF_UN]) if a.name == "un" else a for a in archives]
