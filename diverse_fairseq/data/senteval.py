@@ -178,8 +178,9 @@ def download(tasks: Sequence[Task], dest, mirror: Optional[str] = None, checksum
         path = fetch(t.source(), dest, mirror=mirror, checksums=checksums, log=log)
         problem = check_sizes(path)
         if problem and require_published:
+            rejected = reject([path])[0]
             raise DownloadError(f"probing task {t.name}: {problem}. It is a stand-in or a truncated copy, not the "
-                                f"published file; it was renamed to {reject([path])[0].name}. Get the file from "
+                                f"published file; it was renamed to {rejected.name}. Get the file from "
                                 f"{t.source().urls[0]} (run again without DIVERSE_FAIRSEQ_MIRROR to download it)")
         if problem:
             log(f"  warning: probing task {t.name}: {problem}: a stand-in, accepted for this demo run only "
