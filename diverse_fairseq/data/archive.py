@@ -86,36 +86,35 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     written = 0
-    try:
-        members = _zip_members(parts[0]) if len(parts) == 1 and zipfile.is_zipfile(parts[0]) else _tar_members(parts)
-        with contextlib.closing(members):
-            for name, content in members:
-                path = PurePosixPath(name)
-                if path.is_absolute() or ".." in path.parts or (wanted is not None and not wanted(name)):
-                    continue
-                target = tmp.joinpath(*path.parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with open(target, "wb") as out:
-                    shutil.copyfileobj(content, out, CHUNK)
-                written += 1
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zipfile.BadZipFile, OSError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and e.errno is not None:
-            raise  # a real I/O problem (disk full, permissions), not a corrupt archive
-        names = ", ".join(p.name for p in parts)
-        for p in parts:
-            if p.exists():
-                os.replace(p, p.with_name(p.name + ".corrupt"))
-        log(f"  {names}: corrupt ({e})")
-        raise CorruptArchiveError(
-            f"archive {names} is corrupt or truncated ({type(e).__name__}: {e}). It was renamed to *.corrupt; run "
-            f"the command again to download it anew. If it came from a mirror (--mirror / $DIVERSE_FAIRSEQ_MIRROR) "
-            f"or was put there by hand, replace that copy first.") from e
-    if written == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CorruptArchiveError(f"archive {parts[0].name} contains none of the expected files; is it the right "
-                                  f"file? Delete it and run the command again.")
-    try:
+    try:  # whatever goes wrong leaves no .extracting folder behind
+        try:
+            members = _zip_members(parts[0]) if len(parts) == 1 and zipfile.is_zipfile(parts[0]) else \
+                _tar_members(parts)
+            with contextlib.closing(members):
+                for name, content in members:
+                    path = PurePosixPath(name)
+                    if path.is_absolute() or ".." in path.parts or (wanted is not None and not wanted(name)):
+                        continue
+                    target = tmp.joinpath(*path.parts)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with open(target, "wb") as out:
+                        shutil.copyfileobj(content, out, CHUNK)
+                    written += 1
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zipfile.BadZipFile, OSError) as e:
+            if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and e.errno is not None:
+                raise  # a real I/O problem (disk full, permissions), not a corrupt archive
+            names = ", ".join(p.name for p in parts)
+            for p in parts:
+                if p.exists():
+                    os.replace(p, p.with_name(p.name + ".corrupt"))
+            log(f"  {names}: corrupt ({e})")
+            raise CorruptArchiveError(
+                f"archive {names} is corrupt or truncated ({type(e).__name__}: {e}). It was renamed to *.corrupt; "
+                f"run the command again to download it anew. If it came from a mirror (--mirror / "
+                f"$DIVERSE_FAIRSEQ_MIRROR) or was put there by hand, replace that copy first.") from e
+        if written == 0:
+            raise CorruptArchiveError(f"archive {parts[0].name} contains none of the expected files; is it the "
+                                      f"right file? Delete it and run the command again.")
         if check is not None:
             check(tmp)
     except BaseException:
