@@ -69,9 +69,9 @@ def published_md5(url: str) -> Optional[str]:
 def read_checksum_file(path) -> Dict[str, str]:
     """Parse an ``md5sum``/``sha256sum`` style file into ``{file name: hex digest}``."""
     sums = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip() and not line.strip().startswith("#"):
-            digest, name = line.strip().split(None, 1)
+    for line in map(str.strip, Path(path).read_text().splitlines()):
+        if line and not line.startswith("#"):
+            digest, name = line.split(None, 1)
             sums[os.path.basename(name.lstrip("*"))] = digest.lower()
     return sums
 
@@ -171,10 +171,10 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
 
     ``expected`` replaces the published values (an expectations manifest); by default they are
     :func:`expected_for` ``(source, checksums)``. An existing final file is used when its ``.verified`` record
-    matches, else verified first (a file placed by hand, or CWMT's zips). Otherwise the file is fetched from the
-    mirror (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real addresses in order, resuming a
-    ``.part`` file left by an earlier interrupted run; a location whose file fails verification is given up for
-    the next.
+    matches, else verified first (a file placed by hand; refused: moved to ``NAME.rejected``). Otherwise the file is
+    fetched from the mirror (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real addresses in order,
+    resuming a ``.part`` file left by an earlier interrupted run; a location whose file fails verification is given
+    up for the next.
     """
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)

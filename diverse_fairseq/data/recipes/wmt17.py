@@ -82,8 +82,8 @@ PAPER_SOURCE = "journal version (Neurocomputing 2021), Sec. 4.1.1: 'about 20.6 M
 CORPORA_FILE = "corpora.json"  # written by collect next to the raw text, copied into prepare.json
 
 ARCHIVES = [
-    Archive("news-commentary", [NEWS_COMMENTARY_V12], lambda n: n.endswith(("news-commentary-v12.zh-en.zh",
-                                                                        "news-commentary-v12.zh-en.en"))),
+    Archive("news-commentary", [NEWS_COMMENTARY_V12],
+            lambda n: n.endswith(("news-commentary-v12.zh-en.zh", "news-commentary-v12.zh-en.en"))),
     Archive("un", UN_PARTS, lambda n: n.endswith(("UNv1.0.en-zh.zh", "UNv1.0.en-zh.en")),
             expected_lines={"UNv1.0.en-zh.zh": EXPECTED_PAIRS["UN-v1.0"], "UNv1.0.en-zh.en": EXPECTED_PAIRS["UN-v1.0"]},
             counts_source=COUNTS_SOURCE),
