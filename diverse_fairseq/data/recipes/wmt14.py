@@ -26,6 +26,7 @@ README, lines 40-44). The variant keeps its own work folder (its text differs) b
 """
 
 import dataclasses
+import functools
 
 from ..download import Source
 from ..text import sgm_segments
@@ -80,11 +81,6 @@ def collect_corpora(ctx: Context, news_commentary, valid):
     return {}
 
 
-def collect(ctx: Context):
-    return collect_corpora(ctx, ("news-commentary-v9", "news-commentary", "training/news-commentary-v9.de-en"),
-                           newstest2013)
-
-
 RECIPE = Recipe(
     **WMT_SETTINGS,
     name="wmt14_en_de", src="en", tgt="de",
@@ -93,7 +89,9 @@ RECIPE = Recipe(
     joint_bpe=True, joined_dictionary=False,  # one BPE for English and German, a dictionary per language
     aggressive_dash=True,
     clean_ratio=1.5,
-    collect=collect,
+    collect=functools.partial(collect_corpora, news_commentary=("news-commentary-v9", "news-commentary",
+                                                                "training/news-commentary-v9.de-en"),
+                              valid=newstest2013),
     paper_train_pairs=4_500_000,
     paper_train_source="EMNLP 2020 Appendix B.2.3: 'about 4.5 million training sentence pairs' "
                        "(NAACL 2019 §5.2.1 and the journal §4.1.1: 4.6M)",
@@ -111,15 +109,13 @@ MACARON_ARCHIVES = [
 ]
 
 
-def collect_macaron(ctx: Context):
-    """macaron-net's corpora (Europarl v7, Common Crawl, News Commentary v12, in that order: its ``CORPORA``), valid
-    from the plain-text newstest2013 files (its ``dev=dev/newstest2013``), test newstest2014 from the SGM files."""
-    return collect_corpora(ctx, ("news-commentary-v12", "news-commentary-v12", "training/news-commentary-v12.de-en"),
-                           newstest2013_plain)
-
-
 MACARON = dataclasses.replace(
-    RECIPE, name="wmt14_en_de_joined", archives=MACARON_ARCHIVES, collect=collect_macaron,
+    RECIPE, name="wmt14_en_de_joined", archives=MACARON_ARCHIVES,
+    # macaron-net's corpora (Europarl v7, Common Crawl, News Commentary v12, in that order: its ``CORPORA``), valid
+    # from the plain-text newstest2013 files (its ``dev=dev/newstest2013``), test newstest2014 from the SGM files
+    collect=functools.partial(collect_corpora, news_commentary=("news-commentary-v12", "news-commentary-v12",
+                                                                "training/news-commentary-v12.de-en"),
+                              valid=newstest2013_plain),
     description="WMT14 en→de as macaron-net's scripts (Europarl v7, Common Crawl, News Commentary v12; "
                 "newstest2013/2014), joined dictionary",
     bpe_size=32764, joined_dictionary=True,
