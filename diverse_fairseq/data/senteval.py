@@ -6,13 +6,11 @@ embeddings for linguistic properties*. ACL 2018. The data is SentEval's ``data/p
 (split ``tr``/``va``/``te``; the sentence, Moses-tokenized, is the last field), 100k training and 10k
 validation and test sentences per task, balanced across the classes.
 
-Files are fetched with :func:`diverse_fairseq.data.download.fetch` (resume, atomic rename, the
-``DIVERSE_FAIRSEQ_MIRROR`` folder or URL by file name, a ``CHECKSUMS`` file); SentEval publishes no checksums, so
-each file is checked, as it arrives and whenever a run uses it, against the sizes SentEval publishes
-(:data:`PUBLISHED_MIN`, :func:`check_sizes`). A file that falls short is a stand-in (a test fixture, a truncated
-copy): it is renamed to ``NAME.rejected`` and refused, unless the caller accepts stand-ins (a demo-scale run from
-a mirror). Files from a mirror go to a cache of that mirror's own (:func:`default_dir`), never to
-``work/senteval_probing``, the cache that real runs read.
+Files are fetched with :func:`diverse_fairseq.data.download.fetch` (:func:`download`); SentEval publishes no
+checksums, so each file is checked against the sizes SentEval publishes (:func:`check_sizes`): a file that falls
+short is a stand-in (a test fixture, a truncated copy), refused unless the caller accepts stand-ins. Files from a
+mirror go to a cache of that mirror's own (:func:`default_dir`), never to ``work/senteval_probing``, the cache that
+real runs read.
 ``python -m diverse_fairseq.data.senteval [--dest DIR] [--tasks SentLen,WC,...]`` downloads them.
 """
 

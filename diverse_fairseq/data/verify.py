@@ -1,17 +1,12 @@
 """Verify every fetched file before anything reads it: size and checksum, HTML pages, member line counts.
 
-A download, a mirror copy and a file placed by hand in ``downloads/`` all go through the same checks:
-
-* :func:`check_file` -- the file is not an HTML page (a 200 response whose body is an error or login page),
-  starts with the magic bytes its name promises (gzip, zip), and matches the size and the sha256/md5 that a
-  published source records for it (the source is named next to each value in the recipes);
-* :func:`check_member_lines` -- right after extraction, the line counts of the member files where a published
-  source records them (``Archive.expected_lines``, cited by ``Archive.counts_source``).
-
-A refused file is never kept under its final name: it is renamed ``NAME.rejected`` (:func:`reject`), and the
-message names the file, what was expected, what was found and where to get the right one. A verified file gets a
-small ``NAME.verified`` record (size, modification time, sha256, the expectations it was checked against) so
-that the next run does not hash it again; a file whose record does not match is checked again.
+A download, a mirror copy and a file placed by hand in ``downloads/`` all go through :func:`check_file` (not an HTML
+page, the magic bytes its name promises, the size and sha256/md5 that a published source records, named next to
+each value in the recipes); right after extraction, :func:`check_member_lines` checks the members' line counts where
+a published source records them (``Archive.expected_lines``). A refused file is never kept under its final name
+(:func:`reject`: ``NAME.rejected``), and the message names the file, what was expected, what was found and where
+to get the right one. A verified file gets a ``NAME.verified`` record (:func:`mark_verified`) so that the next run
+does not hash it again.
 
 Expectations other than the published ones (tiny fixture archives in the tests) come from a manifest
 (:class:`Expectations`, ``--expect FILE``); data prepared with one is recorded as such in ``prepare.json`` and

@@ -18,12 +18,9 @@ the same six zips and the UN v1.0 en-zh corpus as plain HTTPS files (the address
 ``wmt_utils.py`` of its wmt17/wmt18/wmt19 scripts lists): CWMT is downloaded from there by default, and
 ``WMT17_SOURCE=hf`` takes UN v1.0 from there too instead of the UN's own (two-part) download.
 
-Verification. Each corpus' pair count is checked, right after it is read, against the published count
-(:data:`EXPECTED_PAIRS`, see :data:`COUNTS_SOURCE`); a mismatch stops the preparation with the file, the
-expected and the found count, unless ``ALLOW_UNVERIFIED=1`` asks to go on. prepare.json records what was used
-(:func:`corpus_record`): every corpus with its count and check, a skipped or partial CWMT, and the final pair
-count beside the journal's 20.6M. A paper-scale table refuses data that is not verified (see
-:func:`diverse_fairseq.tables.__main__.data_problems`).
+Verification. Each corpus' pair count is checked against the published count (:func:`check_counts`), and
+prepare.json records what was used (:func:`corpus_record`); a paper-scale table refuses data that is not verified
+(:func:`diverse_fairseq.tables.__main__.data_problems`).
 """
 
 import hashlib
