@@ -182,7 +182,7 @@ def cache_key(checkpoint, tasks: Sequence[senteval.Task], data_dir, settings: Pr
     from .. import __version__
 
     return {"checkpoint": Path(checkpoint).name, "settings": asdict(settings), "version": __version__,
-            "tasks": {t.name: hash_file(Path(data_dir) / t.filename) for t in tasks}}
+            "tasks": {t.name: hash_file(Path(data_dir) / t.filename, ["sha256"])["sha256"] for t in tasks}}
 
 
 def probe_checkpoint(checkpoint, tasks: Sequence[senteval.Task], data_dir, settings: ProbeSettings = ProbeSettings(),
