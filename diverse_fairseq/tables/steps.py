@@ -4,8 +4,8 @@
    diverse_fairseq`` with the dataset's setting) into ``<out>/runs/<row>/seed<N>/``; fairseq resumes from
    ``checkpoint_last.pt`` there, and a finished run leaves ``train.json`` and is reused next time. It records
    parameters and training steps/s from fairseq's log (``--log-format json``, read by
-   :mod:`diverse_fairseq.tables.logs`; the runner passes ``--log-file`` and ``--log-format json`` itself).
-   When a row's YAML, the setting or the data change (the key of ``keys.py``), the old run directory is
+   :mod:`diverse_fairseq.tables.progress`; the runner passes ``--log-file`` and ``--log-format json`` itself).
+   When a row's YAML, the setting or the data change (the key of ``cache.py``), the old run directory is
    **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained afresh; a run
    interrupted under the same key resumes from its last checkpoint.
 2. :func:`evaluate_row` evaluates the run's checkpoint (the average of the last checkpoints where training made
@@ -32,10 +32,10 @@ from ..evaluate import EvalRequest, evaluate
 from ..runs.dataset_meta import load_dataset_meta
 from ..runs.plan import Plan, TrainRequest, decoding, plan
 from ..runs.settings import SETTINGS
-from . import logs, scale
-from .cache import cache_version, checkpoint_identity, lookup, store, whole_file
+from . import scale
+from .cache import LOG_FORMAT_ARGS, cache_key, cache_version, cached, checkpoint_identity, key_difference, lookup, store
 from .config import RunConfig
-from .keys import LOG_FORMAT_ARGS, cache_key, key_difference
+from .progress import last_summary, model_parameters
 from .records import EvalRecord, JobRecord, TrainRecord, from_json, to_json
 from .spec import Row
 
@@ -84,7 +84,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     if finished.data is not None:
         _move_aside(run_dir, key_difference(finished.key, key), tag)
     elif run_dir.exists() and any(run_dir.iterdir()):
-        interrupted = lookup(key_path, key, stored_key=whole_file)
+        interrupted = lookup(key_path, key, stored_key=dict)
         if not interrupted.hit:
             _move_aside(run_dir, key_difference(interrupted.key, key), tag)
         else:
@@ -94,13 +94,13 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     # the training processes' environment: this one's, pinned to run.threads CPU threads
     result = training.run(job.request, env=dict(os.environ, PYTHONUNBUFFERED="1", **run.thread_env()))
     log = log_file.read_text(encoding="utf-8", errors="replace")
-    train, valid = logs.last_summary(log, "train"), logs.last_summary(log, "valid")
+    train, valid = last_summary(log, "train"), last_summary(log, "valid")
     record = TrainRecord(
         row=row.id, seed=seed, arch=job.arch, setting=job.setting_name, train_args=list(result.plan.args), key=key,
         trained_at=time.strftime("%Y-%m-%d %H:%M:%S"), threads=run.threads, checkpoint=str(result.checkpoint),
         args=row_args, averaged_checkpoints=result.averaged, best_checkpoint_metric=job.best_checkpoint_metric,
         embeddings=result.plan.embedding_sharing,
-        parameters=logs.model_parameters(log), updates=int(train.get("num_updates", 0)),
+        parameters=model_parameters(log), updates=int(train.get("num_updates", 0)),
         train_steps_per_second=train.get("ups"), train_loss=train.get("loss"), valid_loss=valid.get("loss"),
         valid_nll_loss=valid.get("nll_loss"))
     store(record_path, to_json(record))
@@ -139,7 +139,7 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: s
     :meth:`RunConfig.eval_dir` while key.json there matches :func:`evaluation_key`)."""
     request = eval_request(run, row, seed, checkpoint, subset)
     out, key = request.out, evaluation_key(request)
-    if (out / "results.json").exists() and lookup(out / "key.json", key, stored_key=whole_file).hit:
+    if (out / "results.json").exists() and lookup(out / "key.json", key, stored_key=dict).hit:
         results = json.loads((out / "results.json").read_text())
     else:
         print(f"  [{row.id} seed {seed}] evaluating {checkpoint} on {subset}", flush=True)
@@ -159,35 +159,31 @@ def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) ->
     "layers": [{"layer": 1, "heads", "sub", "pos", "out", "offdiag_cos", ...}, ...]}}``, the per-type numbers
     being Table 4's and the per-layer ones Table 5's. Only the scores are computed (teacher-forced passes in
     batches of 4096 tokens without the output projection; no NLL, pictures or head ablation: a few seconds
-    for the demo model's 1,000 validation sentences on one CPU thread), cached in
-    ``analysis/disagreement.json``; a cache on another scale, of part of the set or of another checkpoint
-    (:func:`checkpoint_identity`) is recomputed. A model with a
-    single head per attention module has no head pairs to score: None (the cache records why).
+    for the demo model's 1,000 validation sentences on one CPU thread), cached in ``analysis/disagreement.json``
+    with their key among them (the scale, the whole set, :func:`checkpoint_identity`): a cache on another scale,
+    of part of the set or of another checkpoint is recomputed. A model with a single head per attention module
+    has no head pairs to score: None (the cache records why).
     """
     from ..analysis.scores import SCALE, TooFewHeads
 
-    path = run.run_dir(row, seed) / "analysis" / "disagreement.json"
-    identity = checkpoint_identity(checkpoint)
-    # the key is kept among the scores: the scale, the whole set (no sentence limit) and the checkpoint
-    key = {"scale": SCALE, "max_sentences": None, "checkpoint_identity": identity}
-    found = lookup(path, key, stored_key=lambda payload: {name: payload.get(name) for name in key})
-    if found.hit:
-        payload = found.data
-    else:
+    key = {"scale": SCALE, "max_sentences": None, "checkpoint_identity": checkpoint_identity(checkpoint)}
+
+    def compute():
         from ..analysis.pipeline import Options, score_checkpoint
 
         print(f"  [{row.id} seed {seed}] head-diversity scores", flush=True)
-        device = "cuda" if run.gpus else "cpu"
         opts = Options(data=str(run.data_bin / run.dataset), max_sentences=None, max_tokens=4096,
-                       ablation=False, progress=False, device=device)
+                       ablation=False, progress=False, device="cuda" if run.gpus else "cpu")
         try:
             payload = score_checkpoint(checkpoint, opts, label=row.id)
-            print(f"  [{row.id} seed {seed}] head-diversity scores of {payload['sentences']} sentences in "
-                  f"{payload['seconds']:.1f}s", flush=True)
         except TooFewHeads as e:
-            payload = {"scale": SCALE, "max_sentences": None, "by_type": None, "skipped": str(e)}
-        payload["checkpoint_identity"] = identity
-        store(path, payload)
+            return dict(key, by_type=None, skipped=str(e))
+        print(f"  [{row.id} seed {seed}] head-diversity scores of {payload['sentences']} sentences in "
+              f"{payload['seconds']:.1f}s", flush=True)
+        return dict(payload, checkpoint_identity=key["checkpoint_identity"])
+
+    payload = cached(run.run_dir(row, seed) / "analysis" / "disagreement.json", key, compute,
+                     stored_key=lambda payload: {name: payload.get(name) for name in key})
     if payload["by_type"] is None:
         print(f"  [{row.id} seed {seed}] no head-diversity scores: {payload['skipped']}", flush=True)
         return None
@@ -206,19 +202,15 @@ def probing_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict
     from ..data.senteval import parse_tasks
 
     tasks, settings = parse_tasks(run.probing_tasks), ProbeSettings(seed=seed)
-    path = run.run_dir(row, seed) / "analysis" / "probing.json"
     key = dict(probing_key(checkpoint, tasks, run.probing_dir, settings),
                checkpoint_identity=checkpoint_identity(checkpoint))
-    found = lookup(path, key)
-    if found.hit:
-        payload = found.data
-    else:
+
+    def compute():
         print(f"  [{row.id} seed {seed}] probing tasks {', '.join(t.name for t in tasks)}", flush=True)
-        payload = probe_checkpoint(checkpoint, tasks, run.probing_dir, settings, data=str(run.data_bin / run.dataset),
-                                   device="cuda" if run.gpus else "cpu")
-        payload["key"] = key
-        store(path, payload)
-    return payload["tasks"]
+        return dict(probe_checkpoint(checkpoint, tasks, run.probing_dir, settings, device="cuda" if run.gpus else
+                                     "cpu", data=str(run.data_bin / run.dataset)), key=key)
+
+    return cached(run.run_dir(row, seed) / "analysis" / "probing.json", key, compute)["tasks"]
 
 
 def run_job(row: Row, run: RunConfig, seed: int) -> JobRecord:
