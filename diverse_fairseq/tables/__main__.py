@@ -20,7 +20,6 @@ from .. import training
 from ..data.recipes import RECIPES
 from ..runs import env_checks, paths
 from ..runs.cli_logging import setup_cli_logging
-from ..runs.settings import SETTINGS
 from .cache import RUNNER_FLAGS
 from .config import RunConfig
 from .report import summarise, write_report
@@ -254,25 +253,6 @@ def results_dir(argv: Optional[List[str]] = None, args=None, table_id: Optional[
     return Path(args.out or REPO / "results" / (table_id or load_table(args.table).table)).resolve()
 
 
-def dry_run(table, run: RunConfig):
-    """``DRY_RUN=1``: print what a run would do (the data preparation and probing downloads it needs, each job's
-    commands) without running or writing anything, then exit with status 0 (also ending ``make figure-*``)."""
-    data = run.data_bin / run.dataset
-    if table.probing:
-        print(f"[{table.table}] probing tasks {', '.join(table.probing)}: files in {run.probing_dir} (a real run "
-              f"downloads the missing ones first)", flush=True)
-    if not (data / "prepare.json").exists():
-        prepare = "bash scripts/prepare_data.sh demo" if run.dataset == "demo" else f"make data DATASET={run.dataset}"
-        print(f"[{table.table}] DRY_RUN=1: {data} is not prepared, and the training commands depend on it "
-              f"(languages, dictionaries); {'a real run prepares it first' if run.dataset == 'demo' else 'prepare it'}"
-              f" ({prepare}), then run the dry run again to see them. Rows: "
-              + "; ".join(f"{row.id} ({row.arch(SETTINGS[run.setting(row)].arch)} {shlex.join(row.args)})"
-                          for row in table.rows), flush=True)
-    else:
-        run_table(table, run)
-    raise SystemExit(0)
-
-
 def main(argv: Optional[List[str]] = None):
     args = build_parser().parse_args(argv)
     settings = check_settings(args)  # before any work
@@ -300,7 +280,8 @@ def main(argv: Optional[List[str]] = None):
     if scale == "paper":
         check_paper_data(run.data_bin / dataset, allow_unverified_data)
     if run.dry_run:
-        dry_run(table, run)  # ends the process (exit 0)
+        run_table(table, run)
+        raise SystemExit(0)  # also ending make figure-*
     if table.probing:
         ensure_probing_data(table.probing, args.probing_data, scale)
     if dataset == "demo":  # the demo corpus ships with the repository: prepare it, or check that it is (quick when

@@ -133,22 +133,21 @@ def progress_line(log: str) -> Optional[str]:
     return line + f"; about {clock((max_update - done) / rate)} left"
 
 
-class LogWatcher:
-    """Emit :func:`progress_line` of the log at ``path`` every ``interval`` seconds while it changes.
+class LogWatcher(threading.Thread):
+    """A daemon thread that emits :func:`progress_line` of the log at ``path`` every ``interval`` seconds (at least
+    0.5; 0: each record fairseq logs) until :meth:`stop`, which waits for it.
 
-    A daemon thread between ``start()`` and ``stop()`` (which waits for it); the runner's :class:`Progress`
-    starts one per running job, in this process and in the worker pool alike (the log is a file, whichever
-    process writes it). Nothing is emitted before the first update record, nor twice for the same line (so never
-    more often than fairseq logs), nor for the log as it was when the watcher started (a finished run that is
-    reused, an interrupted one before it resumes). The log is read every ``interval`` seconds, at least 0.5
-    (``interval=0``: each record fairseq logs, as ``PROGRESS_INTERVAL=0`` does in data preparation)."""
+    :class:`Progress` starts one per running job, in this process and in the worker pool alike (the log is a
+    file, whichever process writes it). Nothing is emitted before the first update record, nor twice for the same
+    line (so never more often than fairseq logs), nor for the log as it was when the watcher started (a finished
+    run that is reused, an interrupted one before it resumes)."""
 
     def __init__(self, path: Path, interval: float, emit: Callable[[str], None]):
+        super().__init__(name=f"watch {path}", daemon=True)
         self.path, self.interval, self.emit = Path(path), float(interval), emit
         self.last: Optional[str] = None
         self._at_start = self._identity()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"watch {self.path}", daemon=True)
+        self._done = threading.Event()
 
     def _identity(self):
         try:
@@ -172,18 +171,14 @@ class LogWatcher:
             self.last = line
             self.emit(line)
 
-    def _loop(self):
-        while not self._stop.wait(max(self.interval, 0.5)):
+    def run(self):
+        while not self._done.wait(max(self.interval, 0.5)):
             self.poll()
 
-    def start(self) -> "LogWatcher":
-        self._thread.start()
-        return self
-
     def stop(self):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._done.set()
+        if self.is_alive():
+            self.join()
 
 
 class Progress:
@@ -228,8 +223,9 @@ class Progress:
         log = f"log: {self.run.log_path(row, seed)}" if self.run.jobs > 1 else f"training log: {train_log}"
         where = self._where(row, seed)
         self._line(f"{where}: started", after=f"; {log}")
-        self.watchers[(row.id, seed)] = LogWatcher(train_log, self.run.progress_interval,
-                                                   lambda line: self._print(f"{where}: {line}")).start()
+        watcher = self.watchers[(row.id, seed)] = LogWatcher(train_log, self.run.progress_interval,
+                                                             lambda line: self._print(f"{where}: {line}"))
+        watcher.start()
 
     def stop_watching(self):
         """Stop every running job's log watcher (Ctrl-C: the jobs end without :meth:`end`)."""

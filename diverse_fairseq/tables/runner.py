@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import training
 from ..evaluate import command_line
+from ..runs.settings import SETTINGS
 from .cache import cache_key, lookup
 from .config import RunConfig
 from .progress import Progress
@@ -55,18 +56,14 @@ def interrupted_lines(table: Table, run: RunConfig, jobs, resume: str) -> List[s
 
 
 def run_table(table: Table, run: RunConfig) -> Optional[Dict[str, List[JobRecord]]]:
-    """Train and evaluate every row and seed (``run.jobs`` at once); return ``{row id: [per-seed record]}``."""
+    """Train and evaluate every row and seed (``run.jobs`` at once); return ``{row id: [per-seed record]}``
+    (None after a dry run)."""
+    if run.dry_run:
+        return dry_run_table(table, run)
     data = run.data_bin / run.dataset
     if not (data / "prepare.json").exists():
         raise SystemExit(f"error: no prepared dataset in {data}. Prepare it first: make data DATASET={run.dataset}")
-    same_as = same_model_rows(table, run)
-    todo = [(row, seed) for row in table.rows if row.id not in same_as for seed in run.seeds]
-    for row_id, first in same_as.items():
-        print(f"[{table.table}] row {row_id} trains the same model as row {first} at this scale "
-              f"(the same run identity and cache key): it gets {first}'s runs", flush=True)
-    if run.dry_run:
-        dry_run_table(table, run, todo)
-        return None
+    same_as, todo = _jobs(table, run)
     progress = Progress(table, run, len(todo))
     print(f"[{table.table}] {len(table.rows)} rows x {len(run.seeds)} seed(s) = {len(todo)} jobs, {run.jobs} at a "
           f"time, {run.threads} CPU thread(s) each", flush=True)
@@ -188,9 +185,32 @@ def run_parallel(todo: List[Tuple[Row, int]], run: RunConfig,
     return records, failed
 
 
-def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
-    """``DRY_RUN=1``: print each job's training and evaluation commands (and whether a finished run would be
-    reused); nothing is trained, evaluated or written."""
+def _jobs(table: Table, run: RunConfig) -> Tuple[Dict[str, str], List[Tuple[Row, int]]]:
+    """:func:`same_model_rows` (each named in a line) and the ``(row, seed)`` jobs of the other rows."""
+    same_as = same_model_rows(table, run)
+    for row_id, first in same_as.items():
+        print(f"[{table.table}] row {row_id} trains the same model as row {first} at this scale "
+              f"(the same run identity and cache key): it gets {first}'s runs", flush=True)
+    return same_as, [(row, seed) for row in table.rows if row.id not in same_as for seed in run.seeds]
+
+
+def dry_run_table(table: Table, run: RunConfig):
+    """``DRY_RUN=1``: print what a run would do (the data preparation and probing downloads it needs, each job's
+    training and evaluation commands, whether a finished run would be reused); nothing is run or written."""
+    data = run.data_bin / run.dataset
+    if run.probing_tasks:
+        print(f"[{table.table}] probing tasks {', '.join(run.probing_tasks)}: files in {run.probing_dir} (a real run "
+              f"downloads the missing ones first)", flush=True)
+    if not (data / "prepare.json").exists():
+        demo = run.dataset == "demo"
+        prepare = "bash scripts/prepare_data.sh demo" if demo else f"make data DATASET={run.dataset}"
+        print(f"[{table.table}] DRY_RUN=1: {data} is not prepared, and the training commands depend on it "
+              f"(languages, dictionaries); {'a real run prepares it first' if demo else 'prepare it'} ({prepare}), "
+              f"then run the dry run again to see them. Rows: "
+              + "; ".join(f"{row.id} ({row.arch(SETTINGS[run.setting(row)].arch)} {shlex.join(row.args)})"
+                          for row in table.rows), flush=True)
+        return
+    _, todo = _jobs(table, run)
     print(f"[{table.table}] DRY_RUN=1: the commands of {len(todo)} job(s); nothing is run or written", flush=True)
     threads = "".join(f"{k}={v} " for k, v in run.thread_env().items())
     device = "CUDA_VISIBLE_DEVICES='' " if run.gpus == 0 else ""

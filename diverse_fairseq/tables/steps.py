@@ -1,21 +1,13 @@
-"""The steps of one row and seed (one *job*), each cached beside its run (``cache.py``):
+"""The steps of one row and seed (one *job*), each cached beside its run (``cache.py``); :func:`run_job` runs them
+in this order and returns the per-seed record:
 
-1. :func:`train_row` trains with :func:`diverse_fairseq.training.run` (``fairseq-train --user-dir
-   diverse_fairseq`` with the dataset's setting) into ``<out>/runs/<row>/seed<N>/``; fairseq resumes from
-   ``checkpoint_last.pt`` there, and a finished run leaves ``train.json`` and is reused next time. It records
-   parameters and training steps/s from fairseq's log (``--log-format json``, read by
-   :mod:`diverse_fairseq.tables.progress`; the runner passes ``--log-file`` and ``--log-format json`` itself).
-   When a row's YAML, the setting or the data change (the key of ``cache.py``), the old run directory is
-   **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained afresh; a run
-   interrupted under the same key resumes from its last checkpoint.
-2. :func:`evaluate_row` evaluates the run's checkpoint (the average of the last checkpoints where training made
-   one, else the setting's single model, :mod:`diverse_fairseq.runs.checkpoint_choice`: ``checkpoint_best.pt`` by
-   validation BLEU for the THUMT papers' settings, by validation loss for the EMNLP 2020 authors' fairseq
-   settings, ``checkpoint_last.pt`` at demo scale) with :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU,
-   decoding speed; reused while ``eval/key.json`` matches);
+1. :func:`train_row` trains with :func:`diverse_fairseq.training.run` into ``<out>/runs/<row>/seed<N>/`` (fairseq
+   resumes from ``checkpoint_last.pt`` there) and records the numbers of its JSON log (``progress.py``). A changed
+   row, setting or data (another cache key) moves the old run aside to ``seed<N>.stale-<time>/`` (nothing is
+   deleted) and trains afresh; a run interrupted under the same key resumes.
+2. :func:`evaluate_row` decodes and scores the plan's checkpoint (the average where training made one, else the
+   setting's single model, :mod:`diverse_fairseq.runs.checkpoint_choice`) with :mod:`diverse_fairseq.evaluate`;
 3. :func:`disagreement_scores` and, for tables that ask for it, :func:`probing_scores` measure the checkpoint.
-
-:func:`run_job` runs them in this order and returns the per-seed record.
 """
 
 import json
@@ -63,19 +55,14 @@ def _move_aside(run_dir: Path, why: str, tag: str):
 
 
 def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
-    """Train one row/seed (or reuse its finished run); return its training record and whether it was reused
-    (training finished in an earlier invocation).
+    """Train one row/seed (or reuse its finished run); return its training record and whether it was reused.
 
     A finished run (``train.json``) or an interrupted one (``key.json``) is reused or resumed only when its
     cache key equals this run's; otherwise its directory is moved aside and the row is trained afresh."""
-    run_dir = run.run_dir(row, seed)
-    record_path, key_path = run_dir / "train.json", run_dir / "key.json"
-    tag = f"{row.id} seed {seed}"
+    run_dir, tag = run.run_dir(row, seed), f"{row.id} seed {seed}"
     job = job_plan(row, run, seed)
-    row_args = scale.row_args(row.args, job.setting_name)
-    log_file = run_dir / "train.log"
-    key = cache_key(job)
-    finished = lookup(record_path, key)
+    row_args, key = scale.row_args(row.args, job.setting_name), cache_key(job)
+    finished = lookup(run_dir / "train.json", key)
     if finished.hit:
         record = from_json(TrainRecord, finished.data)
         print(f"  [{tag}] training finished earlier ({record.trained_at}); reusing {run_dir}", flush=True)
@@ -84,16 +71,16 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     if finished.data is not None:
         _move_aside(run_dir, key_difference(finished.key, key), tag)
     elif run_dir.exists() and any(run_dir.iterdir()):
-        interrupted = lookup(key_path, key, stored_key=dict)
+        interrupted = lookup(run_dir / "key.json", key, stored_key=dict)
         if not interrupted.hit:
             _move_aside(run_dir, key_difference(interrupted.key, key), tag)
         else:
             print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
-    store(key_path, key)
+    store(run_dir / "key.json", key)
     print(f"  [{tag}] training {job.arch} ({job.setting_name}): {shlex.join(row_args + run.train_args)}", flush=True)
     # the training processes' environment: this one's, pinned to run.threads CPU threads
     result = training.run(job.request, env=dict(os.environ, PYTHONUNBUFFERED="1", **run.thread_env()))
-    log = log_file.read_text(encoding="utf-8", errors="replace")
+    log = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
     train, valid = last_summary(log, "train"), last_summary(log, "valid")
     record = TrainRecord(
         row=row.id, seed=seed, arch=job.arch, setting=job.setting_name, train_args=list(result.plan.args), key=key,
@@ -103,18 +90,16 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
         parameters=model_parameters(log), updates=int(train.get("num_updates", 0)),
         train_steps_per_second=train.get("ups"), train_loss=train.get("loss"), valid_loss=valid.get("loss"),
         valid_nll_loss=valid.get("nll_loss"))
-    store(record_path, to_json(record))
+    store(run_dir / "train.json", to_json(record))
     return record, False
 
 
 def eval_request(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: str) -> EvalRequest:
-    """The evaluation of ``subset`` with ``checkpoint`` into :meth:`RunConfig.eval_dir`: what the table says
-    (its subsets, the row's setting's decoding (:func:`diverse_fairseq.runs.plan.decoding`, as its plan: GNMT's
-    length penalty and |x| + 50 tokens for the THUMT papers' settings), its ``GENERATE_ARGS``, its devices and
-    precision) and nothing of the environment: ``SUBSET``,
-    ``BEAM``, ``LENPEN``, ``BATCH_SIZE`` and ``CPU`` are scripts/evaluate.sh's, not the table's
-    (``__main__`` warns that it ignores them). ``PRECISION`` is the table's own (it trains with it): fp16 and
-    bf16 decode in that precision on a GPU."""
+    """The evaluation of ``subset`` with ``checkpoint`` into :meth:`RunConfig.eval_dir`: what the table says (its
+    subsets, the row's setting's decoding as in its plan, :func:`diverse_fairseq.runs.plan.decoding`, its
+    ``GENERATE_ARGS``, devices and precision: fp16 and bf16 decode in that precision on a GPU) and nothing of the
+    environment: ``SUBSET``, ``BEAM``, ``LENPEN``, ``BATCH_SIZE`` and ``CPU`` are scripts/evaluate.sh's (``__main__``
+    warns that it ignores them)."""
     precision = run.train_options.precision or ("fp16" if run.gpus else "fp32")
     data = run.data_bin / run.dataset
     d = decoding(load_dataset_meta(data), SETTINGS[run.setting(row)])
