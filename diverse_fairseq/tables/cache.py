@@ -1,14 +1,12 @@
 """The table runner's caches: every cached step (training record, evaluation, head-diversity scores, probing)
 stores JSON beside its run and reuses it only while the key stored there equals this invocation's.
 
-A training run is reused only if it is the same run: :func:`cache_key` is the run's identity
-(:func:`diverse_fairseq.runs.identity.run_identity`, the same one that names a save directory and checks a resume:
-the effective, model-changing fairseq-train option values and the prepared data), plus what the identity leaves
-to the caller: the number of updates, the checkpoint averaging, and the cache version. The run's own paths and
-the logging options are not part of the identity, so a results directory can move and a machine without
-tensorboard reuses the runs of one with it. It is written to ``key.json`` when training starts and to
-``train.json`` when it ends. The thread count is recorded in ``train.json`` but is not part of the key: it
-changes the last bits of the numbers, not the experiment.
+A training run's key (:func:`cache_key`) is its identity (:func:`diverse_fairseq.runs.identity.run_identity`,
+which also names a save directory and checks a resume: the effective, model-changing fairseq-train options and
+the prepared data), its number of updates, the checkpoint averaging and the cache version; written to
+``key.json`` when training starts and to ``train.json`` when it ends. Neither the run's paths nor the logging
+options nor the thread count (recorded in ``train.json``) are part of it: a results directory can move, and a
+machine without tensorboard reuses the runs of one with it.
 """
 
 import hashlib

@@ -1,17 +1,14 @@
 """fairseq-train's JSON log (``train.log``), read for a run's record and for the runner's progress lines.
 
-With ``--log-format json`` fairseq writes each progress record as one JSON object per line: the periodic
-``train_inner`` records (``{"epoch": 1, "update": 0.5, "loss": "7.7", "num_updates": "3", "wall": "20", ...}``)
-and the end-of-epoch summaries, whose keys carry the subset's name (``{"epoch": 1, "train_loss": "7.715",
-"train_num_updates": "3", ...}``, ``{"epoch": 1, "valid_loss": ...}``). In a ``--log-file`` a line is the JSON
-object alone; on the console it follows fairseq's ``date | INFO | train | `` prefix. Both are read. Text logs of
-``--log-format simple`` are not: the runner keeps every finished run's numbers in its ``train.json``, and a
-resumed run is finished by a process that writes JSON. See fairseq_cli/train.py and
-fairseq/logging/progress_bar.py.
+With ``--log-format json`` fairseq writes each progress record as a JSON object on its own line (after a
+``date | INFO | train | `` prefix on the console): the periodic ``train_inner`` records (``{"loss": "7.7",
+"num_updates": "3", "wall": "20", ...}``) and the end-of-epoch summaries, whose keys carry the subset's name
+(``{"train_loss": "7.715", "train_num_updates": "3", ...}``, ``{"valid_loss": ...}``); see fairseq_cli/train.py
+and fairseq/logging/progress_bar.py. Text logs (``--log-format simple``) are not read: a finished run's numbers
+are kept in its ``train.json``, and a resumed run is finished by a process that writes JSON.
 
-The runner's lines (:class:`Progress`): one when a job starts (with its log), one when it ends (row i of n,
-seed, elapsed time, estimated time remaining), and while it trains (:class:`LogWatcher`) a line every
-``PROGRESS_INTERVAL`` seconds from :func:`progress_line`, e.g.::
+:class:`Progress` prints a line when a job starts (with its log) and one when it ends (row i of n, seed, elapsed
+time, estimated time remaining), and while it trains (:class:`LogWatcher`) :func:`progress_line`, e.g.::
 
     update 450/800 (56%), train loss 6.213, valid loss 6.02, BLEU 3.41 (update 400); about 0:02:05 left
 """
@@ -93,15 +90,12 @@ def progress_line(log: str) -> Optional[str]:
             max_update, first = int(found.group(1)), None
             continue
         record = next(records(line), {})
-        if "loss" in record and "num_updates" in record:  # train_inner
-            prefix = ""
-        elif "train_loss" in record:  # end of an epoch
-            prefix = "train_"
-        elif "valid_loss" in record:
+        if "valid_loss" in record:
             valid = (number(record.get("valid_num_updates")), number(record["valid_loss"]),
                      number(record.get("valid_bleu")))
-            continue
-        else:
+        # a train_inner record, or the end of an epoch
+        prefix = "" if "loss" in record and "num_updates" in record else "train_" if "train_loss" in record else None
+        if prefix is None:
             continue
         reached = number(record.get(prefix + "num_updates"))
         if prefix and updates is not None and (reached is None or reached <= updates):

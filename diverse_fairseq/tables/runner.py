@@ -1,14 +1,11 @@
 """Train, evaluate and measure every row of a table, resuming whatever is already finished.
 
-:func:`run_table` finds the rows that train the same model at this scale (:func:`same_model_rows`), runs each
-remaining row and seed (one *job*: ``steps.run_job``) one after the other in this process with its output on the
-console (``jobs = 1``) or ``jobs`` at once in worker processes (:func:`run_parallel`), prints a line when a job
-starts and one when it ends (``progress.py``), and returns every row's per-seed records. ``DRY_RUN=1`` prints the
-commands instead (:func:`dry_run_table`).
-
-Every job runs with a fixed number of CPU threads (``threads``: the ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` of
-fairseq-train and fairseq-generate, ``torch.set_num_threads`` for the in-process analysis), so a seed gives the
-same numbers on any machine size.
+:func:`run_table` runs each row and seed (one *job*: ``steps.run_job``) but those of rows that train an earlier
+row's model (:func:`same_model_rows`), one after the other in this process with its output on the console
+(``jobs = 1``) or ``jobs`` at once in worker processes (:func:`run_parallel`), with a line when a job starts and
+one when it ends (``progress.py``). Every job runs with ``threads`` CPU threads (``OMP_NUM_THREADS`` /
+``MKL_NUM_THREADS`` of fairseq-train and fairseq-generate, ``torch.set_num_threads`` in process), so a seed gives
+the same numbers on any machine. ``DRY_RUN=1`` prints the commands instead (:func:`dry_run_table`).
 """
 
 import json
