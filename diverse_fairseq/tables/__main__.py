@@ -142,7 +142,7 @@ def check_settings(args) -> dict:
     """The validated run settings; raises SystemExit naming the first bad variable."""
     parse_int = env_checks.parse_int
     settings = {"scale": env_checks.parse_choice("SCALE (--scale)", args.scale, SCALES),
-                 "seeds": env_checks.parse_seeds("SEEDS (--seeds)", args.seeds),
+                "seeds": env_checks.parse_seeds("SEEDS (--seeds)", args.seeds),
                 "gpus": parse_int("GPUS (--gpus)", args.gpus, 0),
                 "threads": parse_int("THREADS (--threads)", args.threads, 1),
                 "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1),
