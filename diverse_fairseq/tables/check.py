@@ -220,20 +220,15 @@ def real_dictionaries(data_bin: Optional[Path], dataset: str) -> Optional[Dict[s
     """``{lang: entries}`` (the 4 special symbols included, as fairseq loads them) of a prepared dataset's
     dictionaries under ``data_bin``, or None where it has none: no ``prepare.json``, a dictionary missing, or
     data that :func:`write_synthetic_data` made."""
-    if data_bin is None:
-        return None
-    data = Path(data_bin) / dataset
-    if not (data / "prepare.json").is_file():
+    data = Path(data_bin or ".") / dataset
+    if data_bin is None or not (data / "prepare.json").is_file():
         return None
     meta = load_dataset_meta(data)
-    langs = (meta.source_lang, meta.target_lang)
-    if meta.synthetic or not all((data / f"dict.{lang}.txt").is_file() for lang in langs):
+    files = {lang: data / f"dict.{lang}.txt" for lang in (meta.source_lang, meta.target_lang)}
+    if meta.synthetic or not all(f.is_file() for f in files.values()):
         return None
-    sizes = {}
-    for lang in langs:
-        with open(data / f"dict.{lang}.txt", encoding="utf-8") as f:
-            sizes[lang] = sum(1 for _ in f) + 4  # fairseq adds <s>, <pad>, </s>, <unk> to the file's entries
-    return sizes
+    # fairseq adds <s>, <pad>, </s>, <unk> to the file's entries
+    return {lang: len(f.read_text(encoding="utf-8").splitlines()) + 4 for lang, f in files.items()}
 
 
 def real_data_note(row: Row, dataset: str, data_bin: Path, gpus: int, precision: Optional[str],
