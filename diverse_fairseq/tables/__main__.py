@@ -9,6 +9,7 @@ are checked before any work starts; a bad one stops the run with a message namin
 """
 
 import argparse
+import json
 import os
 import shlex
 import signal
@@ -190,27 +191,21 @@ def data_problems(meta: dict) -> List[str]:
     stand_in = [] if expectations == "published" else [
         f"its files were checked against the stand-in manifest {expectations.get('manifest')!r} (EXPECT), not the "
         f"published sizes, checksums and counts"]
-    record = meta.get("training_data")
-    if record is None:
-        recipe = RECIPES.get(meta.get("dataset"))
-        if recipe is not None and recipe.corpora_file:  # a recipe that records its corpora, prepared before it did
-            return stand_in + ["prepared by an older version that did not check the corpora' counts (no training_data)"]
-        return stand_in
+    record, recipe = meta.get("training_data"), RECIPES.get(meta.get("dataset"))
+    if record is None:  # a recipe that records its corpora, prepared before it did
+        older = recipe is not None and recipe.corpora_file
+        return stand_in + (["prepared by an older version that did not check the corpora' counts (no training_data)"]
+                           if older else [])
     return stand_in + ([] if record.get("verified", True) else list(record.get("problems") or ["not verified"]))
 
 
 def check_paper_data(data: Path, allow: bool):
     """Before a paper-scale table runs: refuse data prepared from other than the published corpora (a skipped
     or partial CWMT, a count that differs from the published one) unless ALLOW_UNVERIFIED_DATA=1."""
-    import json
-
-    meta_path = data / "prepare.json"
-    if not meta_path.is_file():
-        return  # not prepared yet: the runner says how to prepare it
-    problems = data_problems(json.loads(meta_path.read_text(encoding="utf-8")))
-    if not problems:
+    meta = data / "prepare.json"  # not prepared yet: the runner says how to prepare it
+    what = "; ".join(data_problems(json.loads(meta.read_text(encoding="utf-8"))) if meta.is_file() else [])
+    if not what:
         return
-    what = "; ".join(problems)
     if allow:
         print(f"[tables] warning: {data} is not the papers' data ({what}); running anyway (ALLOW_UNVERIFIED_DATA=1)"
               f": the results are not comparable with the papers'", flush=True)
