@@ -57,9 +57,8 @@ def test_a_reused_run_evaluates_its_settings_checkpoint(tmp_path):
     """A finished run whose results folder has moved since (its train.json names a checkpoint elsewhere) is
     evaluated from its plan's checkpoint in its own folder: the setting's, checkpoint_best.pt by validation loss."""
     from diverse_fairseq.tables import steps
-    from diverse_fairseq.tables.cache import store
+    from diverse_fairseq.tables.cache import cache_key, store
     from diverse_fairseq.tables.config import RunConfig
-    from diverse_fairseq.tables.keys import cache_key
     from diverse_fairseq.tables.records import TrainRecord, to_json
     from diverse_fairseq.tables.spec import Row
 

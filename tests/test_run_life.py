@@ -10,6 +10,8 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,47 @@ def test_ctrl_c_in_a_table_names_each_interrupted_row_and_the_command(tmp_path, 
     checkpoint = run.run_dir(row, 1) / "checkpoint_last.pt"
     assert lines == [f"[naacl19_t3] row {row.id} seed 1: interrupted at update 7; the last checkpoint is at update 6 "
                      f"({checkpoint}); resume with: make table-naacl19_t3 SCALE=demo SEEDS=1"]
+
+
+ONE_ROW = """
+table: one
+title: "one row"
+baseline: base
+rows:
+  - {id: base, label: "Transformer", family: transformer}
+"""
+
+
+def test_ctrl_c_in_a_table_run_by_the_worker_pool_twice(toy_bin, tmp_path):
+    """JOBS=2 (the worker pool, two seeds): Ctrl-C (SIGINT to the process group) once the first job has started,
+    and again while the jobs stop: exit 130, no traceback from the runner or its workers, and last a line for each
+    job handed out (the second seed's only if Ctrl-C came after it was)."""
+    table = tmp_path / "one.yaml"
+    table.write_text(ONE_ROW)
+    env = _env(JOBS="2", PROGRESS_INTERVAL="1")
+    cmd = [sys.executable, "-m", "diverse_fairseq.tables", str(table), "--dataset", "toy", "--scale", "demo",
+           "--data-bin", str(toy_bin), "--out", str(tmp_path / "results"), "--seeds", "2",
+           "--train-args", shlex.join([*SMALL, "--max-update", "1000"])]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if ": started;" in line:
+                os.killpg(proc.pid, signal.SIGINT)
+                time.sleep(0.5)
+                os.killpg(proc.pid, signal.SIGINT)  # a second Ctrl-C while the workers stop
+                break
+        seen.append(proc.communicate(timeout=60)[0])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = "".join(seen)
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    interrupted = [line for line in out.splitlines() if re.match(r"\[one\] row base seed \d: interrupted ", line)]
+    assert "[one] row base seed 1: interrupted " in out and out.strip().splitlines()[-len(interrupted):] == interrupted
 
 
 # ------------------------------------------------------------------------------ damaged checkpoint_last.pt

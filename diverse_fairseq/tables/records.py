@@ -20,7 +20,7 @@ class TrainRecord:
     arch: str
     setting: str
     train_args: List[str]  # fairseq-train's arguments, whatever the launcher (python -m, torchrun)
-    key: Dict  # the cache key (keys.cache_key)
+    key: Dict  # the cache key (cache.cache_key)
     trained_at: str
     threads: int
     checkpoint: str  # the checkpoint to evaluate (runs.plan.Plan.checkpoint)
