@@ -22,44 +22,56 @@ from ..data.recipes import RECIPES
 from ..runs import env_checks, paths
 from ..runs.cli_logging import setup_cli_logging
 from .cache import RUNNER_FLAGS
+from .check import SCALES, dataset_for
 from .config import RunConfig
 from .report import summarise, write_report
 from .runner import TableInterrupted, interrupted_lines, run_table
 from .spec import REPO, TableSpecError, load_table
 
-SCALES = ("demo", "paper")
 SUBSETS = ("valid", "test")
+
+
+def _optional_int(name, text):
+    return None if text in (None, "") else env_checks.parse_int(name, text, 1)
+
+
 #: the options besides the table and --data-bin: (flag, the environment variable that is its default, the
-#: variable's default, help)
+#: variable's default, the parser of its value (None: read where it is used), help)
 OPTIONS = (
-    ("--dataset", "DATASET", None, "dataset to run on; default: the table's paper dataset at scale paper, demo at "
-                                   "scale demo"),
-    ("--scale", "SCALE", "demo", "demo or paper, exactly"),
-    ("--seeds", "SEEDS", "1", "a count N (seeds 1..N) or a comma-separated list of positive seeds"),
-    ("--gpus", "GPUS", "0", "GPUs per run, 0 = CPU"),
-    ("--threads", "THREADS", "1", "CPU threads of every training/decoding job (OMP_NUM_THREADS, MKL_NUM_THREADS, "
-                                  "torch): fixed, so that a seed gives the same numbers on any machine"),
-    ("--jobs", "JOBS", None, "row/seed jobs run at once, each with its log in <out>/logs/; default: the CPU cores (at "
-                             "most the number of jobs), 1 with GPUS > 0"),
-    ("--out", "RESULTS", None, "results directory (default results/<table>)"),
-    ("--train-args", "TRAIN_ARGS", "", "extra fairseq-train flags for every row, e.g. '--max-update 100'"),
-    ("--probing-data", "PROBING_DATA", None, "folder of SentEval's probing files, for tables with probing tasks; "
-                                             "missing files are downloaded there (default work/senteval_probing)"),
-    ("--generate-args", "GENERATE_ARGS", "", "extra fairseq-generate flags for every row, e.g. '--beam 1'"),
-    ("--rows", "ROWS", "", "comma-separated row ids to run (default: all); a chosen row's baseline runs too"),
-    ("--subsets", "SUBSETS", "test", "comma-separated subsets to decode, valid and/or test; the first is the "
-                                     "report's BLEU (default test)"),
-    ("--train-hook", "TRAIN_HOOK", None, "a Python script started in place of 'python -m fairseq_cli.train' with the "
-                                         "same arguments, to watch each training, e.g. "
-                                         "scripts/experiments/kernel_probe.py (records the SVGD kernel); not part of "
-                                         "the cache key, so a finished run is reused without it"),
-    ("--allow-unverified-data", "ALLOW_UNVERIFIED_DATA", "", "1: run a paper-scale table on data that prepare.json "
-     "records as not the published data (skipped or partial CWMT, a corpus count that differs from the published "
-     "one); SentEval stand-ins are still refused"),
-    ("--progress-interval", "PROGRESS_INTERVAL", "30", "seconds between two progress lines of a training row "
-     "(update, losses, time left), printed only when fairseq has logged since the last one; 0: every record it "
-     "logs (default 30)"),
-    ("--dry-run", "DRY_RUN", "", "1: print every row's training and evaluation commands, run and write nothing"),
+    ("--dataset", "DATASET", None, None, "dataset to run on; default: the table's paper dataset at scale paper, "
+                                         "demo at scale demo"),
+    ("--scale", "SCALE", "demo", lambda name, text: env_checks.parse_choice(name, text, SCALES),
+     "demo or paper, exactly"),
+    ("--seeds", "SEEDS", "1", env_checks.parse_seeds,
+     "a count N (seeds 1..N) or a comma-separated list of positive seeds"),
+    ("--gpus", "GPUS", "0", env_checks.parse_int, "GPUs per run, 0 = CPU"),
+    ("--threads", "THREADS", "1", lambda name, text: env_checks.parse_int(name, text, 1),
+     "CPU threads of every training/decoding job (OMP_NUM_THREADS, MKL_NUM_THREADS, torch): fixed, so that a seed "
+     "gives the same numbers on any machine"),
+    ("--jobs", "JOBS", None, _optional_int, "row/seed jobs run at once, each with its log in <out>/logs/; default: "
+                                            "the CPU cores (at most the number of jobs), 1 with GPUS > 0"),
+    ("--out", "RESULTS", None, None, "results directory (default results/<table>)"),
+    ("--train-args", "TRAIN_ARGS", "", env_checks.parse_words,
+     "extra fairseq-train flags for every row, e.g. '--max-update 100'"),
+    ("--probing-data", "PROBING_DATA", None, None, "folder of SentEval's probing files, for tables with probing "
+     "tasks; missing files are downloaded there (default work/senteval_probing)"),
+    ("--generate-args", "GENERATE_ARGS", "", env_checks.parse_words,
+     "extra fairseq-generate flags for every row, e.g. '--beam 1'"),
+    ("--rows", "ROWS", "", None, "comma-separated row ids to run (default: all); a chosen row's baseline runs too"),
+    ("--subsets", "SUBSETS", "test", lambda name, text: parse_subsets(text), "comma-separated subsets to decode, "
+     "valid and/or test; the first is the report's BLEU (default test)"),
+    ("--train-hook", "TRAIN_HOOK", None, lambda name, text: parse_hook(text), "a Python script started in place "
+     "of 'python -m fairseq_cli.train' with the same arguments, to watch each training, e.g. "
+     "scripts/experiments/kernel_probe.py (records the SVGD kernel); not part of the cache key, so a finished run "
+     "is reused without it"),
+    ("--allow-unverified-data", "ALLOW_UNVERIFIED_DATA", "", env_checks.parse_flag, "1: run a paper-scale table "
+     "on data that prepare.json records as not the published data (skipped or partial CWMT, a corpus count that "
+     "differs from the published one); SentEval stand-ins are still refused"),
+    ("--progress-interval", "PROGRESS_INTERVAL", "30", lambda name, text: env_checks.parse_float(name, text, 0),
+     "seconds between two progress lines of a training row (update, losses, time left), printed only when "
+     "fairseq has logged since the last one; 0: every record it logs (default 30)"),
+    ("--dry-run", "DRY_RUN", "", env_checks.parse_flag,
+     "1: print every row's training and evaluation commands, run and write nothing"),
 )
 
 
@@ -67,7 +79,7 @@ def build_parser():
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.tables", description=__doc__)
     p.add_argument("table", help="a table id from configs/tables/ (e.g. demo, emnlp18_t1) or a YAML path")
     p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
-    for flag, variable, default, text in OPTIONS:
+    for flag, variable, default, _, text in OPTIONS:
         p.add_argument(flag, default=os.environ.get(variable, default), help=f"{text} [{variable}]")
     return p
 
@@ -88,8 +100,7 @@ FOREIGN_VARIABLES = {
 
 
 def foreign_variable_warnings(env) -> List[str]:
-    """Warnings for variables set in ``env`` that belong to ``scripts/train.sh`` or ``scripts/evaluate.sh``: each
-    is ignored (nothing the runner calls reads the environment for it), and the warning names the runner's own."""
+    """Warnings for variables set in ``env`` that belong to ``scripts/train.sh`` or ``scripts/evaluate.sh``."""
     return [f"{name}={env[name]} is not read by the table runner (ignored): use {instead}"
             for name, instead in FOREIGN_VARIABLES.items() if env_checks.get(env, name) is not None]
 
@@ -141,41 +152,28 @@ def select_rows(table, text: str):
 
 def check_settings(args) -> dict:
     """The validated run settings; raises SystemExit naming the first bad variable."""
-    parse_int = env_checks.parse_int
-    settings = {"scale": env_checks.parse_choice("SCALE (--scale)", args.scale, SCALES),
-                "seeds": env_checks.parse_seeds("SEEDS (--seeds)", args.seeds),
-                "gpus": parse_int("GPUS (--gpus)", args.gpus, 0),
-                "threads": parse_int("THREADS (--threads)", args.threads, 1),
-                "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1),
-                "train_args": env_checks.parse_words("TRAIN_ARGS (--train-args)", args.train_args),
-                "generate_args": env_checks.parse_words("GENERATE_ARGS (--generate-args)", args.generate_args),
-                "dry_run": env_checks.parse_flag("DRY_RUN (--dry-run)", args.dry_run),
-                "allow_unverified_data": env_checks.parse_flag("ALLOW_UNVERIFIED_DATA (--allow-unverified-data)",
-                                                               args.allow_unverified_data),
-                "subsets": parse_subsets(args.subsets), "train_hook": parse_hook(args.train_hook),
-                "progress_interval": env_checks.parse_float("PROGRESS_INTERVAL (--progress-interval)",
-                                                             args.progress_interval, 0),
-                # scripts/train.sh's launch variables (MAX_UPDATE, PRECISION, ...) apply to every row's training
-                "train_options": training.options_from_env(os.environ)}
+    settings = {flag[2:].replace("-", "_"): parse(f"{variable} ({flag})", getattr(args, flag[2:].replace("-", "_")))
+                for flag, variable, _, parse, _ in OPTIONS if parse is not None}
+    # scripts/train.sh's launch variables (MAX_UPDATE, PRECISION, ...) apply to every row's training
+    settings["train_options"] = training.options_from_env(os.environ)
     if settings["gpus"]:  # more GPUs than are visible: stop now, not when the first row starts training
         training.select_gpus(settings["gpus"], os.environ, training.visible_gpus())
     taken = [a for a in settings["train_args"] if a.split("=", 1)[0] in RUNNER_FLAGS]
     if taken:
         raise env_checks.bad("TRAIN_ARGS (--train-args)", args.train_args,
-                   f"leave out {' '.join(taken)}: the runner sets {' and '.join(RUNNER_FLAGS)} itself (it reads "
-                   f"fairseq's JSON log records from the run's train.log)")
+                             f"leave out {' '.join(taken)}: the runner sets {' and '.join(RUNNER_FLAGS)} itself (it "
+                             f"reads fairseq's JSON log records from the run's train.log)")
     return settings
 
 
-#: the variables the runner reads (its options' defaults, and scripts/train.sh's launch variables for every row)
-RUNNER_VARIABLES = ("DATASET", "SCALE", "SEEDS", "GPUS", "THREADS", "JOBS", "RESULTS", "DATA_BIN", "TRAIN_ARGS",
-                    "PROBING_DATA", "GENERATE_ARGS", "ROWS", "SUBSETS", "TRAIN_HOOK", "MAX_TOKENS", "UPDATE_FREQ",
-                    "PROGRESS_INTERVAL", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "RESUME_ANYWAY")
+#: the variables the runner reads: its options' defaults, and scripts/train.sh's launch variables for every row
+RUNNER_VARIABLES = (*(variable for _, variable, *_ in OPTIONS if variable != "DRY_RUN"), "DATA_BIN", "MAX_TOKENS",
+                    "UPDATE_FREQ", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "RESUME_ANYWAY")
 
 
 def resume_command(argv: List[str], env) -> str:
     """The command that continues an interrupted table: this one, with the runner's variables that are set
-    (``make table-<id> VAR=...`` when only the table is named, as the make target runs it)."""
+    (``make table-<id> VAR=...`` when only the table is named)."""
     variables = {name: env[name] for name in RUNNER_VARIABLES if env_checks.get(env, name) is not None}
     if len(argv) == 1 and not argv[0].startswith("-") and "/" not in argv[0] and not argv[0].endswith(".yaml"):
         target = "demo" if argv[0] == "demo" else f"table-{argv[0]}"  # the Makefile's targets
@@ -185,8 +183,7 @@ def resume_command(argv: List[str], env) -> str:
 
 
 def data_problems(meta: dict) -> List[str]:
-    """Why a prepared dataset (its prepare.json) is not the published data, in words; empty when it is, or when
-    its recipe records nothing about its corpora."""
+    """Why a prepared dataset (its prepare.json) is not the published data, in words; empty when it is."""
     expectations = (meta.get("verification") or {}).get("expectations", "published")
     stand_in = [] if expectations == "published" else [
         f"its files were checked against the stand-in manifest {expectations.get('manifest')!r} (EXPECT), not the "
@@ -200,8 +197,7 @@ def data_problems(meta: dict) -> List[str]:
 
 
 def check_paper_data(data: Path, allow: bool):
-    """Before a paper-scale table runs: refuse data prepared from other than the published corpora (a skipped
-    or partial CWMT, a count that differs from the published one) unless ALLOW_UNVERIFIED_DATA=1."""
+    """Refuse data prepared from other than the published corpora unless ALLOW_UNVERIFIED_DATA=1."""
     meta = data / "prepare.json"  # not prepared yet: the runner says how to prepare it
     what = "; ".join(data_problems(json.loads(meta.read_text(encoding="utf-8"))) if meta.is_file() else [])
     if not what:
@@ -217,8 +213,7 @@ def check_paper_data(data: Path, allow: bool):
 
 
 def probing_dir(folder: Optional[str]) -> Path:
-    """Where the SentEval probing files are: ``folder``, else the default; with a mirror
-    (``DIVERSE_FAIRSEQ_MIRROR``), a cache of that mirror's own, never the one that real runs read."""
+    """Where the SentEval probing files are: ``folder``, else the default (a mirror's own with a mirror)."""
     from ..data import senteval
     from ..data.download import MIRROR_ENV
 
@@ -226,10 +221,8 @@ def probing_dir(folder: Optional[str]) -> Path:
 
 
 def ensure_probing_data(tasks: List[str], folder: Optional[str], scale: str = "paper") -> Path:
-    """The folder with the table's SentEval probing files (:func:`probing_dir`), downloading those missing (before
-    any training). At scale paper every file must have SentEval's published size
-    (:func:`diverse_fairseq.data.senteval.check_sizes`); at scale demo a mirror's stand-ins are accepted with a
-    warning."""
+    """:func:`probing_dir`, with the missing files downloaded; at scale paper every file must have SentEval's
+    published size, at scale demo a mirror's stand-ins are accepted with a warning."""
     from ..data import senteval
     from ..data.download import MIRROR_ENV, DownloadError
 
@@ -257,7 +250,7 @@ def main(argv: Optional[List[str]] = None):
     scale = settings["scale"]
     try:
         table = select_rows(load_table(args.table), args.rows)
-        dataset = args.dataset or (table.paper_dataset if scale == "paper" else "demo")
+        dataset = dataset_for(table, scale, args.dataset)
         if not dataset:
             raise SystemExit("error: this table names no paper dataset; pass --dataset / DATASET")
         if dataset not in RECIPES and not (Path(args.data_bin) / dataset / "prepare.json").exists():

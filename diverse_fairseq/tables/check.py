@@ -1,20 +1,14 @@
 """``make check-tables``: every row of every table builds, and at demo scale trains one step, without data.
 
-For each table (``configs/tables/*.yaml``), row and scale (``demo``, ``paper``) this builds the plan the table
-runner would train (:func:`row_plan`, through :func:`diverse_fairseq.tables.steps.job_plan`): at demo scale on
-the CPU, at paper scale as on the papers' 8 GPUs, in fp16 where CUDA is available and fp32 elsewhere (fairseq's
-fp16 optimizer keeps its fp32 master copy on a CUDA device). It parses its arguments with fairseq-train's parser
-and builds task, model, criterion, optimizer and learning-rate schedule with fairseq's own builders on synthetic
-dictionaries of the sizes the dataset recipe assumes (``Recipe.assumed_vocab``, docs/paper-settings.md), and
-checks the setting's number of layers. At demo scale it then trains one step on a synthetic batch. At paper scale
-it compares the parameters with the paper's (the row's ``paper: {params: ...}``, in millions) and fails a row
-more than :data:`PARAM_TOLERANCE` off, unless the row's ``params_gap`` says why the paper's count cannot be built
-(printed as ``GAP``); where a dataset has been prepared (``DATA_BIN/<dataset>``), it also prints the count on those
-real dictionaries, not judged.
-
-One line per table/row/scale (``ok``, ``GAP`` or ``FAIL`` with the reason, the parameters; at paper scale how the
-row decodes), then every failure again; the exit status is non-zero when any line failed. The same run (the same
-identity, e.g. one model in several tables) is built once.
+For each table (``configs/tables/*.yaml``), row and scale (``demo``: the CPU; ``paper``: the papers' 8 GPUs, fp16
+where CUDA is available, else fp32) this takes the plan the table runner would train (:func:`row_plan`), parses
+it with fairseq-train's parser and builds task, model, criterion, optimizer and schedule with fairseq's builders
+on synthetic dictionaries of the sizes the recipe assumes (``Recipe.assumed_vocab``), checking the setting's
+depth. At demo scale it trains one step on a synthetic batch. At paper scale a row more than
+:data:`PARAM_TOLERANCE` off its paper's parameter count (``paper: {params: ...}``, millions) fails unless its
+``params_gap`` says why (``GAP``); a prepared dataset (``DATA_BIN/<dataset>``) also gets the count on its real
+dictionaries, not judged. One line per table/row/scale, then every failure again (non-zero exit status); the same
+run identity is built once.
 
     python -m diverse_fairseq.tables.check [--scale demo|paper] [--paper-gpus 8] [TABLE ...]
     make check-tables [SCALE=demo|paper]
@@ -57,8 +51,8 @@ PARAM_TOLERANCE = 0.02  # a paper-scale model may differ from the paper's parame
 
 
 def synthetic_dictionary(entries: Optional[int] = None, symbols: Optional[int] = None):
-    """A fairseq ``Dictionary`` of ``entries`` entries in all (its 4 special symbols included; a multiple of 8,
-    as fairseq-preprocess pads), or of ``symbols`` symbols besides the special ones, padded to a multiple of 8."""
+    """A fairseq ``Dictionary`` of ``entries`` entries in all (special symbols included), or of ``symbols``
+    symbols besides the special ones, padded to a multiple of 8 as fairseq-preprocess pads."""
     from fairseq.data import Dictionary
 
     dictionary = Dictionary()
@@ -72,9 +66,8 @@ def synthetic_dictionary(entries: Optional[int] = None, symbols: Optional[int] =
 
 
 def write_synthetic_data(data_bin: Path, dataset: str) -> Path:
-    """``data_bin/dataset`` with a ``prepare.json`` and dictionaries (no text): what build_command and
-    fairseq's translation task read. Each dictionary has the size the recipe assumes (``assumed_vocab``), else
-    the recipe's BPE size in symbols; a joined dictionary is one for both languages."""
+    """``data_bin/dataset`` with a ``prepare.json`` and dictionaries (no text) of the sizes the recipe assumes
+    (``assumed_vocab``, else its BPE size in symbols): what the plan and fairseq's translation task read."""
     recipe = RECIPES[dataset]
     data = data_bin / dataset
     if (data / "prepare.json").exists():
@@ -95,8 +88,7 @@ def write_synthetic_data(data_bin: Path, dataset: str) -> Path:
 
 def compare_parameters(built: int, paper_millions: Optional[float], tolerance: float = PARAM_TOLERANCE
                        ) -> Tuple[bool, str]:
-    """(within tolerance, text): the built model's parameters beside the paper's (in millions; None: the paper
-    reports none, always within). The text of a failure says how far off it is and what that means."""
+    """(within tolerance, text): the built model's parameters beside the paper's (millions; None: within)."""
     if paper_millions is None:
         return True, f"{built / 1e6:.2f}M params"
     off = built / (paper_millions * 1e6) - 1
@@ -108,9 +100,8 @@ def compare_parameters(built: int, paper_millions: Optional[float], tolerance: f
 
 
 def judge_parameters(built: int, row) -> Tuple[str, str]:
-    """(status, text) of a paper-scale row's parameters against its paper's: ``ok`` within
-    :data:`PARAM_TOLERANCE`; ``GAP`` when further off but the row's ``params_gap`` says why the paper's count
-    cannot be built (the text then carries that reason); ``FAIL`` otherwise."""
+    """(status, text) of a paper-scale row's parameters: ``ok`` within :data:`PARAM_TOLERANCE`, else ``GAP``
+    with the row's ``params_gap`` where it has one, else ``FAIL``."""
     within, text = compare_parameters(built, row.paper.get("params"))
     if within:
         return "ok  ", text
@@ -120,7 +111,6 @@ def judge_parameters(built: int, row) -> Tuple[str, str]:
 
 
 def _task(args: List[str]):
-    """(cfg, task) of fairseq-train ``args``, as fairseq-train sets them up."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -132,8 +122,7 @@ def _task(args: List[str]):
 
 
 def count_parameters(args: List[str]) -> int:
-    """Parameters of the model fairseq-train ``args`` build, built on the meta device (no memory, no
-    initialisation cost): the count :func:`build_and_step` reports, in a fraction of its time."""
+    """Parameters of the model fairseq-train ``args`` build, on the meta device (no memory, no initialisation)."""
     import torch
 
     cfg, task = _task(args)
@@ -148,9 +137,7 @@ def dataset_for(table: Table, scale: str, dataset: Optional[str] = None) -> Opti
 
 
 def row_plan(row: Row, dataset: str, scale: str, data_bin: Path, gpus: int, precision: Optional[str] = None) -> Plan:
-    """The plan the table runner would train ``row`` (seed 1) with, by the runner's own function
-    (:func:`~diverse_fairseq.tables.steps.job_plan`; ``precision``: the ``PRECISION`` variable of the run, default
-    fp16 on GPUs), in a results directory beside ``data_bin``."""
+    """The plan the table runner would train ``row`` (seed 1) with (``precision``: as ``PRECISION``)."""
     run = RunConfig(dataset=dataset, scale=scale, seeds=[1], gpus=gpus, out_dir=data_bin.parent, data_bin=data_bin,
                     train_options=TrainOptions(precision=precision))
     return job_plan(row, run, 1)
@@ -208,18 +195,9 @@ def build_and_step(args: List[str], layers: int, step: bool) -> Result:
         torch.set_num_threads(threads)
 
 
-def decoding_note(job: Plan) -> str:
-    """How a row's runs decode (validation BLEU and test), e.g. `` [decoding: beam 4, gnmt length penalty
-    0.6, at most 1·|x| + 49 tokens]`` (:attr:`diverse_fairseq.runs.plan.Plan.decoding`)."""
-    d = job.decoding
-    return (f" [decoding: beam {d.beam}, {d.length_penalty} length penalty {d.lenpen:g}, at most "
-            f"{d.max_len_a:g}·|x| + {d.max_len_b} tokens]")
-
-
 def real_dictionaries(data_bin: Optional[Path], dataset: str) -> Optional[Dict[str, int]]:
-    """``{lang: entries}`` (the 4 special symbols included, as fairseq loads them) of a prepared dataset's
-    dictionaries under ``data_bin``, or None where it has none: no ``prepare.json``, a dictionary missing, or
-    data that :func:`write_synthetic_data` made."""
+    """``{lang: entries}`` (special symbols included) of a prepared dataset's dictionaries under ``data_bin``;
+    None without ``prepare.json`` or a dictionary, or for :func:`write_synthetic_data`'s."""
     data = Path(data_bin or ".") / dataset
     if data_bin is None or not (data / "prepare.json").is_file():
         return None
@@ -233,8 +211,8 @@ def real_dictionaries(data_bin: Optional[Path], dataset: str) -> Optional[Dict[s
 
 def real_data_note(row: Row, dataset: str, data_bin: Path, gpus: int, precision: Optional[str],
                    counted: Dict[tuple, int]) -> str:
-    """", real dictionaries of data-bin/x (de 8,848 / en 8,848 entries): 36.75M params, paper 37M (-0.7%)" for a
-    prepared dataset (``counted`` caches counts by command), else ""."""
+    """"; real dictionaries of data-bin/x (de 8,848 / en 8,848 entries): 36.75M params, paper 37M (-0.7%)" for
+    a prepared dataset (``counted``: counts by command), else ""."""
     sizes = real_dictionaries(data_bin, dataset)
     if sizes is None:
         return ""
@@ -248,8 +226,7 @@ def real_data_note(row: Row, dataset: str, data_bin: Path, gpus: int, precision:
 
 def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Optional[str] = None,
           out=print, real_data_bin: Optional[Path] = None) -> Tuple[int, List[str]]:
-    """Check every row of ``tables`` at ``scales``; print a line each; return (lines, failures). At paper scale,
-    a dataset prepared under ``real_data_bin`` also gets its parameters on the real dictionaries printed."""
+    """Check every row of ``tables`` at ``scales``; print a line each; return (lines, failures)."""
     import torch
 
     failures, done, lines, counted = [], {}, 0, {}
@@ -276,8 +253,10 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                         result = Result(False, f"{type(e).__name__}: {e}")
                     else:
                         changes = scale_mod.changes(row.args, scale_mod.row_args(row.args, job.setting_name))
+                        d = job.decoding  # how the row's runs decode (validation BLEU and test)
                         note = (f" [layers mapped: {'; '.join(changes)}]" if changes else "") + (
-                            decoding_note(job) if scale == "paper" else "")
+                            f" [decoding: beam {d.beam}, {d.length_penalty} length penalty {d.lenpen:g}, at most "
+                            f"{d.max_len_a:g}·|x| + {d.max_len_b} tokens]" if scale == "paper" else "")
                         key = (scale, json.dumps(job.identity, sort_keys=True))  # the same run: built once
                         if key in done:
                             note = f" (the command of {done[key][1]}){note}"
@@ -311,8 +290,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.tables.check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("tables", nargs="*", help="table ids (default: every configs/tables/*.yaml)")
-    p.add_argument("--scale", default=os.environ.get("SCALE") or None, choices=SCALES,
-                   help="check one scale only [SCALE]; default: both")
+    p.add_argument("--scale", default=os.environ.get("SCALE") or None, help="check one scale only, demo or paper "
+                   "[SCALE]; default: both")
     p.add_argument("--paper-gpus", type=int, default=8, help="GPUs the paper-scale command is built for "
                    "(8, the papers'; it sets --update-freq and --fp16)")
     p.add_argument("--dataset", default=os.environ.get("DATASET") or None,
@@ -321,7 +300,7 @@ def main(argv=None) -> int:
                    help="where `make data` put the prepared datasets [DATA_BIN]; at paper scale the rows of a "
                         "prepared dataset also get their parameters on its real dictionaries")
     a = p.parse_args(argv)
-    if a.scale is not None:  # from the environment, which argparse does not check
+    if a.scale is not None:
         env_checks.parse_choice("SCALE (--scale)", a.scale, SCALES)
     if a.dataset is not None:
         env_checks.parse_choice("DATASET (--dataset)", a.dataset, sorted(RECIPES))

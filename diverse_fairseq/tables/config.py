@@ -1,5 +1,4 @@
-"""What one invocation of the table runner trains and where it writes: :class:`RunConfig`, built by the CLI
-(``__main__.py``) and read by every step of a row (``steps.py``), the process pool and the progress line."""
+"""What one invocation of the table runner trains and where it writes: :class:`RunConfig`."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +26,10 @@ class RunConfig:
     probing_tasks: List[str] = field(default_factory=list)  # SentEval probing tasks of every run (table's probing)
     probing_dir: Optional[Path] = None  # where their files are
     dry_run: bool = False  # print every job's commands, run and write nothing (DRY_RUN=1)
-    # launch options of every training (MAX_UPDATE, PRECISION, NNODES, ...: the CLI reads them from the environment)
+    # launch options of every training (MAX_UPDATE, PRECISION, NNODES, ...)
     train_options: TrainOptions = field(default_factory=TrainOptions)
-    # a script started in place of ``-m fairseq_cli.train`` with the same arguments, watching every training
-    # (e.g. scripts/experiments/kernel_probe.py); not in the cache key: it must not change what is trained
+    # a script started in place of ``-m fairseq_cli.train`` (e.g. scripts/experiments/kernel_probe.py); not in the
+    # cache key: it must not change what is trained
     train_hook: Optional[str] = None
     # subsets decoded after training; the first is the one the report's BLEU and significance use
     subsets: List[str] = field(default_factory=lambda: ["test"])
@@ -39,9 +38,7 @@ class RunConfig:
         return self.out_dir / "runs" / row.id / f"seed{seed}"
 
     def setting(self, row: Row) -> str:
-        """The training setting of ``row``: ``tiny`` at demo scale, else the row's or the dataset's
-        (:func:`diverse_fairseq.runs.settings.default_setting`: the papers' for their datasets, by size for your own
-        corpus)."""
+        """The training setting of ``row``: ``tiny`` at demo scale, else the row's or the dataset's default."""
         if self.scale == "demo":
             return DEMO_SETTING
         return row.setting or default_setting(self.dataset, self.data_bin)

@@ -1,14 +1,12 @@
 """fairseq-train's JSON log (``train.log``), read for a run's record and for the runner's progress lines.
 
-With ``--log-format json`` fairseq writes each progress record as a JSON object on its own line (after a
-``date | INFO | train | `` prefix on the console): the periodic ``train_inner`` records (``{"loss": "7.7",
-"num_updates": "3", "wall": "20", ...}``) and the end-of-epoch summaries, whose keys carry the subset's name
-(``{"train_loss": "7.715", "train_num_updates": "3", ...}``, ``{"valid_loss": ...}``); see fairseq_cli/train.py
-and fairseq/logging/progress_bar.py. Text logs (``--log-format simple``) are not read: a finished run's numbers
-are kept in its ``train.json``, and a resumed run is finished by a process that writes JSON.
+With ``--log-format json`` fairseq writes each progress record as a JSON object on its own line (after a logging
+prefix): the periodic ``train_inner`` records (``{"loss": "7.7", "num_updates": "3", "wall": "20", ...}``) and the
+end-of-epoch summaries, whose keys carry the subset's name (``{"train_loss": "7.715", ...}``, ``{"valid_loss":
+...}``); see fairseq/logging/progress_bar.py. Text logs are not read.
 
-:class:`Progress` prints a line when a job starts (with its log) and one when it ends (row i of n, seed, elapsed
-time, estimated time remaining), and while it trains (:class:`LogWatcher`) :func:`progress_line`, e.g.::
+:class:`Progress` prints a line when a job starts and one when it ends (row i of n, seed, elapsed time, estimated
+time remaining), and while it trains (:class:`LogWatcher`) :func:`progress_line`, e.g.::
 
     update 450/800 (56%), train loss 6.213, valid loss 6.02, BLEU 3.41 (update 400); about 0:02:05 left
 """
@@ -29,7 +27,7 @@ _MAX_UPDATE = re.compile(r"'max_update': (\d+)")  # in the configuration fairseq
 
 
 def model_parameters(log: str) -> Optional[int]:
-    """Trained parameters as fairseq_cli.train prints them at start-up (the last start-up of the log)."""
+    """Trained parameters as fairseq_cli.train prints them at its last start-up."""
     found = _PARAMS.findall(log)
     return int(found[-1][1].replace(",", "")) if found else None
 
@@ -57,8 +55,8 @@ def number(value) -> Optional[float]:
 
 
 def last_summary(log: str, subset: str) -> Dict[str, float]:
-    """The last end-of-epoch summary of ``subset`` (``train`` or ``valid``) as a name → number dict, with the
-    subset prefix removed (``train_num_updates`` → ``num_updates``); {} if the log has none."""
+    """The last end-of-epoch summary of ``subset`` (``train`` or ``valid``) as a name → number dict without the
+    subset prefix (``train_num_updates`` → ``num_updates``); {} if the log has none."""
     if subset not in ("train", "valid"):
         raise ValueError(f"subset={subset!r} is not valid: use 'train' or 'valid'")
     prefix = subset + "_"
@@ -75,12 +73,10 @@ def clock(seconds: float) -> str:
 def progress_line(log: str) -> Optional[str]:
     """The progress of the training whose JSON log is ``log``; None until its first update record.
 
-    ``max_update`` comes from the last start-up's configuration; the update reached and the train loss from the
-    ``train_inner`` records, or from an epoch's summary (the epoch's mean loss) when it reached further; the
-    validation from the last ``valid_*`` record. The time left is the updates still to do at the rate measured on
-    fairseq's own clock of the training (``wall``: validations and checkpoints included) since the first record
-    after the last start-up, so that loading and the first batches do not count; with a single record,
-    ``num_updates / wall`` (fairseq keeps ``wall`` in the checkpoint, so after a resume both count the whole run)."""
+    The update reached and train loss come from the ``train_inner`` records, or an epoch's summary when it reached
+    further. The time left is the updates still to do at the rate on fairseq's clock (``wall``) since the first
+    record after the last start-up (loading and warm-up left out); with one record, ``num_updates / wall``
+    (``wall`` is kept in the checkpoint, so after a resume both count the whole run)."""
     max_update, first = 0, None  # first: (updates, wall) of the first record since the last start-up
     updates = loss = wall = None
     valid = None  # (updates, loss, bleu)
@@ -129,12 +125,8 @@ def progress_line(log: str) -> Optional[str]:
 
 class LogWatcher(threading.Thread):
     """A daemon thread that emits :func:`progress_line` of the log at ``path`` every ``interval`` seconds (at least
-    0.5; 0: each record fairseq logs) until :meth:`stop`, which waits for it.
-
-    :class:`Progress` starts one per running job, in this process and in the worker pool alike (the log is a
-    file, whichever process writes it). Nothing is emitted before the first update record, nor twice for the same
-    line (so never more often than fairseq logs), nor for the log as it was when the watcher started (a finished
-    run that is reused, an interrupted one before it resumes)."""
+    0.5) until :meth:`stop`; one per running job, whichever process writes the log. Nothing is emitted twice, nor
+    for the log as it was when the watcher started (a reused run, an interrupted one before it resumes)."""
 
     def __init__(self, path: Path, interval: float, emit: Callable[[str], None]):
         super().__init__(name=f"watch {path}", daemon=True)
@@ -176,10 +168,8 @@ class LogWatcher(threading.Thread):
 
 
 class Progress:
-    """Start and end lines of the jobs: ``row i of n (seed s)``, elapsed time, estimated time remaining.
-
-    The estimate is the mean duration of the jobs that trained in this invocation (reused runs take no
-    time) applied to the queued jobs and the rest of the running ones, spread over the parallel jobs."""
+    """Start and end lines of the jobs: ``row i of n (seed s)``, elapsed time, estimated time remaining (the mean
+    duration of the jobs trained in this invocation, applied to the rest, spread over the parallel jobs)."""
 
     def __init__(self, table: Table, run: RunConfig, total: int):
         self.name, self.rows, self.run, self.total = table.table, table.rows, run, total
@@ -210,8 +200,7 @@ class Progress:
         self._print(f"{text}; elapsed {clock(now - self.start)}, estimated remaining {self.remaining(now)}{after}")
 
     def begin(self, row: Row, seed: int):
-        """The start line, with the log to follow (the job's own with ``jobs > 1``, else fairseq's), and the
-        watcher of the job's training log."""
+        """The start line, with the log to follow, and the watcher of the job's training log."""
         self.started[(row.id, seed)] = time.time()
         train_log = self.run.run_dir(row, seed) / "train.log"
         log = f"log: {self.run.log_path(row, seed)}" if self.run.jobs > 1 else f"training log: {train_log}"

@@ -1,10 +1,7 @@
-"""The typed per-seed records of a table run: :class:`TrainRecord` (cached as ``train.json``), :class:`EvalRecord`
-(one subset's evaluation, from ``results.json``) and :class:`JobRecord` (one row and seed: training, evaluations,
-head disagreement, probing), which the report, the progress line and the disagreement/probing reports read.
-
-:func:`to_json` and :func:`from_json` are the one pair that writes and reads them. Only records of this cache
-version are ever read: a record of an earlier build has another cache key
-(:data:`diverse_fairseq.tables.cache.CACHE_VERSION`), so its run is trained again instead of being patched up.
+"""The typed per-seed records of a table run: :class:`TrainRecord` (``train.json``), :class:`EvalRecord` (one
+subset's ``results.json``) and :class:`JobRecord` (one row and seed), written and read by :func:`to_json` and
+:func:`from_json` only. A record of an earlier build has another cache key (:data:`.cache.CACHE_VERSION`), so its
+run is trained again instead of being patched up.
 """
 
 from dataclasses import asdict, dataclass, fields, is_dataclass
@@ -81,8 +78,7 @@ def to_json(record) -> Dict:
 
 
 def from_json(cls, data: Dict):
-    """The ``cls`` record of :func:`to_json`'s ``data``; keys that are not fields of ``cls`` (e.g. the rest of
-    evaluate's ``results.json``) are left out, a missing field without a default is a TypeError naming it."""
+    """The ``cls`` record of :func:`to_json`'s ``data``; keys that are not fields of ``cls`` are left out."""
     hints, values = get_type_hints(cls), {}
     for name in (f.name for f in fields(cls) if f.name in data):
         hint, value = hints[name], data[name]

@@ -1,11 +1,9 @@
 """Train, evaluate and measure every row of a table, resuming whatever is already finished.
 
 :func:`run_table` runs each row and seed (one *job*: ``steps.run_job``) but those of rows that train an earlier
-row's model (:func:`same_model_rows`), one after the other in this process with its output on the console
-(``jobs = 1``) or ``jobs`` at once in worker processes (:func:`run_parallel`), with a line when a job starts and
-one when it ends (``progress.py``). Every job runs with ``threads`` CPU threads (``OMP_NUM_THREADS`` /
-``MKL_NUM_THREADS`` of fairseq-train and fairseq-generate, ``torch.set_num_threads`` in process), so a seed gives
-the same numbers on any machine. ``DRY_RUN=1`` prints the commands instead (:func:`dry_run_table`).
+row's model (:func:`same_model_rows`), one by one in this process (``jobs = 1``) or ``jobs`` at once in worker
+processes (:func:`run_parallel`). Every job runs with ``threads`` CPU threads, so a seed gives the same numbers on
+any machine. ``DRY_RUN=1`` prints the commands instead (:func:`dry_run_table`).
 """
 
 import json
@@ -31,8 +29,8 @@ from .steps import eval_request, job_plan, run_job
 
 
 class TableInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a table run: ``jobs`` are the ``(row, seed, update)`` jobs that were running, ``update`` the
-    last one fairseq-train reported (None: unknown; :func:`interrupted_lines` then reads the run's log)."""
+    """Ctrl-C during a table run: ``jobs`` are the ``(row, seed, update)`` jobs that were running (update None:
+    read from the run's log)."""
 
     def __init__(self, jobs: List[Tuple[Row, int, Optional[int]]]):
         super().__init__(jobs)
@@ -40,8 +38,8 @@ class TableInterrupted(KeyboardInterrupt):
 
 
 def interrupted_lines(table: Table, run: RunConfig, jobs, resume: str) -> List[str]:
-    """One line per interrupted job: the update reached, the update of its last checkpoint and ``resume``, the
-    command that continues the table (finished rows are reused, interrupted ones resume)."""
+    """One line per interrupted job: the update reached, its last checkpoint's and ``resume``, the command that
+    continues the table."""
     out = []
     for row, seed, update in jobs:
         log = run.run_dir(row, seed) / "train.log"
@@ -53,8 +51,7 @@ def interrupted_lines(table: Table, run: RunConfig, jobs, resume: str) -> List[s
 
 
 def run_table(table: Table, run: RunConfig) -> Optional[Dict[str, List[JobRecord]]]:
-    """Train and evaluate every row and seed (``run.jobs`` at once); return ``{row id: [per-seed record]}``
-    (None after a dry run)."""
+    """``{row id: [per-seed record]}`` of every row and seed (None after a dry run)."""
     if run.dry_run:
         return dry_run_table(table, run)
     data = run.data_bin / run.dataset
@@ -110,11 +107,9 @@ def _worker_init(threads: int, stop):
 
 
 def _worker_job(row: Row, run: RunConfig, seed: int) -> JobRecord:
-    """``run_job`` in a worker process, its output (and its subprocesses') appended to the job's log.
-
-    A worker starts with Ctrl-C ignored (:func:`run_parallel`), so that one while it starts up or waits for a
-    job prints no traceback; during a job Ctrl-C stops it (and its fairseq-train, which the worker starts with
-    Python's default handler), and a job handed out after Ctrl-C does not start."""
+    """``run_job`` in a worker process, its output (and its subprocesses') appended to the job's log. Ctrl-C,
+    ignored while the worker starts or waits, stops a job (and its fairseq-train); a job handed out after it does
+    not start."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     log_path = run.log_path(row, seed)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,11 +137,10 @@ def _worker_job(row: Row, run: RunConfig, seed: int) -> JobRecord:
 
 def run_parallel(todo: List[Tuple[Row, int]], run: RunConfig,
                  progress: Progress) -> Tuple[Dict[Tuple[str, int], JobRecord], List[Tuple[Row, int]]]:
-    """Run the ``(row, seed)`` jobs of ``todo``, ``run.jobs`` at a time in (spawned) worker processes, each with its
-    output in ``<out>/logs/<row>-seed<N>.log``, reporting each start and end to ``progress``; ``({(row id,
-    seed): record}, [(row, seed) of the failed jobs]``). Ctrl-C reaches the workers and their fairseq-train too:
-    they stop, and :class:`TableInterrupted` names the running jobs; this process ignores Ctrl-C from then on (a
-    second one would interrupt the shutdown, or the interpreter's exit), as the CLI ends right after."""
+    """Run ``todo``, ``run.jobs`` at a time in spawned worker processes (output in :meth:`RunConfig.log_path`);
+    ``({(row id, seed): record}, [(row, seed) of the failed jobs])``. Ctrl-C stops the workers and their
+    fairseq-train, and :class:`TableInterrupted` names the running jobs; this process then ignores Ctrl-C (a second
+    one would interrupt the shutdown, or the interpreter's exit), as the CLI ends right after."""
     context = multiprocessing.get_context("spawn")
     stop = context.Event()
     records, failed = {}, []
@@ -183,7 +177,7 @@ def run_parallel(todo: List[Tuple[Row, int]], run: RunConfig,
 
 
 def _jobs(table: Table, run: RunConfig) -> Tuple[Dict[str, str], List[Tuple[Row, int]]]:
-    """:func:`same_model_rows` (each named in a line) and the ``(row, seed)`` jobs of the other rows."""
+    """:func:`same_model_rows` (each printed) and the ``(row, seed)`` jobs of the other rows."""
     same_as = same_model_rows(table, run)
     for row_id, first in same_as.items():
         print(f"[{table.table}] row {row_id} trains the same model as row {first} at this scale "
@@ -192,8 +186,8 @@ def _jobs(table: Table, run: RunConfig) -> Tuple[Dict[str, str], List[Tuple[Row,
 
 
 def dry_run_table(table: Table, run: RunConfig):
-    """``DRY_RUN=1``: print what a run would do (the data preparation and probing downloads it needs, each job's
-    training and evaluation commands, whether a finished run would be reused); nothing is run or written."""
+    """``DRY_RUN=1``: print what a run would do (data preparation, probing downloads, each job's commands and
+    whether its finished run would be reused); nothing is run or written."""
     data = run.data_bin / run.dataset
     if run.probing_tasks:
         print(f"[{table.table}] probing tasks {', '.join(run.probing_tasks)}: files in {run.probing_dir} (a real run "
@@ -231,12 +225,9 @@ def dry_run_table(table: Table, run: RunConfig):
 
 
 def same_model_rows(table: Table, run: RunConfig) -> Dict[str, str]:
-    """``{row id: id of the first earlier row}`` for rows whose run is an earlier row's: the same cache key
-    (:func:`~diverse_fairseq.tables.cache.cache_key` of the first seed's plan), the key that decides reuse.
-
-    At demo scale several paper layer lists map to one demo layer (``scale.py``), so e.g. NAACL 2019 Table 3's
-    rows [1-3], [1,2] and [1] are one model; so is a row that only spells out a default. It is trained once and
-    its runs stand for every such row. The identity holds the prepared data's metadata: the data must exist."""
+    """``{row id: id of the first earlier row}`` for rows with an earlier row's cache key (first seed's plan):
+    e.g. at demo scale NAACL 2019 Table 3's rows [1-3], [1,2] and [1] map to one demo layer (``scale.py``), or a
+    row only spells out a default. Trained once, its runs stand for every such row. The data must exist."""
     keys = {row.id: json.dumps(cache_key(job_plan(row, run, run.seeds[0])), sort_keys=True) for row in table.rows}
     first: Dict[str, str] = {}
     for row_id, key in keys.items():

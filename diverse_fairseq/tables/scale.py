@@ -7,11 +7,9 @@ same row with every index mapped by
 
     paper index i (0 .. L−1, a negative i is read as L + i)  →  floor(i · L_small / L)
 
-so the paper's layers are spread evenly over the small stack: for L = 6 and L_small = 2, paper layers 1–3
-(indices 0, 1, 2) become demo layer 0 and paper layers 4–6 (3, 4, 5) demo layer 1. Indices that land on the
-same small layer are merged (``0,1,2`` → ``0``), ``all`` and ``none`` stay as they are, and an index outside
-the paper's stack is an error. Nothing is dropped: every selected paper layer has its image in the small
-model. The mapped flags are what the runner passes to fairseq-train and what its train record shows.
+so for L = 6 and L_small = 2 paper layers 1–3 (indices 0, 1, 2) become demo layer 0 and paper layers 4–6 demo
+layer 1. Indices that land on the same small layer are merged (``0,1,2`` → ``0``), ``all`` and ``none`` stay, and
+an index outside the paper's stack is an error.
 """
 
 from typing import List

@@ -21,23 +21,19 @@ A table file::
                                            # "all"); the paper's accuracies as paper keys probe_sentlen, ...
         figure: {series: "MA", x: 4}       # the row's point in a figure (only in a figure's description)
 
-A *figure* is a table whose rows are the points of a plot: it names its x axis (``figure_x: "number of heads
-M"``) and every row its curve and x value (``figure``). The runner runs it like any table; ``python -m
-diverse_fairseq.tables.figure`` (``make figure-<id>``) then plots the report's JSON. A figure's rows need no
-paper numbers (the papers plot them without printing them).
+A *figure* is a table whose rows are the points of a plot: it names its x axis (``figure_x: "number of heads M"``)
+and every row its curve and x value (``figure``); ``make figure-<id>`` plots the report's JSON.
 
 Significance follows the papers: every "+" row is tested against its own-size baseline, so a table with
 Base and Big rows gives each Big row ``baseline: big``. A row whose baseline is itself is a baseline (no
 test); a row's baseline must be such a baseline row, of the same ``setting`` where both name one.
 
-Hyper-parameters are not repeated here: a row is trained by :func:`diverse_fairseq.training.run` with the
-dataset's paper setting (``scale: paper``; the row's ``setting`` if it names one) or the CPU demo setting
-``tiny`` (``scale: demo``); the family turns the setting's architecture into the row's
-(``transformer_wmt_en_de`` → ``diverse_transformer_wmt_en_de``). So a table's rows carry only what
-distinguishes them.
+Hyper-parameters are not repeated here: a row is trained with the dataset's paper setting (the row's ``setting``
+if it names one) or ``tiny`` at demo scale; the family turns the setting's architecture into the row's
+(``transformer_wmt_en_de`` → ``diverse_transformer_wmt_en_de``).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -49,7 +45,6 @@ from ..runs.settings import DEMO_SETTING, SETTINGS
 TABLE_DIR = REPO / "configs" / "tables"
 FAMILIES = ("transformer", "diverse_transformer")
 SETTING_NAMES = tuple(name for name in SETTINGS if name != DEMO_SETTING)  # a row may name any paper-scale one
-ROW_FIELDS = ("id", "label", "family", "setting", "args", "paper", "description", "baseline", "figure", "params_gap")
 
 
 class TableSpecError(ValueError):
@@ -83,7 +78,6 @@ class Table:
     baseline: str
     rows: List[Row]
     paper_dataset: Optional[str] = None
-    source: Optional[Path] = None
     probing: List[str] = field(default_factory=list)  # SentEval probing tasks run on every row (steps.probing_scores)
     figure_x: Optional[str] = None  # a figure's x-axis label; None for a table
 
@@ -122,7 +116,7 @@ def _check_repeats(values, field_name: str, what: str, source):
 
 
 def _parse_row(r, figure_x, where) -> Row:
-    _check_unknown(r if isinstance(r, dict) else {}, ROW_FIELDS, where)
+    _check_unknown(r if isinstance(r, dict) else {}, [f.name for f in fields(Row)], where)
     family = _require(r, "family", str, where)
     if family not in FAMILIES:
         raise TableSpecError(f"{where}: field 'family' must be one of {', '.join(FAMILIES)}, got {family!r}")
@@ -146,7 +140,7 @@ def parse_table(data, source="<table>") -> Table:
     """Validate a table description (already loaded from YAML) and return it as a ``Table``."""
     if not isinstance(data, dict):
         raise TableSpecError(f"{source}: a table description is a mapping, got {type(data).__name__}")
-    _check_unknown(data, ("table", "title", "baseline", "rows", "paper_dataset", "probing", "figure_x"), source)
+    _check_unknown(data, [f.name for f in fields(Table)], source)
     figure_x = _require(data, "figure_x", str, source) if "figure_x" in data else None
     rows_data = _require(data, "rows", list, source)
     if not rows_data:
@@ -162,12 +156,10 @@ def parse_table(data, source="<table>") -> Table:
     _resolve_baselines(rows, baseline, source)
     return Table(table=_require(data, "table", str, source), title=_require(data, "title", str, source),
                  baseline=baseline, rows=rows, paper_dataset=data.get("paper_dataset"), figure_x=figure_x,
-                 source=Path(source) if source != "<table>" else None,
                  probing=_probing_tasks(data.get("probing"), source))
 
 
 def _probing_tasks(value, source) -> List[str]:
-    """The table's ``probing`` field as task names (``all``: the ten), or a TableSpecError naming the bad ones."""
     from ..data.senteval import BY_NAME, TASKS
 
     if value is None:
@@ -184,7 +176,6 @@ def _probing_tasks(value, source) -> List[str]:
 
 
 def _figure_point(row, figure_x, where) -> Optional[Dict]:
-    """A figure row's ``{"series": str, "x": float}``; None in a table. Every row of a figure has one."""
     if figure_x is None:
         if isinstance(row, dict) and "figure" in row:
             raise TableSpecError(f"{where}: field 'figure' needs the table's 'figure_x' (the x-axis label)")
@@ -199,8 +190,7 @@ def _figure_point(row, figure_x, where) -> Optional[Dict]:
 
 
 def _resolve_baselines(rows: List[Row], default: str, source: str):
-    """Give every row its baseline (default: the table's) and check that each "+" row is tested against a
-    baseline row (one whose baseline is itself) of its own setting."""
+    """Give every row its baseline (default: the table's), a baseline row of its own setting."""
     by_id = {r.id: r for r in rows}
     for row in rows:
         row.baseline = row.baseline or default

@@ -1,13 +1,6 @@
-"""The steps of one row and seed (one *job*), each cached beside its run (``cache.py``); :func:`run_job` runs them
-in this order and returns the per-seed record:
-
-1. :func:`train_row` trains with :func:`diverse_fairseq.training.run` into ``<out>/runs/<row>/seed<N>/`` (fairseq
-   resumes from ``checkpoint_last.pt`` there) and records the numbers of its JSON log (``progress.py``). A changed
-   row, setting or data (another cache key) moves the old run aside to ``seed<N>.stale-<time>/`` (nothing is
-   deleted) and trains afresh; a run interrupted under the same key resumes.
-2. :func:`evaluate_row` decodes and scores the plan's checkpoint (the average where training made one, else the
-   setting's single model, :mod:`diverse_fairseq.runs.settings`) with :mod:`diverse_fairseq.evaluate`;
-3. :func:`disagreement_scores` and, for tables that ask for it, :func:`probing_scores` measure the checkpoint.
+"""The steps of one row and seed (one *job*), each cached beside its run (``cache.py``), in the order
+:func:`run_job` runs them: :func:`train_row` (into ``<out>/runs/<row>/seed<N>/``), :func:`evaluate_row` (the plan's
+checkpoint), :func:`disagreement_scores` and, for tables that ask for it, :func:`probing_scores`.
 """
 
 import json
@@ -33,8 +26,7 @@ from .spec import Row
 
 
 def job_plan(row: Row, run: RunConfig, seed: int) -> Plan:
-    """The one function that turns a table row (and seed) into its plan: what :func:`train_row` trains, its
-    cache key, the dry run and check-tables read."""
+    """The one function that turns a table row and seed into its plan (training, cache key, dry run, check)."""
     run_dir = run.run_dir(row, seed)
     setting = run.setting(row)
     arch = row.arch(SETTINGS[setting].arch)
@@ -57,8 +49,8 @@ def _move_aside(run_dir: Path, why: str, tag: str):
 def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     """Train one row/seed (or reuse its finished run); return its training record and whether it was reused.
 
-    A finished run (``train.json``) or an interrupted one (``key.json``) is reused or resumed only when its
-    cache key equals this run's; otherwise its directory is moved aside and the row is trained afresh."""
+    A finished run (``train.json``) or an interrupted one (``key.json``) is reused or resumed only under this
+    run's cache key; otherwise its directory is moved aside to ``seed<N>.stale-<time>/`` (nothing is deleted)."""
     run_dir, tag = run.run_dir(row, seed), f"{row.id} seed {seed}"
     job = job_plan(row, run, seed)
     row_args, key = scale.row_args(row.args, job.setting_name), cache_key(job)
@@ -95,11 +87,8 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
 
 
 def eval_request(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: str) -> EvalRequest:
-    """The evaluation of ``subset`` with ``checkpoint`` into :meth:`RunConfig.eval_dir`: what the table says (its
-    subsets, the row's setting's decoding as in its plan, :func:`diverse_fairseq.runs.plan.decoding`, its
-    ``GENERATE_ARGS``, devices and precision: fp16 and bf16 decode in that precision on a GPU) and nothing of the
-    environment: ``SUBSET``, ``BEAM``, ``LENPEN``, ``BATCH_SIZE`` and ``CPU`` are scripts/evaluate.sh's (``__main__``
-    warns that it ignores them)."""
+    """The evaluation of ``subset`` with ``checkpoint``, from the table alone (the setting's decoding,
+    ``GENERATE_ARGS``, devices, precision), not from scripts/evaluate.sh's variables (``__main__`` warns of them)."""
     precision = run.train_options.precision or ("fp16" if run.gpus else "fp32")
     data = run.data_bin / run.dataset
     d = decoding(load_dataset_meta(data), SETTINGS[run.setting(row)])
@@ -109,10 +98,8 @@ def eval_request(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: s
 
 
 def evaluation_key(request: EvalRequest) -> Dict:
-    """Everything that changes what an evaluation decodes, for its cache (``eval/key.json``): every field of the
-    request (subset, beam, length penalty value and form, length limit, batch size, device, precision, extra
-    fairseq-generate flags) but where it reads and writes, the checkpoint by name and contents
-    (:func:`checkpoint_identity`), and the cache version."""
+    """An evaluation's cache key (``eval/key.json``): every field of the request but where it reads and writes,
+    the checkpoint by name and contents (:func:`checkpoint_identity`), and the cache version."""
     key = {k: v for k, v in asdict(request).items() if k not in ("checkpoint", "data_dir", "out")}
     key.update(checkpoint=request.checkpoint.name, checkpoint_identity=checkpoint_identity(request.checkpoint),
                version=cache_version())
@@ -120,8 +107,7 @@ def evaluation_key(request: EvalRequest) -> Dict:
 
 
 def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: str = "test") -> EvalRecord:
-    """Decode and score ``subset`` with one row/seed's checkpoint (cached in results.json of
-    :meth:`RunConfig.eval_dir` while key.json there matches :func:`evaluation_key`)."""
+    """Decode and score ``subset`` (cached in results.json while key.json matches :func:`evaluation_key`)."""
     request = eval_request(run, row, seed, checkpoint, subset)
     out, key = request.out, evaluation_key(request)
     if (out / "results.json").exists() and lookup(out / "key.json", key, stored_key=dict).hit:
@@ -137,18 +123,11 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: s
 
 
 def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Optional[Dict]:
-    """EMNLP 2018 Tables 4–5 disagreement scores of one run on the whole validation set, per attention type.
+    """EMNLP 2018 Tables 4–5 disagreement scores of one run on the whole validation set, per attention type
+    (:mod:`diverse_fairseq.analysis.scores`): ``{type: {"sub", "pos", "out", "offdiag_cos", "layers": [...]}}``.
 
-    On the paper's scale, exp(−mean over all H² head pairs, self-pairs included)
-    (:mod:`diverse_fairseq.analysis.scores`): ``{type: {"sub", "pos", "out", "offdiag_cos": {"sub", "out"},
-    "layers": [{"layer": 1, "heads", "sub", "pos", "out", "offdiag_cos", ...}, ...]}}``, the per-type numbers
-    being Table 4's and the per-layer ones Table 5's. Only the scores are computed (teacher-forced passes in
-    batches of 4096 tokens without the output projection; no NLL, pictures or head ablation: a few seconds
-    for the demo model's 1,000 validation sentences on one CPU thread), cached in ``analysis/disagreement.json``
-    with their key among them (the scale, the whole set, :func:`checkpoint_identity`): a cache on another scale,
-    of part of the set or of another checkpoint is recomputed. A model with a single head per attention module
-    has no head pairs to score: None (the cache records why).
-    """
+    Only the scores (no NLL, pictures or ablation), cached in ``analysis/disagreement.json`` with their key
+    among them. A model with a single head per attention module has no head pairs: None (the cache says why)."""
     from ..analysis.scores import SCALE, TooFewHeads
 
     key = {"scale": SCALE, "max_sentences": None, "checkpoint_identity": checkpoint_identity(checkpoint)}
@@ -176,12 +155,9 @@ def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) ->
 
 
 def probing_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict:
-    """NAACL 2019 Table 1 / journal Table 7: the run's frozen encoder on the table's SentEval probing tasks.
-
-    :func:`diverse_fairseq.analysis.probing.probe_checkpoint` with the classifier seeded by the run's seed;
-    ``{task: {"accuracy", "valid_accuracy", "majority", ...}}`` (percentages), cached in
-    ``analysis/probing.json`` while its key (checkpoint name and contents, task files' digests, classifier
-    settings, package version) matches."""
+    """NAACL 2019 Table 1 / journal Table 7: the run's frozen encoder on the table's SentEval probing tasks
+    (``{task: {"accuracy", "valid_accuracy", "majority", ...}}``, seeded by the run's seed), cached in
+    ``analysis/probing.json``."""
     from ..analysis.probing import ProbeSettings, probe_checkpoint
     from ..analysis.probing import cache_key as probing_key
     from ..data.senteval import parse_tasks
@@ -199,8 +175,7 @@ def probing_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict
 
 
 def run_job(row: Row, run: RunConfig, seed: int) -> JobRecord:
-    """One row and seed: train (or reuse), evaluate, measure head disagreement (and probe, for tables that ask
-    for it); the per-seed record."""
+    """One row and seed's record: train (or reuse), evaluate, score head disagreement (and probe)."""
     train, reused = train_row(row, run, seed)
     return JobRecord(
         train=train, reused=reused,
