@@ -305,26 +305,14 @@ def _average(p: Plan, reuse: bool = False) -> int:
         return 0
 
 
-#: variables of other commands that this one does not read: {name: what to use here instead}
-FOREIGN_VARIABLES = {
-    "SEEDS": "SEED (one seed per training; SEEDS is the table runner's: make table-<id>, python -m "
-             "diverse_fairseq.tables)",
-    "TRAIN_ARGS": "extra fairseq-train options after the setting on the command line (TRAIN_ARGS is the table "
-                  "runner's)",
-}
-
-
-def foreign_variable_warnings(env) -> List[str]:
-    """Warnings for variables set in ``env`` that belong to another command (``SEEDS=3 scripts/train.sh``
-    would otherwise silently train, or resume, seed 1), each naming the variable to use."""
-    return [f"{name}={env[name]} is not read by scripts/train.sh: use {instead}"
-            + (f"; now training with SEED={env.get('SEED') or 1}" if name == "SEEDS" else "")
-            for name, instead in FOREIGN_VARIABLES.items() if env_checks.get(env, name) is not None]
-
-
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    for warning in foreign_variable_warnings(os.environ):
+    seed = env_checks.get(os.environ, "SEED") or 1
+    for warning in env_checks.foreign_variables(os.environ, {  # ``SEEDS=3`` would otherwise silently train seed 1
+        "SEEDS": f"SEED (one seed per training; now training with SEED={seed}; SEEDS is the table runner's: make "
+                 "table-<id>, python -m diverse_fairseq.tables)",
+        "TRAIN_ARGS": "extra fairseq-train options after the setting on the command line (TRAIN_ARGS is the table "
+                      "runner's)"}, "scripts/train.sh"):
         print(f"[train] warning: {warning}", flush=True)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
