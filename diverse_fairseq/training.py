@@ -110,12 +110,10 @@ class TrainResult:
 
 def run(request: TrainRequest, env=None) -> TrainResult:
     """Train the :func:`~diverse_fairseq.runs.plan.plan` of ``request`` (resuming from ``checkpoint_last.pt``), then
-    average. Refused before training: a resume of another run (another identity) and an unreadable
-    ``checkpoint_last.pt`` (:func:`refuse_damaged_last`). A finished run (``checkpoint_last.pt`` at ``--max-update``)
-    is left alone: fairseq would train one more update before its stop check, overwriting the finished model. A
-    failed fairseq-train raises SystemExit (:func:`failure_message`), Ctrl-C :class:`Interrupted` with its one line.
-    ``request.gpus`` restricts training to the first visible devices (:func:`select_gpus`); ``env`` is the training
-    processes' environment (default: this process's), no training option is read from it."""
+    average. Refused before training: a resume of another run (:func:`check_resume`) and an unreadable
+    ``checkpoint_last.pt`` (:func:`refuse_damaged_last`); a finished run is left alone (:func:`finished`). A failed
+    fairseq-train raises SystemExit (:func:`failure_message`), Ctrl-C :class:`Interrupted` with its one line. ``env``
+    is the training processes' environment (default: this process's; no option is read from it)."""
     env = dict(os.environ if env is None else env)
     gpus, device_env = select_gpus(request.gpus, env, visible_gpus())
     env.update(device_env)
