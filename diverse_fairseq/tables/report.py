@@ -24,8 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..data.senteval import BY_NAME
 from ..runs.checkpoint_choice import METRICS, describe
-from ..significance import DEFAULT_SAMPLES as SAMPLES
-from ..significance import length_ratio, mark, paired_bootstrap, sign_test
+from ..significance import DEFAULT_SAMPLES, length_ratio, mark, paired_bootstrap, sign_test
 from .records import JobRecord
 from .scale import changes as layer_changes
 from .spec import Table
@@ -78,7 +77,7 @@ def concatenated(runs: List[JobRecord]):
     return hyps, refs
 
 
-def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int = SAMPLES) -> Dict[str, Dict]:
+def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int = DEFAULT_SAMPLES) -> Dict[str, Dict]:
     """Both tests of every non-baseline row against its own baseline, on the concatenated seeds: ``{row id: ...}``
     (marks for improvements only; ``length_ratio``: hypothesis/reference length in BLEU's tokens)."""
     by_baseline: Dict[str, List[str]] = {}
@@ -371,7 +370,7 @@ def to_markdown(summary: Dict) -> str:
 
     notes = [
         f"Significance of each row against its baseline (improvements only): {UP} p < 0.05, {DOUBLE_UP} p < 0.01 "
-        f"paired bootstrap resampling (Koehn 2004; sacrebleu, {SAMPLES} samples); {DAGGER} p < 0.05, "
+        f"paired bootstrap resampling (Koehn 2004; sacrebleu, {DEFAULT_SAMPLES} samples); {DAGGER} p < 0.05, "
         f"{DOUBLE_DAGGER} p < 0.01 sign test (Collins et al. 2005, the test of EMNLP 2018); both on the BLEU "
         f"column (sacrebleu, detokenized). Δ: BLEU minus the baseline's.",
         split_tests_note(rows, by_id)]
