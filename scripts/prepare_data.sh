@@ -7,13 +7,8 @@
 #   SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom   your own corpus: dir/{train,valid,test}.{xx,yy}
 #                                                                  -> DATA_BIN/custom_xx_yy (or DATA_BIN/DATASET_NAME)
 #
-# Settings (environment or options; see `scripts/prepare_data.sh demo --help`):
-#   BPE=subword-nmt|sentencepiece  BPE_SIZE=N  WORKERS=N  WORK_DIR=work  DATA_BIN=data-bin
-#   DIVERSE_FAIRSEQ_MIRROR=URL-or-dir (archives looked up there by file name)  CHECKSUMS=file
-#   EXPECT=manifest.json (stand-in archives: expectations replacing the published ones; output DATASET+NAME)
-#   DEMO_DIR=dir  CWMT_DIR=dir  CWMT=skip  ZH_SEG=jieba|char  STOP_AFTER=step  PROGRESS_INTERVAL=seconds
-#   wmt17_zh_en: WMT17_SOURCE=original|hf  LENGTH_UNIT=subwords|words  ALLOW_UNVERIFIED=1
-#   custom: SRC  TGT  CORPUS_DIR  DATASET_NAME  SEPARATE_VOCAB=1
+# Settings: environment variables (BPE, BPE_SIZE, WORKERS, EXPECT, ...) or the options they stand for, each listed
+# with its variable by `scripts/prepare_data.sh demo --help`.
 # WORK_DIR and DATA_BIN default to work/ and data-bin/ in the repository. Uses the repository's .venv when present.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)

@@ -139,7 +139,7 @@ def find_member(root: Path, relative: str) -> Path:
 
 def write_parallel(ctx: Context, split: str, pairs_by_lang: Dict[str, List[str]]):
     """Write raw/{split}.{lang} for both languages after checking they have equally many lines."""
-    from ..lines import write_lines
+    from ..text import write_lines
 
     counts = {lang: len(lines) for lang, lines in pairs_by_lang.items()}
     if len(set(counts.values())) != 1:
@@ -153,8 +153,8 @@ def write_parallel(ctx: Context, split: str, pairs_by_lang: Dict[str, List[str]]
 def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Path]], src: str, tgt: str) -> List[int]:
     """Stream several parallel corpora [(name, src file, tgt file)] into raw/{split}.{src,tgt}; the pairs read
     from each corpus, in order."""
-    from ..lines import iter_lines
-    from ..steps import atomic_path
+    from ..progress import atomic_path
+    from ..text import iter_lines
 
     total = 0
     sizes = []

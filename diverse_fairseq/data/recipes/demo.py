@@ -9,7 +9,7 @@ such as ``%s`` that Moses tokenization would split), so that decoding with
 import hashlib
 from pathlib import Path
 
-from ..lines import iter_lines
+from ..text import iter_lines
 from .base import Context, Recipe, write_parallel
 
 REPO = Path(__file__).resolve().parents[3]

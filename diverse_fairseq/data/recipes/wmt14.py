@@ -28,8 +28,7 @@ README, lines 40-44). The variant keeps its own work folder (its text differs) b
 import dataclasses
 
 from ..download import Source, published_md5
-from ..lines import iter_lines
-from ..text import sgm_segments
+from ..text import iter_lines, sgm_segments
 from .base import WMT_SETTINGS, Archive, Context, Recipe, concat_parallel, find_member, write_parallel
 
 DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
