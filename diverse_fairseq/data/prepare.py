@@ -181,10 +181,8 @@ class Preparer:
 
     def needs_tok(self, split: str, lang: str) -> bool:
         """Whether the Moses-tokenized text of (split, lang) is used later."""
-        if self.kind == "subword-nmt":
-            return True
-        if split == "test" and lang == self.r.tgt:
-            return True  # the tokenized reference for the papers' tokenized BLEU
+        if self.kind == "subword-nmt" or (split == "test" and lang == self.r.tgt):
+            return True  # subword-nmt segments the tokens; the tokenized reference is for the papers' tokenized BLEU
         cleaned = split in self.r.clean_splits or (self.r.valid_every and split == "train")
         return bool(cleaned and not self.r.clean_after_bpe)
 
@@ -200,8 +198,9 @@ class Preparer:
         if self.expect:
             self.log(f"[{r.name}] expectations from the manifest {self.expect.path} ({self.expect.name!r}), not the "
                      f"published ones: the data goes to {self.dest}")
-        for source in (s for a in r.archives for s in a.parts):  # a file already there (an earlier run's, or
-            if (self.downloads / source.filename).exists():      # placed by hand) is verified first
+        # a file already there (an earlier run's, or placed by hand) is verified first
+        for source in (s for a in r.archives for s in a.parts):
+            if (self.downloads / source.filename).exists():
                 self._download(source, self._expected(source))
         # each archive is downloaded, verified and extracted (member line counts checked) before the next one is
         # fetched, so that a wrong file is refused before anything else is done
@@ -317,11 +316,8 @@ class Preparer:
         """Write clean/{split}.{lang}.txt, and .tok where the tokenized text is used later, for train/valid/test."""
         r = self.r
         for split in r.raw_splits():
-            inputs = {}
-            for lang in r.langs:
-                inputs[lang, "txt"] = self.path("norm", split, lang)
-                if self.needs_tok(split, lang):
-                    inputs[lang, "tok"] = self.path("tok", split, lang)
+            inputs = {(lang, ext): self.path("norm" if ext == "txt" else "tok", split, lang)
+                      for lang in r.langs for ext in ("txt", "tok") if ext == "txt" or self.needs_tok(split, lang)}
             cleaned = not r.clean_after_bpe and split in r.clean_splits
             self._clean_pairs(split, inputs, "clean", ["train", "valid"] if split == "train" and r.valid_every
                               else [split], "tok" if cleaned else None, stats=not r.clean_after_bpe)
