@@ -549,7 +549,8 @@ def step_ids(recipe: Recipe) -> List[str]:
 
 def prepare(options: PrepareOptions) -> Path:
     """Prepare ``options.dataset`` (each step skipped when its output is complete); return its folder under
-    ``options.data_bin``. Raises :class:`StopPipeline` where ``stop_after`` stops it."""
+    ``options.data_bin``. The options are checked first (SystemExit naming the variable); a download or
+    verification that fails raises its error, and :class:`StopPipeline` where ``stop_after`` stops it."""
     preparer = Preparer(get(options.dataset), options)
     preparer.run()
     return preparer.dest

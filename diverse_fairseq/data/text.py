@@ -39,14 +39,10 @@ def count_lines(path) -> int:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
 
 
-def write_lines(path, lines: Iterable[str]) -> int:
-    """Write ``lines`` (one per line, inner line breaks made spaces) to ``path`` atomically; returns their number."""
-    n = 0
+def write_lines(path, lines: Iterable[str]):
+    """Write ``lines`` (one per line, inner line breaks made spaces) to ``path`` atomically."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(line.replace("\r", " ").replace("\n", " ") + "\n")
-            n += 1
-    return n
+        f.writelines(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
 
 
 def _apply_chunk(fn, chunk: List[str]) -> List[str]:
