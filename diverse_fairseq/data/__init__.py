@@ -6,7 +6,7 @@ The modules each do one job:
 * :mod:`.download`  fetch an archive with resume, checksum verification, atomic rename and a mirror;
 * :mod:`.archive`   extract (possibly split) tar/zip archives safely, rejecting corrupt ones;
 * :mod:`.progress`  the resumable step runner (a step is skipped when its outputs are complete), progress lines;
-* :mod:`.text`      line files (reading, writing, a parallel map); SGM/XML extraction, normalisation, Moses
+* :mod:`.text`      line files (reading, a parallel map); SGM/XML extraction, normalisation, Moses
   tokenization (sacremoses), cleaning;
 * :mod:`.bpe`       learn/apply subword-nmt BPE or sentencepiece;
 * :mod:`.recipes`   one module per dataset: where the data comes from and the recipe's settings;

@@ -36,10 +36,10 @@ from .archive import CorruptArchiveError, extract
 from .download import DownloadError, expected_for, fetch, read_checksum_file, where_to_get
 from .progress import Pipeline, Progress, StopPipeline, atomic_path, heartbeat
 from .recipes import RECIPES, TEMPLATES, Context, Recipe, get
+from .recipes.base import SPLITS
 from .text import clean_pair, count_lines, iter_lines, map_file, normalize, tokenize
 from .verify import Expectations, VerificationError, check_member_lines, reject, verified_sha256
 
-SPLITS = ("train", "valid", "test")
 ZH_SEGS = ("jieba", "char")
 CUSTOM_ONLY = ("src", "tgt", "corpus_dir", "name", "separate_vocab")  # the options only the custom recipe reads
 

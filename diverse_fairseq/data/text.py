@@ -1,4 +1,4 @@
-"""Line files and their text: reading (plain or gzip), atomic writing and a parallel map with progress lines;
+"""Line files and their text: reading (plain or gzip) and a parallel map with progress lines;
 SGM/XML segment extraction, normalisation, Moses tokenization, cleaning.
 
 Moses tools come from sacremoses (no Perl checkout): ``normalize-punctuation.perl`` is
@@ -15,7 +15,7 @@ import itertools
 import multiprocessing
 import re
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import regex
 
@@ -37,12 +37,6 @@ def iter_lines(path) -> Iterator[str]:
 def count_lines(path) -> int:
     with open(path, "rb") as f:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
-
-
-def write_lines(path, lines: Iterable[str]):
-    """Write ``lines`` (one per line, inner line breaks made spaces) to ``path`` atomically."""
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
 
 
 def _apply_chunk(fn, chunk: List[str]) -> List[str]:
