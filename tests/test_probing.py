@@ -185,7 +185,7 @@ def test_table_probing_field_is_validated():
 
 
 def test_report_puts_the_papers_accuracy_beside_ours():
-    from diverse_fairseq.tables.probing_report import probing_entry, probing_section
+    from diverse_fairseq.tables.report import probing_entry, probing_section
 
     spec = load_table("naacl19_t1")
     runs = [job_record(probing={"SentLen": {"accuracy": 50.0 + s, "majority": 20.0}}) for s in (0, 2)]
