@@ -24,12 +24,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .methods.length_penalty import LENGTH_PENALTIES
 from .runs import env_checks, paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
 from .runs.paper_bleu import authors_bleu
 from .runs.plan import task_args
-from .runs.settings import LENGTH_PENALTIES
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 _TRANSLATED = re.compile(

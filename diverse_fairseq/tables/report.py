@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..data.senteval import BY_NAME
-from ..runs.checkpoint_choice import METRICS, describe
+from ..runs.settings import METRICS, describe
 from ..significance import DEFAULT_SAMPLES, length_ratio, mark, paired_bootstrap, sign_test
 from .records import JobRecord
 from .scale import changes as layer_changes
@@ -242,7 +242,7 @@ def params_footnote(summary: Dict, rows: List[Dict]) -> str:
 
 
 def checkpoints_note(rows: List[Dict]) -> str:
-    """Which checkpoint was evaluated (:mod:`diverse_fairseq.runs.checkpoint_choice`): a single one or an average."""
+    """Which checkpoint was evaluated (:mod:`diverse_fairseq.runs.settings`): a single one or an average."""
     kinds = {}  # what was evaluated -> labels of the rows
     for r in rows:
         single = " / ".join(METRICS[m] for m in sorted(set(r["best_checkpoint_metric"]), key=str))
