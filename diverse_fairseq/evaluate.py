@@ -29,7 +29,7 @@ from .runs import env_checks, paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
 from .runs.paper_bleu import authors_bleu
-from .runs.plan import task_args
+from .runs.plan import PRECISIONS, task_args
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 _TRANSLATED = re.compile(
@@ -115,9 +115,6 @@ def run_logged(cmd: List[str], log_file: Path) -> int:
         return proc.wait()
 
 
-EVAL_PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
-
-
 def _checked(parse, name: str, *bounds, optional: bool = False):
     """An argparse type: ``parse(name, value, *bounds)`` of :mod:`.runs.env_checks` (a SystemExit naming the
     variable) on the given value or the environment's default; with ``optional``, empty is None (the recipe's)."""
@@ -154,7 +151,7 @@ def build_parser():
     p.add_argument("--out", default=env("OUT"), help="output directory [OUT]")
     p.add_argument("--cpu", action="store_true", help="decode on CPU even with a GPU [CPU=1]")
     p.add_argument("--precision", default=env_checks.get(os.environ, "PRECISION"),
-                   type=_checked(env_checks.parse_choice, "PRECISION", EVAL_PRECISIONS),
+                   type=_checked(env_checks.parse_choice, "PRECISION", PRECISIONS),
                    help="decoding precision on a GPU (fp16, bf16; the others decode in fp32) [PRECISION]")
     p.add_argument("--fp16", action="store_true",
                    help="decode in fp16 on a GPU [PRECISION=fp16; bf16 decodes in bf16, the other training "
