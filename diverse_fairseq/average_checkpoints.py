@@ -11,66 +11,46 @@ written as float32 for half-precision checkpoints, as fairseq does); integer buf
 """
 
 import argparse
-import collections
 import os
-import re
 from typing import Dict, List, Optional
 
 import torch
+from fairseq.checkpoint_utils import checkpoint_paths
 
 import diverse_fairseq  # noqa: F401  (side effect: allowlists fairseq's checkpoint globals for weights_only loading)
 
 
 def average_checkpoints(inputs: List[str]) -> Dict:
     """Load ``inputs`` and return the first checkpoint's state with the averaged ``model`` parameters."""
-    params_dict = collections.OrderedDict()
-    params_keys = None
-    dtypes = {}
-    new_state = None
-    for fpath in inputs:
-        with open(fpath, "rb") as f:
-            state = torch.load(f, map_location="cpu", weights_only=True)
-        if new_state is None:
-            new_state = state
-        model_params = state["model"]
-        keys = list(model_params.keys())
-        if params_keys is None:
-            params_keys = keys
-        elif params_keys != keys:
-            raise KeyError(f"checkpoint {fpath} has parameters {keys}, expected {params_keys}")
-        for k in params_keys:
-            p = model_params[k]
-            dtypes.setdefault(k, p.dtype)
-            acc = p.double() if p.is_floating_point() else p.clone()
-            if k not in params_dict:
-                params_dict[k] = acc.clone()  # clone: p may be a shared parameter
-            else:
-                params_dict[k] += acc
-    averaged = collections.OrderedDict()
-    for k, v in params_dict.items():
-        if v.is_floating_point():  # half precision is averaged into float32, as fairseq does
-            dtype = torch.float32 if dtypes[k] in (torch.float16, torch.bfloat16) else dtypes[k]
-            averaged[k] = (v / len(inputs)).to(dtype)
+    first, sums = None, {}
+    for path in inputs:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        first = first or state
+        if list(state["model"]) != list(first["model"]):
+            raise KeyError(f"checkpoint {path} has parameters {list(state['model'])}, expected {list(first['model'])}")
+        for k, p in state["model"].items():  # out of place: p may be a shared parameter
+            acc = p.double() if p.is_floating_point() else p
+            sums[k] = sums[k] + acc if k in sums else acc
+    averaged = {}
+    for k, total in sums.items():
+        dtype = first["model"][k].dtype
+        if total.is_floating_point():  # half precision is averaged into float32, as fairseq does
+            averaged[k] = (total / len(inputs)).to(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
         else:
-            averaged[k] = v // len(inputs)
-    new_state["model"] = averaged
-    return new_state
+            averaged[k] = total // len(inputs)
+    first["model"] = averaged
+    return first
 
 
 def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound: Optional[int] = None) -> List[str]:
     """The ``n`` newest ``checkpoint_E_U.pt`` (update-based) or ``checkpointE.pt`` files in ``path``."""
-    regexp = re.compile(r"checkpoint_\d+_(\d+)\.pt" if update_based else r"checkpoint(\d+)\.pt")
-    entries = []
-    for name in os.listdir(path):
-        m = regexp.fullmatch(name)
-        if m is not None:
-            key = int(m.group(1))
-            if upper_bound is None or key <= upper_bound:
-                entries.append((key, name))
-    if len(entries) < n:
+    pattern = r"checkpoint_\d+_(\d+)\.pt" if update_based else r"checkpoint(\d+)\.pt"
+    found = [file for file, key in checkpoint_paths(path, pattern, keep_match=True)
+             if upper_bound is None or key <= upper_bound]  # newest first
+    if len(found) < n:
         kind = "update (checkpoint_E_U.pt, --save-interval-updates)" if update_based else "epoch (checkpointE.pt)"
-        raise SystemExit(f"error: found {len(entries)} {kind} checkpoints in {path} but need {n}")
-    return [os.path.join(path, name) for _, name in sorted(entries, reverse=True)[:n]]
+        raise SystemExit(f"error: found {len(found)} {kind} checkpoints in {path} but need {n}")
+    return found[:n]
 
 
 def average_last(save_dir: str, n: int, update_based: bool, output: str,

@@ -1,17 +1,17 @@
-"""Evaluate a checkpoint on a prepared dataset: detokenized output, sacrebleu BLEU with its signature,
-a tokenized BLEU (case-sensitive, compound-split for German, as WMT14 En-De results were commonly scored at the
-time; the papers report "case-sensitive 4-gram NIST BLEU", which neither number is; docs/paper-settings.md#evaluation),
-and decoding speed.
+"""Evaluate a checkpoint on a prepared dataset: detokenized output, sacrebleu BLEU with its signature, a tokenized
+BLEU (case-sensitive, compound-split for German, as WMT14 En-De results were commonly scored at the time; the papers
+report "case-sensitive 4-gram NIST BLEU", which neither number is; docs/paper-settings.md#evaluation), and decoding
+speed.
 
     python -m diverse_fairseq.evaluate CHECKPOINT DATASET [options] [extra fairseq-generate options]
     scripts/evaluate.sh CHECKPOINT DATASET [...]
 
-DATASET is a name under DATA_BIN (default data-bin/) or a directory made by ``prepare_data``; its
-``prepare.json`` says how the text was segmented and tokenized, and which beam/length penalty the
-recipe uses. The output directory (``--out``, default ``<checkpoint dir>/eval-<dataset>-<subset>-<name>``)
-receives ``generate-<subset>.txt`` (fairseq-generate's output and log), ``hyp.detok.<tgt>``,
-``hyp.tok.<tgt>``/``ref.tok.<tgt>`` (tokenized, compound-split where the BLEU is), ``ref.detok.<tgt>`` and
-``results.json``. Compare two systems with ``python -m diverse_fairseq.significance``.
+DATASET is a name under DATA_BIN (default data-bin/) or a directory made by ``prepare_data``; its ``prepare.json``
+says how the text was segmented and tokenized, and which beam/length penalty the recipe uses. The output directory
+(``--out``, default ``<checkpoint dir>/eval-<dataset>-<subset>-<name>``) receives ``generate-<subset>.txt``
+(fairseq-generate's output and log), ``hyp.detok.<tgt>``, ``hyp.tok.<tgt>``/``ref.tok.<tgt>`` (tokenized,
+compound-split where the BLEU is), ``ref.detok.<tgt>`` and ``results.json``. Compare two systems with
+``python -m diverse_fairseq.significance``.
 """
 
 import argparse
@@ -20,16 +20,16 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .methods.length_penalty import LENGTH_PENALTIES
 from .runs import env_checks, paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
 from .runs.paper_bleu import authors_bleu
 from .runs.plan import task_args
-from .runs.settings import LENGTH_PENALTIES
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
 #: the Chinese segmentation of the tokenized BLEU where prepare.json names none (a zh target without a recorded
@@ -41,19 +41,13 @@ _TRANSLATED = re.compile(
 
 
 def parse_generate_output(text: str) -> Dict[str, object]:
-    """Hypotheses, targets and sources by sentence id, and the speed line, from fairseq-generate's output."""
-    hyps, refs, srcs = {}, {}, {}
+    """Hypotheses and targets by sentence id, and the speed line, from fairseq-generate's output."""
+    texts = {"H": {}, "T": {}}  # lines "H-<id>\t<score>\t<text>" and "T-<id>\t<text>"
     for line in text.splitlines():
-        if line.startswith("H-"):
-            head, _score, *rest = line.split("\t")
-            hyps[int(head[2:])] = rest[0] if rest else ""
-        elif line.startswith("T-"):
-            head, *rest = line.split("\t")
-            refs[int(head[2:])] = rest[0] if rest else ""
-        elif line.startswith("S-"):
-            head, *rest = line.split("\t")
-            srcs[int(head[2:])] = rest[0] if rest else ""
-    return {"hyps": hyps, "targets": refs, "sources": srcs, "speed": parse_generate_speed(text)}
+        if line[:1] in texts and line[1:2] == "-":
+            columns, column = line.split("\t"), 2 if line[0] == "H" else 1
+            texts[line[0]][int(columns[0][2:])] = columns[column] if len(columns) > column else ""
+    return {"hyps": texts["H"], "targets": texts["T"], "speed": parse_generate_speed(text)}
 
 
 def parse_generate_speed(text: str) -> Optional[Dict[str, float]]:
@@ -76,10 +70,8 @@ def _in_order(by_id: Dict[int, str], n: int, what: str) -> List[str]:
 
 
 def resolve_data(dataset: str, data_bin: str) -> Path:
-    path = Path(dataset)
-    if (path / "prepare.json").exists():
-        return path
-    return Path(data_bin) / dataset
+    """A prepared dataset's folder: ``dataset`` itself, else the name under ``data_bin``."""
+    return Path(dataset) if (Path(dataset) / "prepare.json").exists() else Path(data_bin) / dataset
 
 
 def bleu_scores(hyps_detok: List[str], refs_detok: List[str], hyps_tok: List[str], refs_tok: List[str],
@@ -89,8 +81,7 @@ def bleu_scores(hyps_detok: List[str], refs_detok: List[str], hyps_tok: List[str
 
     sacre = BLEU(tokenize=meta.sacrebleu_tokenize, lowercase=meta.lowercase)
     score = sacre.corpus_score(hyps_detok, [refs_detok])
-    tok = BLEU(tokenize="none", force=True)
-    tok_score = tok.corpus_score(hyps_tok, [refs_tok])
+    tok_score = BLEU(tokenize="none", force=True).corpus_score(hyps_tok, [refs_tok])
     return {
         "bleu": round(score.score, 2), "bleu_detail": str(score), "signature": str(sacre.get_signature()),
         "tok_bleu": round(tok_score.score, 2), "tok_bleu_detail": str(tok_score),
@@ -104,14 +95,12 @@ def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: Lis
     """The tokenized hypothesis and reference lines for the tokenized BLEU."""
     from .data.text import compound_split, tokenize
 
-    tgt = meta.target_lang
-
     def tok(lines):
-        return [tokenize(s, tgt, aggressive_dash=meta.aggressive_dash, lowercase=meta.lowercase,
+        return [tokenize(s, meta.target_lang, aggressive_dash=meta.aggressive_dash, lowercase=meta.lowercase,
                          zh_seg=meta.zh_seg or ZH_TOKENIZED_BLEU) for s in lines]
 
     hyps = hyps_model if meta.moses_tokenized else tok(hyps_detok)
-    ref_file = data_dir / f"{subset}.tok.{tgt}"
+    ref_file = data_dir / f"{subset}.tok.{meta.target_lang}"
     refs = ref_file.read_text(encoding="utf-8").splitlines() if ref_file.exists() else tok(refs_detok)
     if meta.compound_split:
         hyps = [compound_split(s) for s in hyps]
@@ -130,70 +119,58 @@ def run_logged(cmd: List[str], log_file: Path) -> int:
         return proc.wait()
 
 
-# PRECISION is shared with training: fp16 and bf16 decode in that precision on a GPU, the others in fp32
 EVAL_PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
 
 
+def _checked(parse, name: str, *bounds, optional: bool = False):
+    """An argparse type: ``parse(name, value, *bounds)`` of :mod:`.runs.env_checks` (a SystemExit naming the
+    variable) on the given value or the environment's default; with ``optional``, empty is None (the recipe's)."""
+    return lambda value: None if optional and value == "" else parse(name, value, *bounds)
+
+
 def build_parser():
+    """The options; each defaults to its environment variable (in brackets), checked before any work."""
     env = os.environ.get
     p = argparse.ArgumentParser(prog="evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoint file (.pt)")
     p.add_argument("dataset", help="dataset name under --data-bin, or a prepared dataset directory")
     p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
-    p.add_argument("--subset", default=env("SUBSET", "test"), help="valid or test [SUBSET]")
-    p.add_argument("--beam", default=env("BEAM"), help="default: the recipe's [BEAM]")
-    p.add_argument("--lenpen", default=env("LENPEN"), help="default: the recipe's [LENPEN]")
+    p.add_argument("--subset", default=env("SUBSET", "test"), help="valid or test [SUBSET]",
+                   type=_checked(env_checks.parse_choice, "SUBSET (--subset)", ("test", "valid")))
+    p.add_argument("--beam", default=env("BEAM"), help="default: the recipe's [BEAM]",
+                   type=_checked(env_checks.parse_int, "BEAM (--beam)", 1, optional=True))
+    p.add_argument("--lenpen", default=env("LENPEN"), help="default: the recipe's [LENPEN]",
+                   type=_checked(env_checks.parse_float, "LENPEN (--lenpen)", optional=True))
     p.add_argument("--length-penalty", default=env("LENGTH_PENALTY", "fairseq"),
+                   type=_checked(env_checks.parse_choice, "LENGTH_PENALTY (--length-penalty)", LENGTH_PENALTIES),
                    help="how --lenpen normalises a finished hypothesis' score by its length |y| (EOS included): "
                         "'fairseq' divides by |y|^lenpen, 'gnmt' by ((5 + |y|)/6)^lenpen (GNMT's, as the THUMT "
                         "papers decoded: their settings base and big use it) [LENGTH_PENALTY; default fairseq]")
     p.add_argument("--max-len-a", default=env("MAX_LEN_A"),
+                   type=_checked(env_checks.parse_float, "MAX_LEN_A (--max-len-a)", optional=True),
                    help="at most max-len-a * source length (with its EOS) + max-len-b output tokens; default: the "
                         "recipe's (the THUMT settings: 1, with --max-len-b 49: |x| + 50 tokens) [MAX_LEN_A]")
-    p.add_argument("--max-len-b", default=env("MAX_LEN_B"), help="default: the recipe's [MAX_LEN_B]")
-    p.add_argument("--batch-size", default=env("BATCH_SIZE", "128"), help="sentences per batch [BATCH_SIZE]")
+    p.add_argument("--max-len-b", default=env("MAX_LEN_B"), help="default: the recipe's [MAX_LEN_B]",
+                   type=_checked(env_checks.parse_int, "MAX_LEN_B (--max-len-b)", 0, optional=True))
+    p.add_argument("--batch-size", default=env("BATCH_SIZE", "128"), help="sentences per batch [BATCH_SIZE]",
+                   type=_checked(env_checks.parse_int, "BATCH_SIZE (--batch-size)", 1))
     p.add_argument("--out", default=env("OUT"), help="output directory [OUT]")
-    p.add_argument("--cpu", action="store_true", default=None, help="decode on CPU even with a GPU [CPU=1]")
-    p.add_argument("--precision", default=None, choices=EVAL_PRECISIONS,
+    p.add_argument("--cpu", action="store_true", help="decode on CPU even with a GPU [CPU=1]")
+    p.add_argument("--precision", default=env_checks.get(os.environ, "PRECISION"),
+                   type=_checked(env_checks.parse_choice, "PRECISION", EVAL_PRECISIONS),
                    help="decoding precision on a GPU (fp16, bf16; the others decode in fp32) [PRECISION]")
-    p.add_argument("--fp16", action="store_true", default=None,
+    p.add_argument("--fp16", action="store_true",
                    help="decode in fp16 on a GPU [PRECISION=fp16; bf16 decodes in bf16, the other training "
                         "precisions (amp, memory-efficient-fp16, fp32) in fp32]")
     return p
 
 
-def check_args(args):
-    """Validate the options (and the environment variables they default to) before any work; SystemExit
-    naming the variable. ``PRECISION`` (shared with training) decodes in fp16/bf16 on a GPU, fp32 otherwise."""
-    args.subset = env_checks.parse_choice("SUBSET (--subset)", args.subset, ("test", "valid"))
-    args.beam = None if args.beam in (None, "") else env_checks.parse_int("BEAM (--beam)", args.beam, 1)
-    args.lenpen = None if args.lenpen in (None, "") else env_checks.parse_float("LENPEN (--lenpen)", args.lenpen)
-    args.length_penalty = env_checks.parse_choice("LENGTH_PENALTY (--length-penalty)", args.length_penalty,
-                                                  LENGTH_PENALTIES)
-    args.max_len_a = (None if args.max_len_a in (None, "")
-                      else env_checks.parse_float("MAX_LEN_A (--max-len-a)", args.max_len_a))
-    args.max_len_b = (None if args.max_len_b in (None, "")
-                      else env_checks.parse_int("MAX_LEN_B (--max-len-b)", args.max_len_b, 0))
-    args.batch_size = env_checks.parse_int("BATCH_SIZE (--batch-size)", args.batch_size, 1)
-    if args.cpu is None:
-        args.cpu = env_checks.parse_flag("CPU", os.environ.get("CPU"))
-    precision = args.precision or env_checks.get(os.environ, "PRECISION")
-    if precision is not None:
-        precision = env_checks.parse_choice("PRECISION", precision, EVAL_PRECISIONS)
-    args.precision = "fp16" if args.fp16 else precision if precision in ("fp16", "bf16") else "fp32"
-    if Path(args.dataset).suffix == ".pt":
-        raise SystemExit(f"error: the second argument {args.dataset!r} is a checkpoint, not a dataset: name one "
-                         "checkpoint (a checkpoints/NAME-*/ pattern matching several variants gives several)")
-    return args
-
-
 @dataclass(frozen=True)
 class EvalRequest:
-    """One evaluation: what :func:`evaluate` decodes and scores. ``main`` builds it from the command line and
-    the environment (``SUBSET``, ``BEAM``, ``LENPEN``, ``LENGTH_PENALTY``, ``MAX_LEN_A``/``B``, ``BATCH_SIZE``,
-    ``OUT``, ``CPU``, ``PRECISION``); the
-    table runner builds it from the table alone, so none of those variables changes what a table decodes."""
+    """One evaluation: what :func:`evaluate` decodes and scores. ``main`` builds it from the command line and the
+    environment (``SUBSET``, ``BEAM``, ``LENPEN``, ``LENGTH_PENALTY``, ``MAX_LEN_A``/``B``, ``BATCH_SIZE``, ``OUT``,
+    ``CPU``, ``PRECISION``); the table runner from the table alone, so none of those variables changes it."""
 
     checkpoint: Path
     data_dir: Path  # a prepared dataset (with prepare.json)
@@ -210,28 +187,35 @@ class EvalRequest:
     generate_args: Tuple[str, ...] = ()  # extra fairseq-generate options
 
 
+#: the fields of :class:`EvalRequest` that are options of the command line (``--max-len-a``: ``max_len_a``)
+OPTIONS = [f.name for f in fields(EvalRequest) if f.name not in ("checkpoint", "data_dir", "generate_args")]
+
+
 def command_line(request: EvalRequest) -> List[str]:
     """``python -m diverse_fairseq.evaluate`` arguments that make ``request`` (every option spelled out, so
     that no environment variable changes it); what a dry run prints."""
-    return [str(request.checkpoint), str(request.data_dir), "--subset", request.subset,
-            *(["--beam", str(request.beam)] if request.beam else []),
-            *(["--lenpen", str(request.lenpen)] if request.lenpen is not None else []),
-            "--length-penalty", request.length_penalty,
-            *(["--max-len-a", f"{request.max_len_a:g}"] if request.max_len_a is not None else []),
-            *(["--max-len-b", str(request.max_len_b)] if request.max_len_b is not None else []),
-            "--batch-size", str(request.batch_size), *(["--out", str(request.out)] if request.out else []),
-            *(["--cpu"] if request.cpu else []), "--precision", request.precision, *request.generate_args]
+    args = [str(request.checkpoint), str(request.data_dir)]
+    for name in OPTIONS:
+        value, flag = getattr(request, name), "--" + name.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not None and value is not False:  # a float as short as it reads back: 1.0 is "1"
+            args += [flag, str(value).removesuffix(".0") if isinstance(value, float) else str(value)]
+    return args + list(request.generate_args)
 
 
 def parse_request(argv=None) -> EvalRequest:
     """The :class:`EvalRequest` of a command line and the environment (checked; SystemExit naming a bad value)."""
     args, extra = build_parser().parse_known_args(argv)
-    args = check_args(args)
-    return EvalRequest(
-        checkpoint=Path(args.checkpoint), data_dir=resolve_data(args.dataset, args.data_bin), subset=args.subset,
-        beam=args.beam, lenpen=args.lenpen, length_penalty=args.length_penalty, max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b, batch_size=args.batch_size, out=Path(args.out) if args.out else None,
-        cpu=bool(args.cpu), precision=args.precision, generate_args=tuple(extra))
+    if Path(args.dataset).suffix == ".pt":
+        raise SystemExit(f"error: the second argument {args.dataset!r} is a checkpoint, not a dataset: name one "
+                         "checkpoint (a checkpoints/NAME-*/ pattern matching several variants gives several)")
+    # PRECISION is shared with training: fp16 and bf16 decode in that precision on a GPU, the others in fp32
+    precision = "fp16" if args.fp16 else args.precision if args.precision in ("fp16", "bf16") else "fp32"
+    options = dict(vars(args), out=Path(args.out) if args.out else None, precision=precision,
+                   cpu=args.cpu or env_checks.parse_flag("CPU", os.environ.get("CPU")))
+    return EvalRequest(checkpoint=Path(args.checkpoint), data_dir=resolve_data(args.dataset, args.data_bin),
+                       generate_args=tuple(extra), **{name: options[name] for name in OPTIONS})
 
 
 def main(argv=None):
@@ -297,16 +281,20 @@ def evaluate(request: EvalRequest) -> Dict:
     parsed["speed"] = parse_generate_speed(log_file.read_text(encoding="utf-8", errors="replace")) or parsed["speed"]
     n = len(parsed["targets"]) or len(parsed["hyps"])
     hyps_model = _in_order(parsed["hyps"], n, "hypotheses")
+    ref_name = meta.references.get(subset)
+    # the targets: the reference without a raw one, and the IWSLT14 authors' BLEU (runs/paper_bleu.py)
+    targets = _in_order(parsed["targets"], n, "targets") if parsed["targets"] or not ref_name else None
     from .data.text import detokenize
 
-    hyps_detok = [detokenize(h, tgt) for h in hyps_model] if meta.moses_tokenized else hyps_model
-    ref_name = meta.references.get(subset)
+    def detok(lines):
+        return [detokenize(line, tgt) for line in lines] if meta.moses_tokenized else lines
+
+    hyps_detok = detok(hyps_model)
     if ref_name:
         refs_detok = (data_dir / ref_name).read_text(encoding="utf-8").split("\n")[:-1]
         ref_kind = f"raw reference {ref_name}"
     else:
-        targets = _in_order(parsed["targets"], n, "targets")
-        refs_detok = [detokenize(t, tgt) for t in targets] if meta.moses_tokenized else targets
+        refs_detok = detok(targets)
         ref_kind = "processed target side of the binarized data (no raw reference for this split)"
     if len(refs_detok) != len(hyps_detok):
         raise SystemExit(f"error: {len(hyps_detok)} hypotheses but {len(refs_detok)} references in {ref_name}")
@@ -321,12 +309,9 @@ def evaluate(request: EvalRequest) -> Dict:
                "max_len_a": max_len_a, "max_len_b": max_len_b, "batch_size": request.batch_size,
                "device": "gpu" if on_gpu else "cpu", "reference": ref_kind}
     results.update(bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta))
-    # the paper authors' own scoring where their tables have one (diverse_fairseq.runs.paper_bleu)
-    targets = _in_order(parsed["targets"], n, "targets") if parsed["targets"] else None
     results.update(authors_bleu(meta.dataset, hyps_model, targets, refs_detok, tgt))
-    results["speed"] = parsed["speed"]
+    results["speed"] = speed = parsed["speed"]
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    speed = parsed["speed"]
     print(f"BLEU (sacrebleu, detokenized) = {results['bleu']:.2f}   {results['signature']}\n"
           f"BLEU ({results['tok_bleu_kind']}) = {results['tok_bleu']:.2f}\n" +
           (f"BLEU ({results['paper_bleu_kind']}) = {results['paper_bleu']:.2f}\n" if "paper_bleu" in results else "") +

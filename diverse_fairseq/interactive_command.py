@@ -3,19 +3,18 @@
     python -m diverse_fairseq.interactive_command CHECKPOINT [DATASET] [--data-bin DIR]
 
 prints one command line (and, on stderr, what the command cannot do for this dataset). DATASET is a name under
-DATA_BIN or a prepared dataset's folder; without it, the dataset the checkpoint was trained on. Its
-``prepare.json`` says how the training text was made, and the command repeats that on the input:
+DATA_BIN or a prepared dataset's folder; without it, the dataset the checkpoint was trained on. Its ``prepare.json``
+says how the training text was made, and the command repeats that on the input:
 
-* ``BPE=subword-nmt`` (the default recipe): Moses tokenization (``--tokenizer moses``, with
-  ``--moses-no-dash-splits`` unless the recipe split hyphens) and then the dataset's BPE codes. Without the
-  tokenizer, ``--bpe subword_nmt`` alone segments ``file:`` as ``fi@@ le@@ :`` where training saw ``file :``.
+* ``BPE=subword-nmt`` (the default recipe): Moses tokenization (``--tokenizer moses``, with ``--moses-no-dash-splits``
+  unless the recipe split hyphens) and then the dataset's BPE codes. Without the tokenizer, ``--bpe subword_nmt``
+  alone segments ``file:`` as ``fi@@ le@@ :`` where training saw ``file :``.
 * ``BPE=sentencepiece``: the dataset's sentencepiece model on the raw text, no tokenizer.
 
-Both undo their segmentation on the output. Decoding uses the recipe's beam and length penalty, and the penalty
-form and length limit the checkpoint was validated with (:func:`stored_decoding`: GNMT's penalty and |x| + 50
-tokens for the THUMT papers' settings), as the evaluation does. A checkpoint of another dataset is refused
-(:mod:`diverse_fairseq.runs.checkpoint_file`).
-See docs/translating.md.
+Both undo their segmentation on the output. Decoding uses the recipe's beam and length penalty, and the penalty form
+and length limit the checkpoint was validated with (:func:`stored_decoding`: GNMT's penalty and |x| + 50 tokens for
+the THUMT papers' settings), as the evaluation does. A checkpoint of another dataset is refused
+(:mod:`diverse_fairseq.runs.checkpoint_file`). See docs/translating.md.
 """
 
 import argparse
@@ -34,8 +33,7 @@ from .user_dir import USER_DIR
 
 def segmentation_options(data_dir: Path, meta: DatasetMeta) -> List[str]:
     """The tokenizer and BPE options that repeat the dataset's preparation on the source text."""
-    src = meta.source_lang
-    model = Path(data_dir) / meta.bpe_models[src]
+    model = Path(data_dir) / meta.bpe_models[meta.source_lang]
     if meta.bpe == "sentencepiece":
         return ["--bpe", "sentencepiece", "--sentencepiece-model", str(model)]
     if meta.bpe != "subword-nmt":
@@ -50,9 +48,9 @@ def segmentation_options(data_dir: Path, meta: DatasetMeta) -> List[str]:
 def stored_decoding(state: Dict) -> Dict[str, object]:
     """How the checkpoint's training decoded its validation set: ``length_penalty`` (its task's
     ``--length-penalty``; ``fairseq`` for the plain ``translation`` task) and, where ``--eval-bleu-args`` gave
-    them, ``max_len_a`` / ``max_len_b``."""
-    cfg = state.get("cfg") or {}
-    task = cfg.get("task") or vars(state.get("args") or argparse.Namespace())
+    them, ``max_len_a`` / ``max_len_b``. ``state`` is :func:`~diverse_fairseq.runs.checkpoint_file.read_checkpoint`'s,
+    which fairseq has upgraded: an argparse-era checkpoint's ``args`` are in its ``cfg`` too."""
+    task = (state.get("cfg") or {}).get("task") or {}
     decoding = {"length_penalty": str(task.get("length_penalty") or "fairseq")}
     try:
         generation = json.loads(task.get("eval_bleu_args") or "{}") if task.get("eval_bleu") else {}

@@ -1,12 +1,73 @@
-"""``python -m diverse_fairseq.probing CHECKPOINT [--tasks ...] [--data-dir DIR] [--download]``: linguistic probing.
+"""``python -m diverse_fairseq.probing``: linguistic probing of a translation encoder (its ``--help`` describes the
+method of :mod:`diverse_fairseq.analysis.probing`)."""
 
-The ten probing tasks of Conneau et al. (2018) (NAACL 2019 Table 1, the journal's Table 7) on the frozen
-encoder of a translation checkpoint. See :mod:`diverse_fairseq.analysis.probing` and ``--help``.
-"""
-
+import argparse
+import json
 import sys
+from pathlib import Path
 
-from diverse_fairseq.analysis.probing import build_parser, main  # noqa: F401
+import torch
+
+from diverse_fairseq.analysis import probing
+from diverse_fairseq.data import senteval
+from diverse_fairseq.runs.cli_logging import setup_cli_logging
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = probing.ProbeSettings()
+    p = argparse.ArgumentParser(prog="python -m diverse_fairseq.probing", description=probing.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="a fairseq translation checkpoint (English source)")
+    p.add_argument("--tasks", default="all", help="comma-separated: " + ",".join(t.name for t in senteval.TASKS)
+                   + " (default: all)")
+    p.add_argument("--data-dir", help="folder with SentEval's task files (default $PROBING_DATA or "
+                   "work/senteval_probing)")
+    p.add_argument("--download", action="store_true", help="fetch missing task files from SentEval "
+                   "(or $DIVERSE_FAIRSEQ_MIRROR) into --data-dir")
+    p.add_argument("--data", help="the model's binarized data directory (default: the one stored in the checkpoint)")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"classifier seed (default {d.seed})")
+    p.add_argument("--hidden", type=int, default=d.hidden, help=f"MLP hidden units, 0 = logistic regression "
+                   f"(default {d.hidden})")
+    p.add_argument("--max-epochs", type=int, default=d.max_epochs, help=f"default {d.max_epochs}")
+    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per encoder batch (default 4096)")
+    p.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice, one per core)")
+    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_cli_logging()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tasks = senteval.parse_tasks(args.tasks)
+    if not Path(args.checkpoint).is_file():
+        raise SystemExit(f"error: checkpoint {args.checkpoint} not found")
+    data_dir = Path(args.data_dir) if args.data_dir else senteval.default_dir()
+    if args.download:
+        from diverse_fairseq.data.download import DownloadError
+
+        try:
+            senteval.download(tasks, data_dir)
+        except DownloadError as e:
+            raise SystemExit(f"error: {e}") from None
+    if data_dir.resolve() == senteval.real_dir().resolve():  # the real cache holds SentEval's own files only
+        problems = [senteval.check_sizes(data_dir / t.filename) for t in tasks if (data_dir / t.filename).is_file()]
+        if any(problems):
+            raise SystemExit(f"error: {'; '.join(p for p in problems if p)}. These are stand-ins, not SentEval's "
+                             f"files: delete them from {data_dir} and run again with --download")
+    settings = probing.ProbeSettings(hidden=args.hidden, max_epochs=args.max_epochs, seed=args.seed)
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    payload = probing.probe_checkpoint(args.checkpoint, tasks, data_dir, settings, data=args.data, device=device,
+                                       max_tokens=args.max_tokens)
+    print(probing.to_markdown(payload))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,21 +6,20 @@
 Two tests, both on corpus BLEU:
 
 * **paired bootstrap resampling** (Koehn 2004), computed by sacrebleu's own implementation
-  (``sacrebleu.significance.PairedTest``, the ``--paired-bs`` of its command line): 1000 resamples,
-  a p-value and the 95% confidence interval of each system's BLEU. One correction: when the two
-  systems' BLEU are exactly equal (e.g. identical outputs) the p-value is 1, where sacrebleu's
-  formula gives 1/(samples+1).
-* **sign test** (Collins et al. 2005, used by Li et al. EMNLP 2018): for every sentence, does putting
-  B's translation in place of A's raise (+), lower (−) or keep (=) A's corpus BLEU? Ties are dropped
-  and the two-sided p-value of n+ against n− is the exact binomial one with probability ½.
+  (``sacrebleu.significance.PairedTest``, the ``--paired-bs`` of its command line): 1000 resamples, a p-value and
+  the 95% confidence interval of each system's BLEU. One correction: when the two systems' BLEU are exactly equal
+  (e.g. identical outputs) the p-value is 1, where sacrebleu's formula gives 1/(samples+1).
+* **sign test** (Collins et al. 2005, used by Li et al. EMNLP 2018): for every sentence, does putting B's translation
+  in place of A's raise (+), lower (−) or keep (=) A's corpus BLEU? Ties are dropped and the two-sided p-value of n+
+  against n− is the exact binomial one with probability ½. sacrebleu has no sign test.
 
-Use detokenized outputs with the default ``13a`` tokenization (sacrebleu), or the tokenized,
-compound-split files that ``diverse_fairseq.evaluate`` writes (``hyp.tok.*``/``ref.tok.*``) with
-``--tokenize none`` to test the papers' tokenized BLEU. Marks: ``**`` p < 0.01, ``*`` p < 0.05.
+Use detokenized outputs with the default ``13a`` tokenization (sacrebleu), or the tokenized, compound-split files
+that ``diverse_fairseq.evaluate`` writes (``hyp.tok.*``/``ref.tok.*``) with ``--tokenize none`` to test the papers'
+tokenized BLEU. Marks: ``**`` p < 0.01, ``*`` p < 0.05.
 
-Each system is labelled by its run: a file in an evaluation folder (``results.json`` beside it) by the
-checkpoint's save dir and name (``transformer_seed1/checkpoint_best``), any other file by its name, and files
-whose labels would be equal by their paths relative to their common folder.
+Each system is labelled by its run: a file in an evaluation folder (``results.json`` beside it) by the checkpoint's
+save dir and name (``transformer_seed1/checkpoint_best``), any other file by its name, and files whose labels would
+be equal by their paths relative to their common folder.
 """
 
 import argparse
@@ -52,16 +51,11 @@ def run_label(path) -> str:
     ``transformer_seed1/checkpoint_best``: every system's file there is called ``hyp.detok.<lang>``. Otherwise
     it is the file's name."""
     path = Path(path)
-    results = path.parent / "results.json"
-    if results.is_file():
-        try:
-            checkpoint = json.loads(results.read_text(encoding="utf-8")).get("checkpoint")
-        except (ValueError, AttributeError):
-            checkpoint = None
-        if checkpoint:
-            checkpoint = Path(checkpoint)
-            return f"{checkpoint.parent.name}/{checkpoint.stem}" if checkpoint.parent.name else checkpoint.stem
-    return path.name
+    try:
+        checkpoint = json.loads((path.parent / "results.json").read_text(encoding="utf-8")).get("checkpoint")
+    except (OSError, ValueError, AttributeError):  # no results.json of evaluate's beside the file
+        checkpoint = None
+    return str(Path(Path(checkpoint).parent.name, Path(checkpoint).stem)) if checkpoint else path.name
 
 
 def system_labels(paths: Sequence) -> List[str]:
@@ -100,15 +94,11 @@ def sign_test_p(plus: int, minus: int) -> float:
 def sentence_statistics(metric, hyps: Sequence[str], refs: Sequence[str]):
     """Per-sentence BLEU sufficient statistics as an (N, 2 + 2·max order) array
     ``[hyp length, ref length, matches n=1.., hyp n-grams n=1..]``, from the public fields of
-    ``BLEU.sentence_score`` (``sys_len``, ``ref_len``, ``counts``, ``totals``); summed over sentences they are
-    the corpus statistics that ``corpus_score`` scores."""
+    ``BLEU.sentence_score``; summed over sentences they are the corpus statistics that ``corpus_score`` scores."""
     import numpy as np
 
-    rows = []
-    for hyp, ref in zip(hyps, refs):
-        s = metric.sentence_score(hyp, [ref])
-        rows.append([s.sys_len, s.ref_len, *s.counts, *s.totals])
-    return np.array(rows, dtype=np.float64)
+    scores = [metric.sentence_score(hyp, [ref]) for hyp, ref in zip(hyps, refs)]
+    return np.array([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype=np.float64)
 
 
 def bleu_from_statistics(metric, total) -> float:
@@ -124,28 +114,18 @@ def sign_test(baseline: Sequence[str], system: Sequence[str], refs: Sequence[str
               lowercase: bool = False) -> Dict[str, float]:
     """Collins et al. (2005) sign test: per sentence, the effect on the baseline's corpus BLEU of
     replacing its translation by the system's."""
-    import numpy as np
-
     # effective_order only silences sacrebleu's advice for sentence-level *scores*; the statistics are the same
-    stats_metric = _metric(tokenize, lowercase, effective_order=True)
-    metric = _metric(tokenize, lowercase)
+    stats_metric, metric = _metric(tokenize, lowercase, effective_order=True), _metric(tokenize, lowercase)
     base_stats = sentence_statistics(stats_metric, baseline, refs)
     sys_stats = sentence_statistics(stats_metric, system, refs)
     total = base_stats.sum(0)
     base_bleu = bleu_from_statistics(metric, total)
-    plus = minus = ties = 0
-    for i in range(len(refs)):
-        if np.array_equal(base_stats[i], sys_stats[i]):
-            ties += 1
-            continue
-        swapped = bleu_from_statistics(metric, total - base_stats[i] + sys_stats[i])
-        if swapped > base_bleu + 1e-9:
-            plus += 1
-        elif swapped < base_bleu - 1e-9:
-            minus += 1
-        else:
-            ties += 1
-    return {"better": plus, "worse": minus, "ties": ties, "p_value": sign_test_p(plus, minus)}
+    counts = {"better": 0, "worse": 0, "ties": 0}
+    for base_row, sys_row in zip(base_stats, sys_stats):
+        same = (base_row == sys_row).all()
+        change = 0.0 if same else bleu_from_statistics(metric, total - base_row + sys_row) - base_bleu
+        counts["better" if change > 1e-9 else "worse" if change < -1e-9 else "ties"] += 1
+    return {**counts, "p_value": sign_test_p(counts["better"], counts["worse"])}
 
 
 def paired_bootstrap(baseline: Sequence[str], systems: Dict[str, Sequence[str]], refs: Sequence[str],
@@ -169,17 +149,17 @@ def paired_bootstrap(baseline: Sequence[str], systems: Dict[str, Sequence[str]],
             os.environ.pop("SACREBLEU_SEED", None)
         else:
             os.environ["SACREBLEU_SEED"] = old
-    results = {}
+    base, results = scores["BLEU"][0].score, {}
     for name, res in zip(scores["System"], scores["BLEU"]):
-        p = res.p_value
-        if name != "baseline" and p is not None and res.score == scores["BLEU"][0].score:
-            p = 1.0  # equal BLEU: no evidence of a difference (sacrebleu would report 1/(samples+1))
+        # equal BLEU: no evidence of a difference (sacrebleu would report 1/(samples+1))
+        p = 1.0 if name != "baseline" and res.p_value is not None and res.score == base else res.p_value
         results[name] = {"bleu": res.score, "mean": res.mean, "ci95": res.ci, "p_value": p}
     return str(signatures["BLEU"]), results
 
 
-def mark(p: float) -> str:
-    return "**" if p < 0.01 else "*" if p < 0.05 else ""
+def mark(p: float, single: str = "*", double: str = "**") -> str:
+    """The mark of a p-value: ``double`` below 0.01, ``single`` below 0.05."""
+    return double if p < 0.01 else single if p < 0.05 else ""
 
 
 def compare(ref_path, baseline_path, system_paths, tokenize="13a", lowercase=False, samples=DEFAULT_SAMPLES,

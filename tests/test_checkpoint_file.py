@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import run_cli
 
-from diverse_fairseq.analysis.__main__ import main as analyze
+from diverse_fairseq.analyze import main as analyze
 from diverse_fairseq.evaluate import main as evaluate
 from diverse_fairseq.runs.checkpoint_file import read_checkpoint
 from diverse_fairseq.user_dir import USER_DIR

@@ -6,7 +6,7 @@ import math
 import pytest
 from conftest import job_record
 
-from diverse_fairseq.tables.disagreement_report import disagreement_entry, disagreement_section
+from diverse_fairseq.tables.report import disagreement_entry, disagreement_section
 from diverse_fairseq.tables.spec import load_table
 
 LAYERS = 6

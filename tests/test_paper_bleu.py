@@ -9,7 +9,7 @@ from test_tables import _fake_run, _refs, _table
 from diverse_fairseq.data.text import tokenize
 from diverse_fairseq.evaluate import tokenized_pair
 from diverse_fairseq.runs.dataset_meta import meta_from_dict
-from diverse_fairseq.runs.paper_bleu import atat_split, authors_bleu, iwslt14_bleu, wmt14_bleu, wmt14_tokens
+from diverse_fairseq.runs.paper_bleu import atat_split, authors_bleu, plain_bleu, wmt14_bleu, wmt14_tokens
 from diverse_fairseq.tables import report
 
 REFS = ["the cat sat on the mat .", "we saw a zyzzyva in the garden yesterday .", "it was raining all day long .",
@@ -42,7 +42,7 @@ def _fairseq_generate_bleu(hyps, refs):
 def test_iwslt14_bleu_is_fairseq_generates():
     fairseq_score, targets = _fairseq_generate_bleu(HYPS, REFS)
     assert "<<unk>>" in targets[1]  # what fairseq-generate writes on its T- line
-    ours = iwslt14_bleu(HYPS, targets)
+    ours = plain_bleu(HYPS, targets)
     assert ours.score == pytest.approx(fairseq_score, abs=1e-9) and 20 < ours.score < 80
     # sacrebleu's defaults (13a tokenization, exp smoothing) are not the authors' number on this example
     from sacrebleu.metrics import BLEU

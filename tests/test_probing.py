@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import job_record
 
+from diverse_fairseq import probing as probing_cli
 from diverse_fairseq.analysis import probing
 from diverse_fairseq.data import senteval
 from diverse_fairseq.tables.spec import TableSpecError, load_table, parse_table
@@ -160,11 +161,11 @@ def test_probe_features_reports_test_accuracy_and_chance():
 # ---------------------------------------------------------------------------------------------- errors
 def test_cli_errors_for_a_missing_checkpoint_task_or_task_file(tmp_path, capsys):
     with pytest.raises(SystemExit, match="checkpoint .*nothing.pt not found"):
-        probing.main([str(tmp_path / "nothing.pt"), "--data-dir", str(FIXTURE)])
+        probing_cli.main([str(tmp_path / "nothing.pt"), "--data-dir", str(FIXTURE)])
     ckpt = tmp_path / "model.pt"
     ckpt.write_bytes(b"")
     with pytest.raises(SystemExit, match="unknown probing task"):
-        probing.main([str(ckpt), "--tasks", "Nope", "--data-dir", str(FIXTURE)])
+        probing_cli.main([str(ckpt), "--tasks", "Nope", "--data-dir", str(FIXTURE)])
     with pytest.raises(SystemExit, match="tree_depth.txt not found.*--download"):
         probing.probe_checkpoint(ckpt, senteval.parse_tasks("TreeDepth"), tmp_path)
 
@@ -184,7 +185,7 @@ def test_table_probing_field_is_validated():
 
 
 def test_report_puts_the_papers_accuracy_beside_ours():
-    from diverse_fairseq.tables.probing_report import probing_entry, probing_section
+    from diverse_fairseq.tables.report import probing_entry, probing_section
 
     spec = load_table("naacl19_t1")
     runs = [job_record(probing={"SentLen": {"accuracy": 50.0 + s, "majority": 20.0}}) for s in (0, 2)]

@@ -1,20 +1,16 @@
-"""Head importance by ablation at test time (Michel, Levy, Neubig 2019, "Are Sixteen Heads Really Better
-than One?"; used by An et al., EMNLP 2020, Figure 2 "Distribution of heads by performance drop after
-masking at test time").
+"""Head importance by ablation at test time (Michel, Levy, Neubig 2019, "Are Sixteen Heads Really Better than
+One?"; An et al., EMNLP 2020, Figure 2 "Distribution of heads by performance drop after masking at test time").
 
-Each head h of each attention module is masked in turn, by zeroing its output O_h before the heads are
-combined (``out_proj`` of the concatenation, or a routing aggregator; the head mask of
-:func:`diverse_fairseq.methods.sites.observe`), and the
-validation set is scored again. A head's importance is the resulting **increase** of the teacher-forced
-token NLL (nats per target token; a negative value means the model got better without the head) and,
-optionally, the **drop** of BLEU of beam-search translations. One pass per masked head; for the NLL, the
-layers below the masked one are not recomputed but replayed
-from the unmasked pass (:class:`LayerReplay`; their outputs cannot depend on the mask), which roughly
-halves the cost.
+Each head of each attention module is masked in turn by zeroing its output O_h before the heads are combined
+(the head mask of :func:`diverse_fairseq.methods.sites.observe`), and the set is scored again: a head's
+importance is the **increase** of the teacher-forced token NLL (nats per target token; negative: the model got
+better without it) and, optionally, the **drop** of beam-search BLEU. For the NLL the layers below the masked
+module are replayed from the unmasked pass (:class:`LayerReplay`; they cannot depend on the mask), which
+roughly halves the cost.
 """
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
 
 import torch
@@ -37,8 +33,8 @@ class HeadImportance:
     delta_bleu: Optional[float] = None  # unmasked − masked (positive: the head helps)
 
     def as_dict(self) -> Dict:
-        return {"attention_type": self.attention_type, "layer": self.layer + 1, "head": self.head + 1,
-                "nll": self.nll, "delta_nll": self.delta_nll, "bleu": self.bleu, "delta_bleu": self.delta_bleu}
+        """For ``importance.json``: layer and head numbered from 1."""
+        return {**asdict(self), "layer": self.layer + 1, "head": self.head + 1}
 
 
 @dataclass
@@ -54,22 +50,16 @@ class _Replayed(nn.Module):
 
     def __init__(self, outputs: List):
         super().__init__()
-        self.outputs = outputs
-        self.calls = 0
+        self.outputs = iter(outputs)
 
     def forward(self, *args, **kwargs):
-        out = self.outputs[self.calls]
-        self.calls += 1
-        return out
+        return next(self.outputs)
 
 
 class LayerReplay:
-    """Records the output of every encoder and decoder layer over one pass of ``batches``, then lets later
-    passes replay the layers below a given depth instead of recomputing them.
-
-    Found structurally (``model.encoder.layers``, ``model.decoder.layers``); a replayed layer returns exactly
-    the object the real layer returned (a tensor, or the decoder layer's tuple).
-    """
+    """Records the output of every layer of ``model.encoder.layers`` and ``model.decoder.layers`` over one pass,
+    then lets later passes replay the layers below a given depth: each returns exactly what the real layer
+    returned (a tensor, or the decoder layer's tuple)."""
 
     def __init__(self, model):
         self.stacks = {"encoder": model.encoder.layers, "decoder": model.decoder.layers}
@@ -79,18 +69,14 @@ class LayerReplay:
     def recording(self) -> Iterator[None]:
         for recorded in self.outputs.values():
             recorded.clear()
-        handles = [layer.register_forward_hook(self._hook(name, j))
+        handles = [layer.register_forward_hook(lambda module, inputs, output, key=(name, j):
+                                               self.outputs[key].append(output))
                    for name, layers in self.stacks.items() for j, layer in enumerate(layers)]
         try:
             yield
         finally:
             for handle in handles:
                 handle.remove()
-
-    def _hook(self, name: str, j: int):
-        def hook(module, inputs, output):
-            self.outputs[(name, j)].append(output)
-        return hook
 
     @contextlib.contextmanager
     def replaying(self, below: Dict[str, int]) -> Iterator[None]:
@@ -118,12 +104,8 @@ class LayerReplay:
 @torch.no_grad()
 def mean_nll(model, batches: List[Dict], pad: int) -> float:
     """Teacher-forced NLL (nats per target token) of the references in ``batches``."""
-    total, tokens = 0.0, 0
-    for sample in batches:
-        batch_sum, batch_tokens = batch_nll(model, sample, model(**sample["net_input"]), pad)
-        total += batch_sum
-        tokens += batch_tokens
-    return total / max(tokens, 1)
+    sums = [batch_nll(model, sample, model(**sample["net_input"]), pad) for sample in batches]
+    return sum(nll for nll, _ in sums) / max(sum(tokens for _, tokens in sums), 1)
 
 
 @torch.no_grad()
@@ -134,22 +116,19 @@ def corpus_bleu(model, task, batches: List[Dict], beam: int = 4) -> float:
     from fairseq.sequence_generator import SequenceGenerator
 
     tgt_dict = task.target_dictionary
+    spm = any(sym.startswith("\u2581") for sym in tgt_dict.symbols[tgt_dict.nspecial:tgt_dict.nspecial + 200])
+    bpe = "sentencepiece" if spm else "subword_nmt"
+
+    def detok(tokens) -> str:
+        return " ".join(tgt_dict.string(tokens.int().cpu(), bpe_symbol=bpe).split())
+
     generator = SequenceGenerator([model], tgt_dict, beam_size=beam, max_len_a=1.2, max_len_b=10)
     hyps, refs = [], []
     for sample in batches:
         for i, hypos in enumerate(generator.generate([model], sample)):
-            hyps.append(_detok(tgt_dict, hypos[0]["tokens"]))
-            refs.append(_detok(tgt_dict, sample["target"][i]))
+            hyps.append(detok(hypos[0]["tokens"]))
+            refs.append(detok(sample["target"][i]))
     return float(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score)
-
-
-def _detok(dictionary, tokens) -> str:
-    text = dictionary.string(tokens.int().cpu(), bpe_symbol="sentencepiece" if _uses_spm(dictionary) else "subword_nmt")
-    return " ".join(text.split())
-
-
-def _uses_spm(dictionary) -> bool:
-    return any(sym.startswith("\u2581") for sym in dictionary.symbols[dictionary.nspecial:dictionary.nspecial + 200])
 
 
 @torch.no_grad()
@@ -162,25 +141,21 @@ def head_importance(model, task, sites: Sequence[AttentionSite], batches: List[D
     path where head masks apply, so the differences are due to the mask alone. With ``replay`` the NLL
     passes reuse the unmasked outputs of the layers below the masked module.
     """
-    with observe(sites) as seen:
-        return _head_importance(model, task, sites, batches, pad, seen, bleu_batches, beam, progress, replay)
-
-
-def _head_importance(model, task, sites, batches, pad, seen, bleu_batches, beam, progress, replay) -> Importance:
     layers = LayerReplay(model) if replay else None
-    with layers.recording() if layers is not None else contextlib.nullcontext():
-        result = Importance(base_nll=mean_nll(model, batches, pad))
-    if bleu_batches is not None:
-        result.base_bleu = corpus_bleu(model, task, bleu_batches, beam)
-        result.bleu_sentences = sum(b["target"].size(0) for b in bleu_batches)
-    jobs = [(site, h) for site in sites for h in range(site.num_heads)]
-    for site, head in tqdm(jobs, desc="ablation", unit="head", disable=not progress):
-        seen.mask_head(site, head)
-        with layers.replaying(layers.first_affected(site)) if layers is not None else contextlib.nullcontext():
-            nll = mean_nll(model, batches, pad)
-        entry = HeadImportance(site.attention_type, site.layer, head, nll, nll - result.base_nll)
+    with observe(sites) as seen:
+        with layers.recording() if replay else contextlib.nullcontext():
+            result = Importance(base_nll=mean_nll(model, batches, pad))
         if bleu_batches is not None:
-            entry.bleu = corpus_bleu(model, task, bleu_batches, beam)
-            entry.delta_bleu = result.base_bleu - entry.bleu
-        result.heads.append(entry)
+            result.base_bleu = corpus_bleu(model, task, bleu_batches, beam)
+            result.bleu_sentences = sum(b["target"].size(0) for b in bleu_batches)
+        jobs = [(site, h) for site in sites for h in range(site.num_heads)]
+        for site, head in tqdm(jobs, desc="ablation", unit="head", disable=not progress):
+            seen.mask_head(site, head)
+            with layers.replaying(layers.first_affected(site)) if replay else contextlib.nullcontext():
+                nll = mean_nll(model, batches, pad)
+            entry = HeadImportance(site.attention_type, site.layer, head, nll, nll - result.base_nll)
+            if bleu_batches is not None:
+                entry.bleu = corpus_bleu(model, task, bleu_batches, beam)
+                entry.delta_bleu = result.base_bleu - entry.bleu
+            result.heads.append(entry)
     return result

@@ -1,11 +1,6 @@
-"""Teacher-forced passes over the reference that gather what the report and the pictures need.
-
-One forward of the model on (source, reference shifted right) per batch, with every attention module
-tapped (V, A, O): the disagreement scores of EMNLP 2018 Tables 4–5
-(:class:`~diverse_fairseq.analysis.scores.ScoreAccumulator`), each head's output averaged over all
-non-padding query tokens (the "head representations" of the journal version's Figure 3 t-SNE) and the
-model's token-level NLL.
-"""
+"""Teacher-forced passes over the reference (one forward per batch, every attention module tapped): the
+disagreement scores (:class:`~.scores.ScoreAccumulator`), each head's output averaged over the non-padding query
+tokens (the "head representations" of the journal version's Figure 3 t-SNE), the token NLL, attention maps."""
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -17,11 +12,6 @@ from tqdm import tqdm
 from diverse_fairseq.methods.sites import AttentionSite, observe
 
 from .scores import TOKEN_SIDE, ScoreAccumulator
-
-
-def pad_masks(sample: Dict, pad: int) -> Dict[str, Tensor]:
-    """``{"source": [B, S], "target": [B, T]}``, True at padding (fairseq left-pads sources: any side works)."""
-    return {"source": sample["net_input"]["src_tokens"].eq(pad), "target": sample["target"].eq(pad)}
 
 
 def batch_nll(model, sample: Dict, net_output, pad: int) -> Tuple[float, int]:
@@ -57,15 +47,15 @@ def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int
     for sample in tqdm(batches, desc="scores", unit="batch", disable=not progress, leave=False):
         with observe(sites, {"v", "a", "o"}) as seen:
             net_output = model(**sample["net_input"], features_only=not nll)
-        masks = pad_masks(sample, pad)
+        # True at padding (fairseq left-pads sources: any side works)
+        masks = {"source": sample["net_input"]["src_tokens"].eq(pad), "target": sample["target"].eq(pad)}
         for site in sites:
             key, side = site.key, TOKEN_SIDE[site.attention_type]
             tapped = seen.heads(site)
             scores[key].update(tapped, key_pad=masks[side["sub"]], query_pad=masks[side["out"]])
             o = tapped["o"].double()  # [B, H, T, d]
             keep = (~masks[side["out"]]).to(o.dtype)  # [B, T]
-            summed = torch.einsum("bhtd,bt->hd", o, keep)  # [H, d]
-            out_sums[key] = out_sums[key] + summed if key in out_sums else summed
+            out_sums[key] = out_sums.get(key, 0.0) + torch.einsum("bhtd,bt->hd", o, keep)  # [H, d]
             out_counts[key] = out_counts.get(key, 0) + int(keep.sum())
         if nll:
             nll_sum += batch_nll(model, sample, net_output, pad)[0]
@@ -83,8 +73,3 @@ def attention_maps(model, sites: Sequence[AttentionSite], sample: Dict) -> Dict[
     with observe(sites, {"a"}) as seen:
         model(**sample["net_input"])
     return {s.key: seen.heads(s)["a"][0].float().cpu() for s in sites}
-
-
-def token_labels(dictionary, tokens: Tensor, pad: Optional[int] = None) -> List[str]:
-    """Dictionary symbols of a 1-D token tensor, padding dropped."""
-    return [dictionary[int(t)] for t in tokens.tolist() if pad is None or int(t) != pad]

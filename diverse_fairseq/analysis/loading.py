@@ -1,10 +1,6 @@
-"""Load a fairseq translation checkpoint and a binarized split as a fixed list of collated batches.
-
-Any checkpoint that ``fairseq-generate`` can load works (stock ``transformer`` or ``diverse_transformer``); a
-stock ``transformer`` is rebuilt as the ``diverse_transformer`` with the same weights (same parameter names,
-same outputs), whose attention heads can be observed. Importing :mod:`diverse_fairseq` first registers the
-project's models and allowlists the classes fairseq pickles into checkpoints for torch's ``weights_only`` loader.
-"""
+"""Load a fairseq translation checkpoint (stock ``transformer`` or ``diverse_transformer``) and a binarized split
+as a fixed list of collated batches. A stock ``transformer`` is rebuilt as the ``diverse_transformer`` with the
+same weights (same parameter names, same outputs), whose attention heads can be observed."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +21,8 @@ from ..runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_d
 class LoadedModel:
     model: torch.nn.Module
     task: object
-    cfg: object
-    checkpoint: Path
+    arch: str
     data: Path
-
-    @property
-    def arch(self) -> str:
-        return str(getattr(self.cfg.model, "arch", None) or getattr(self.cfg.model, "_name", "?"))
 
 
 def load_checkpoint(checkpoint: str, data: Optional[str] = None, device: str = "cpu") -> LoadedModel:
@@ -51,7 +42,8 @@ def load_checkpoint(checkpoint: str, data: Optional[str] = None, device: str = "
         overwrite_args_by_name(state["cfg"], {"data": str(data_dir)})
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], state=state)
     model = as_diverse(models[0], cfg, task).to(device).eval()
-    return LoadedModel(model=model, task=task, cfg=cfg, checkpoint=path, data=data_dir)
+    arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", "?")
+    return LoadedModel(model=model, task=task, arch=str(arch), data=data_dir)
 
 
 def as_diverse(model: torch.nn.Module, cfg, task) -> torch.nn.Module:
@@ -73,7 +65,7 @@ def as_diverse(model: torch.nn.Module, cfg, task) -> torch.nn.Module:
 
 
 def load_batches(task, subset: str, max_sentences: Optional[int], max_tokens: int = 4096,
-                 batch_size: Optional[int] = None, device: str = "cpu") -> List[Dict]:
+                 device: str = "cpu") -> List[Dict]:
     """The first ``max_sentences`` sentences of ``subset`` (file order; all if None), collated into batches
     of similar length (at most ``max_tokens`` tokens), moved to ``device``. Deterministic."""
     task.load_dataset(subset, combine=False, epoch=1)
@@ -84,29 +76,24 @@ def load_batches(task, subset: str, max_sentences: Optional[int], max_tokens: in
     indices = np.arange(count, dtype=np.int64)
     sizes = np.array([dataset.num_tokens(int(i)) for i in indices])
     indices = indices[np.argsort(sizes, kind="stable")]
-    chunks = data_utils.batch_by_size(indices, dataset.num_tokens, max_tokens=max_tokens, max_sentences=batch_size)
-    batches = []
-    for chunk in chunks:
-        sample = dataset.collater([dataset[int(i)] for i in chunk])
-        batches.append(utils.move_to_cuda(sample) if device == "cuda" else sample)
-    return batches
+    chunks = data_utils.batch_by_size(indices, dataset.num_tokens, max_tokens=max_tokens)
+    return [_collate(dataset, chunk, device) for chunk in chunks]
 
 
-def load_sentence(task, subset: str, index: int, device: str = "cpu") -> Dict:
-    """One sentence of ``subset`` (by its index in the split) as a batch of one."""
-    dataset = task.dataset(subset)
-    if not 0 <= index < len(dataset):
-        raise SystemExit(f"error: --sentence-id {index} out of range (subset {subset!r} has {len(dataset)} sentences)")
-    sample = dataset.collater([dataset[index]])
+def _collate(dataset, indices, device: str) -> Dict:
+    sample = dataset.collater([dataset[int(i)] for i in indices])
     return utils.move_to_cuda(sample) if device == "cuda" else sample
 
 
-def pick_sentence(task, subset: str, limit: int, min_len: int = 5, max_len: int = 20) -> int:
-    """A legible default for the heatmaps: the first of the first ``limit`` sentences whose source and
-    target lengths (with </s>) are both within [min_len, max_len]; sentence 0 if there is none."""
+def heatmap_sentence(task, subset: str, index: Optional[int], limit: Optional[int], device: str = "cpu"):
+    """``(index, batch of one)``: sentence ``index`` of ``subset`` (``--sentence-id``), by default a legible one,
+    the first of the first ``limit`` sentences (all if None) whose source and target lengths (with </s>) are
+    both within [5, 20], else sentence 0."""
     dataset = task.dataset(subset)
-    for i in range(min(limit, len(dataset))):
-        src, tgt = dataset.src_sizes[i], dataset.tgt_sizes[i] if dataset.tgt_sizes is not None else 0
-        if min_len <= src <= max_len and min_len <= tgt <= max_len:
-            return i
-    return 0
+    if index is None:
+        tgt_sizes = dataset.tgt_sizes if dataset.tgt_sizes is not None else np.zeros(len(dataset))
+        index = next((i for i in range(min(limit or len(dataset), len(dataset)))
+                      if 5 <= dataset.src_sizes[i] <= 20 and 5 <= tgt_sizes[i] <= 20), 0)
+    if not 0 <= index < len(dataset):
+        raise SystemExit(f"error: --sentence-id {index} out of range (subset {subset!r} has {len(dataset)} sentences)")
+    return index, _collate(dataset, [index], device)

@@ -1,13 +1,6 @@
-"""The whole analysis of one checkpoint (and the side-by-side view of several), writing files to a directory.
-
-Per checkpoint, into its output directory:
-``scores.md``, ``scores.json`` (EMNLP 2018 Tables 4–5), ``importance.json`` (head ablation), and the PNGs
-``attention_<type>.png`` (heatmaps of every head for one sentence), ``tsne.png`` (journal Figure 3),
-``layer_scores.png`` (scores per layer), ``importance_hist.png`` (EMNLP 2020 Figure 2) and
-``importance_grid.png``. For several checkpoints also, in the common directory: ``compare.md``,
-``compare.json``, ``tsne.png`` (the heads of all models in one projection, as journal Figure 3),
-``layer_scores.png`` and ``importance_hist.png`` with one colour per model.
-"""
+"""The whole analysis of one checkpoint (scores, head importance, pictures) written to a directory, the
+side-by-side view of several (``compare.md``, joint pictures), and the scores alone for the table runner. The
+files are listed in docs/analysis.md#head-diversity-analysis."""
 
 import json
 import logging
@@ -20,12 +13,12 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from diverse_fairseq.methods.sites import ATTENTION_TYPES, attention_sites
+from diverse_fairseq.methods.sites import ATTENTION_TYPES, TOKEN_SIDES, attention_sites
 
 from . import plots
 from .ablation import head_importance
-from .collect import attention_maps, collect, token_labels
-from .loading import load_batches, load_checkpoint, load_sentence, pick_sentence
+from .collect import attention_maps, collect
+from .loading import heatmap_sentence, load_batches, load_checkpoint
 from .report import comparison_markdown, importance_payload, scores_markdown, scores_payload
 from .scores import SCALE, check_heads
 
@@ -58,20 +51,19 @@ class Analysis:
 
 
 def _write_json(path: Path, payload) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
 def _prepare(checkpoint: str, opts: Options, label: Optional[str]):
-    """The loaded model, its batches of ``opts.subset``, its attention sites and the report's metadata."""
+    """Seeds everything; the loaded model, its batches of ``opts.subset``, its attention sites (two heads or more)
+    and the report's metadata."""
+    random.seed(opts.seed)
+    np.random.seed(opts.seed)
+    torch.manual_seed(opts.seed)
     loaded = load_checkpoint(checkpoint, opts.data, opts.device)
     batches = load_batches(loaded.task, opts.subset, opts.max_sentences, opts.max_tokens, device=opts.device)
     sites = attention_sites(loaded.model)
+    check_heads(min(int(s.module.num_heads) for s in sites), str(checkpoint))  # before the forward passes
     label = label or Path(checkpoint).parent.name
     meta = {"label": label, "checkpoint": str(checkpoint), "arch": loaded.arch, "data": str(loaded.data),
             "subset": opts.subset, "max_sentences": opts.max_sentences, "seed": opts.seed}
@@ -86,9 +78,7 @@ def score_checkpoint(checkpoint: str, opts: Options, label: Optional[str] = None
     ``payload["nll"]`` is None); ``payload["seconds"]`` is the time taken, loading included.
     """
     start = time.time()
-    _seed_everything(opts.seed)
     loaded, batches, sites, meta = _prepare(checkpoint, opts, label)
-    check_heads(min(int(s.module.num_heads) for s in sites), str(checkpoint))  # before the forward passes
     collected = collect(loaded.model, sites, batches, loaded.task.target_dictionary.pad(), progress=opts.progress,
                         nll=False)
     scores = scores_payload(collected, sites, {**meta, "max_tokens": opts.max_tokens})
@@ -99,7 +89,6 @@ def score_checkpoint(checkpoint: str, opts: Options, label: Optional[str] = None
 def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optional[str] = None) -> Analysis:
     """Scores, head importance and pictures of one checkpoint, written to ``out``."""
     start = time.time()
-    _seed_everything(opts.seed)
     out = Path(out)
     loaded, batches, sites, meta = _prepare(checkpoint, opts, label)
     out.mkdir(parents=True, exist_ok=True)  # after loading: a bad checkpoint leaves no empty folder
@@ -107,25 +96,18 @@ def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optiona
     pad = task.target_dictionary.pad()
 
     collected = collect(model, sites, batches, pad, progress=opts.progress)
-    sentence_id = opts.sentence_id if opts.sentence_id is not None else pick_sentence(
-        task, opts.subset, opts.max_sentences or len(task.dataset(opts.subset)))
-    sentence = load_sentence(task, opts.subset, sentence_id, opts.device)
+    sentence_id, sentence = heatmap_sentence(task, opts.subset, opts.sentence_id, opts.max_sentences, opts.device)
     maps = attention_maps(model, sites, sentence)
-    importance = None
+    imp = None
     if opts.ablation:
-        bleu_batches = None
-        if opts.ablation_bleu:
-            bleu_batches = load_batches(task, opts.subset, opts.bleu_sentences, opts.max_tokens, device=opts.device)
-        importance = head_importance(model, task, sites, batches, pad, bleu_batches=bleu_batches,
-                                     beam=opts.beam, progress=opts.progress)
-
-    scores = scores_payload(collected, sites, {**meta, "heatmap_sentence": sentence_id})
-    imp = importance_payload(importance, meta) if importance is not None else None
-    _write_json(out / "scores.json", scores)
-    if imp is not None:
+        bleu_batches = (load_batches(task, opts.subset, opts.bleu_sentences, opts.max_tokens, device=opts.device)
+                        if opts.ablation_bleu else None)
+        imp = importance_payload(head_importance(model, task, sites, batches, pad, bleu_batches=bleu_batches,
+                                                 beam=opts.beam, progress=opts.progress), meta)
         _write_json(out / "importance.json", imp)
+    scores = scores_payload(collected, sites, {**meta, "heatmap_sentence": sentence_id})
+    _write_json(out / "scores.json", scores)
     (out / "scores.md").write_text(scores_markdown(scores, imp))
-
     _plot_one(out, label, scores, imp, collected.head_means, maps, sentence, sentence_id, task, pad, opts.seed)
     scores["seconds"] = round(time.time() - start, 1)
     _write_json(out / "scores.json", scores)
@@ -133,71 +115,68 @@ def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optiona
     return Analysis(label, out, scores, imp, collected.head_means)
 
 
+def _head_mean(head_means: Dict, atype: str) -> Optional[np.ndarray]:
+    """``[H, d]``: the heads' mean outputs of one attention type averaged over its layers (journal Fig. 3)."""
+    layers = [m for (t, _), m in sorted(head_means.items()) if t == atype]
+    return torch.stack(layers).mean(0).numpy() if layers else None
+
+
+def _heads(matrix: np.ndarray):
+    """A t-SNE group: the points ``[H, d]`` and their names h1 ... hH."""
+    return matrix, [f"h{h + 1}" for h in range(matrix.shape[0])]
+
+
 def _plot_one(out: Path, label: str, scores: Dict, imp: Optional[Dict], head_means: Dict, maps: Dict,
               sentence: Dict, sentence_id: int, task, pad: int, seed: int) -> None:
-    src = token_labels(task.source_dictionary, sentence["net_input"]["src_tokens"][0], pad)
-    dec = token_labels(task.target_dictionary, sentence["net_input"]["prev_output_tokens"][0], pad)
-    sides = {"enc_self": (src, src), "dec_self": (dec, dec), "enc_dec": (dec, src)}
+    net_input = sentence["net_input"]  # the heatmaps' axes: the sentence's symbols, padding dropped
+    tokens = {"source": [task.source_dictionary[t] for t in net_input["src_tokens"][0].tolist() if t != pad],
+              "target": [task.target_dictionary[t] for t in net_input["prev_output_tokens"][0].tolist() if t != pad]}
+    panels = {}
     for atype in ATTENTION_TYPES:
         per_layer = {layer: m.numpy() for (t, layer), m in maps.items() if t == atype}
         if per_layer:
-            rows, cols = sides[atype]
             note = "; decoder positions show the decoder input" if atype != "enc_self" else ""
             plots.plot_attention_heatmaps(
-                per_layer, rows, cols,
+                per_layer, *(tokens[side] for side in TOKEN_SIDES[atype]),
                 f"{label}: {plots.TYPE_TITLES[atype]}, sentence {sentence_id} (rows: queries, columns: keys{note})",
                 out / f"attention_{atype}.png")
-
-    panels = {}
-    for atype in ATTENTION_TYPES:
         layers = sorted(layer for (t, layer) in head_means if t == atype)
-        if not layers:
-            continue
-        groups = {f"layer {layer + 1}": (head_means[(atype, layer)].numpy(),
-                                         [f"h{h + 1}" for h in range(head_means[(atype, layer)].shape[0])])
-                  for layer in layers}
-        mean = torch.stack([head_means[(atype, layer)] for layer in layers]).mean(0).numpy()
-        groups["mean over layers"] = (mean, [f"h{h + 1}" for h in range(mean.shape[0])])
-        panels[atype] = groups
+        if layers:
+            panels[atype] = {**{f"layer {layer + 1}": _heads(head_means[(atype, layer)].numpy()) for layer in layers},
+                             "mean over layers": _heads(_head_mean(head_means, atype))}
     plots.plot_tsne(panels, out / "tsne.png", seed,
                     f"{label}: t-SNE of the heads' mean outputs (journal Fig. 3; seed {seed})")
     plots.plot_layer_scores({label: scores["by_layer"]}, out / "layer_scores.png",
                             f"{label}: disagreement exp(D) per layer (EMNLP 2018 Table 5); {SCALE}")
-    if imp is not None:
-        by_type = {}
-        for h in imp["heads"]:
-            by_type.setdefault(h["attention_type"], []).append(h["delta_nll"])
-        plots.plot_importance_histogram(by_type, out / "importance_hist.png",
-                                        f"{label}: heads by NLL increase when masked (EMNLP 2020 Fig. 2)")
-        grids = {}
-        for atype in by_type:
-            entries = [h for h in imp["heads"] if h["attention_type"] == atype]
-            grid = np.zeros((max(h["layer"] for h in entries), max(h["head"] for h in entries)))
-            for h in entries:
-                grid[h["layer"] - 1, h["head"] - 1] = h["delta_nll"]
-            grids[atype] = grid
-        plots.plot_importance_grid(grids, out / "importance_grid.png", f"{label}: Δ NLL when one head is masked")
+    if imp is None:
+        return
+    by_type: Dict[str, List[Dict]] = {}
+    for h in imp["heads"]:
+        by_type.setdefault(h["attention_type"], []).append(h)
+    plots.plot_importance_histogram({t: [h["delta_nll"] for h in heads] for t, heads in by_type.items()},
+                                    out / "importance_hist.png",
+                                    f"{label}: heads by NLL increase when masked (EMNLP 2020 Fig. 2)")
+    grids = {}
+    for atype, heads in by_type.items():
+        grids[atype] = np.zeros((max(h["layer"] for h in heads), max(h["head"] for h in heads)))
+        for h in heads:
+            grids[atype][h["layer"] - 1, h["head"] - 1] = h["delta_nll"]
+    plots.plot_importance_grid(grids, out / "importance_grid.png", f"{label}: Δ NLL when one head is masked")
 
 
 def compare(analyses: Sequence[Analysis], out: Path, seed: int) -> None:
     """Side-by-side report and joint pictures of several analysed checkpoints."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    payloads = {a.label: a.scores for a in analyses}
-    importances = {a.label: a.importance for a in analyses}
-    (out / "compare.md").write_text(comparison_markdown(payloads, importances))
+    (out / "compare.md").write_text(comparison_markdown({a.label: a.scores for a in analyses},
+                                                        {a.label: a.importance for a in analyses}))
     _write_json(out / "compare.json", {"models": {a.label: {"scores": str(a.out / "scores.json"),
                                                             "by_type": a.scores["by_type"]} for a in analyses}})
     panels = {}
     for atype in ATTENTION_TYPES:
-        groups = {}
-        for a in analyses:
-            layers = sorted(layer for (t, layer) in a.head_means if t == atype)
-            if layers:
-                mean = torch.stack([a.head_means[(atype, layer)] for layer in layers]).mean(0).numpy()  # [H, d]
-                groups[a.label] = (mean, [f"h{h + 1}" for h in range(mean.shape[0])])
-        if len(groups) == len(analyses) and len({g[0].shape[1] for g in groups.values()}) == 1:
-            panels[atype] = groups
+        means = {a.label: _head_mean(a.head_means, atype) for a in analyses}
+        if all(m is not None for m in means.values()) and len({m.shape[1] for m in means.values()}) == 1:
+            panels[atype] = {label: _heads(m) for label, m in means.items()}
     if panels:
         plots.plot_tsne(panels, out / "tsne.png", seed,
                         f"t-SNE of the heads' outputs averaged over words and layers (journal Fig. 3; seed {seed})")

@@ -1,22 +1,12 @@
-"""PNG pictures of head diversity (matplotlib's Agg canvas, no display; deterministic for a given seed).
-
-* :func:`plot_attention_heatmaps`: every head's attention matrix for one sentence, a grid of layers × heads
-  per attention type (what "attending to different positions" looks like; EMNLP 2018 §5.5).
-* :func:`plot_tsne`: t-SNE (scikit-learn, ``random_state=seed``, PCA initialisation) of the heads' average
-  output representations, as in the journal version's Figure 3 ("we average the representations over all
-  the words and all the layers, obtaining 8 representation vectors for the 8 attention heads").
-* :func:`plot_layer_scores`: the disagreement scores per layer (EMNLP 2018 Table 5 as curves, all three
-  measures and all attention types, on the paper's scale: exp(−mean over all H² head pairs, self-pairs
-  included)), one line per model.
-* :func:`plot_importance_histogram` / :func:`plot_importance_grid`: the distribution of NLL increases when one
-  head is masked (EMNLP 2020 Figure 2), and the same numbers per layer × head.
-"""
+"""PNG pictures of head diversity (matplotlib's Agg canvas, no display; deterministic for a given seed): attention
+heatmaps (EMNLP 2018 §5.5), t-SNE of the heads (journal Figure 3), scores per layer (EMNLP 2018 Table 5 as
+curves), and the NLL increase when one head is masked (EMNLP 2020 Figure 2). Colours follow matplotlib's cycle
+(``C0``, ``C1``, ...), so a model keeps its colour in every panel."""
 
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .scores import SCORE_NAMES
@@ -28,12 +18,11 @@ DPI = 100
 
 
 def _figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")  # savefig picks the Agg canvas
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _save(fig: Figure, title: str, path: Path) -> Path:
+    fig.suptitle(title, fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=DPI)
@@ -61,15 +50,11 @@ def plot_attention_heatmaps(maps: Mapping[int, np.ndarray], query_labels: Sequen
                       interpolation="nearest")  # colour scale per head: 0 .. its largest probability
             ax.set_title(f"layer {layer + 1}, head {h + 1} (max {probs.max():.2f})", fontsize=8)
             if show_labels:
-                ax.set_xticks(range(src_len))
-                ax.set_xticklabels(key_labels, rotation=90, fontsize=6)
-                ax.set_yticks(range(tgt_len))
-                ax.set_yticklabels(query_labels if h == 0 else [], fontsize=6)
+                ax.set_xticks(range(src_len), key_labels, rotation=90, fontsize=6)
+                ax.set_yticks(range(tgt_len), query_labels if h == 0 else [""] * tgt_len, fontsize=6)
             else:
-                ax.set_xticks([])
-                ax.set_yticks([])
-    fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+                ax.set(xticks=[], yticks=[])
+    return _save(fig, title, path)
 
 
 def _tsne(points: np.ndarray, seed: int) -> np.ndarray:
@@ -91,25 +76,17 @@ def plot_tsne(panels: Mapping[str, Mapping[str, Tuple[np.ndarray, List[str]]]], 
     are projected jointly and coloured by group, each point annotated with its name."""
     fig = _figure(5.0 * len(panels), 4.8)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    cmap = _colors()
     for ax, (panel, groups) in zip(axes, panels.items()):
-        labels = list(groups)
-        stacked = np.concatenate([groups[g][0] for g in labels], axis=0)
-        coords = _tsne(stacked, seed)
-        start = 0
-        for gi, group in enumerate(labels):
-            pts, names = groups[group]
-            xy = coords[start:start + len(pts)]
-            start += len(pts)
-            ax.scatter(xy[:, 0], xy[:, 1], color=cmap[gi % len(cmap)], label=group, s=40)
-            for (x, y), name in zip(xy, names):
+        sizes = [len(pts) for pts, _ in groups.values()]
+        coords = _tsne(np.concatenate([pts for pts, _ in groups.values()], axis=0), seed)
+        for gi, (group, xy) in enumerate(zip(groups, np.split(coords, np.cumsum(sizes)[:-1]))):
+            ax.scatter(xy[:, 0], xy[:, 1], color=f"C{gi}", label=group, s=40)
+            for (x, y), name in zip(xy, groups[group][1]):
                 ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set_title(TYPE_TITLES.get(panel, panel), fontsize=10)
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set(xticks=[], yticks=[])
         ax.legend(fontsize=7, loc="best")
-    fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return _save(fig, title, path)
 
 
 def plot_layer_scores(by_model: Mapping[str, Mapping[str, Sequence[Mapping[str, Optional[float]]]]],
@@ -121,7 +98,6 @@ def plot_layer_scores(by_model: Mapping[str, Mapping[str, Sequence[Mapping[str, 
     types = [t for t in TYPE_TITLES if any(t in m for m in by_model.values())]
     fig = _figure(4.2 * len(SCORE_NAMES), 3.0 * len(types))
     axes = fig.subplots(len(types), len(SCORE_NAMES), squeeze=False)
-    cmap = _colors()
     for r, atype in enumerate(types):
         for c, score in enumerate(SCORE_NAMES):
             ax = axes[r][c]
@@ -129,13 +105,11 @@ def plot_layer_scores(by_model: Mapping[str, Mapping[str, Sequence[Mapping[str, 
             heads = set()
             for mi, (label, per_type) in enumerate(by_model.items()):
                 layers = per_type.get(atype, [])
-                ys = [entry.get(score) for entry in layers]
                 heads.update(entry["heads"] for entry in layers if entry.get("heads"))
-                xs = [i + 1 for i, y in enumerate(ys) if y is not None]
-                ys = [y for y in ys if y is not None]
-                if ys:
-                    ax.plot(xs, ys, marker="o", color=cmap[mi % len(cmap)], label=label)
-                    seen += ys
+                points = [(i + 1, entry[score]) for i, entry in enumerate(layers) if entry.get(score) is not None]
+                if points:
+                    ax.plot(*zip(*points), marker="o", color=f"C{mi}", label=label)
+                    seen += [y for _, y in points]
             if score == "pos":  # in (0, 1]
                 ax.set_yscale("log")
                 positive = [y for y in seen if y > 0]
@@ -154,12 +128,10 @@ def plot_layer_scores(by_model: Mapping[str, Mapping[str, Sequence[Mapping[str, 
             if r == 0 and c == 0:
                 ax.legend(fontsize=7)
             ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return _save(fig, title, path)
 
 
-def plot_importance_histogram(by_model: Mapping[str, Sequence[float]], path: Path, title: str,
-                              xlabel: str = "NLL increase when the head is masked (nats/token)") -> Path:
+def plot_importance_histogram(by_model: Mapping[str, Sequence[float]], path: Path, title: str) -> Path:
     """Histogram of per-head ablation effects, one (overlaid) distribution per model or attention type."""
     fig = _figure(6.4, 4.0)
     ax = fig.subplots()
@@ -168,17 +140,15 @@ def plot_importance_histogram(by_model: Mapping[str, Sequence[float]], path: Pat
     if hi - lo < 1e-12:
         lo, hi = lo - 0.5, hi + 0.5
     bins = np.linspace(lo, hi, 21)
-    cmap = _colors()
     for i, (label, vals) in enumerate(by_model.items()):
-        ax.hist(np.asarray(vals, dtype=float), bins=bins, alpha=0.6, color=cmap[i % len(cmap)], label=label,
+        ax.hist(np.asarray(vals, dtype=float), bins=bins, alpha=0.6, color=f"C{i}", label=label,
                 edgecolor="black", linewidth=0.4)
     ax.axvline(0.0, color="black", linestyle="--", linewidth=0.8)
-    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_xlabel("NLL increase when the head is masked (nats/token)", fontsize=9)
     ax.set_ylabel("number of heads", fontsize=9)
     ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _save(fig, title, path)
 
 
 def plot_importance_grid(grids: Mapping[str, np.ndarray], path: Path, title: str) -> Path:
@@ -186,21 +156,13 @@ def plot_importance_grid(grids: Mapping[str, np.ndarray], path: Path, title: str
     fig = _figure(3.6 * len(grids) + 1.0, 3.4)
     axes = fig.subplots(1, len(grids), squeeze=False)[0]
     bound = max(float(np.abs(g).max()) for g in grids.values()) or 1.0
-    image = None
     for ax, (atype, grid) in zip(axes, grids.items()):
         image = ax.imshow(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto", interpolation="nearest")
         ax.set_title(TYPE_TITLES.get(atype, atype), fontsize=9)
-        ax.set_xticks(range(grid.shape[1]))
-        ax.set_xticklabels([str(h + 1) for h in range(grid.shape[1])], fontsize=7)
-        ax.set_yticks(range(grid.shape[0]))
-        ax.set_yticklabels([str(layer + 1) for layer in range(grid.shape[0])], fontsize=7)
+        ax.set_xticks(range(grid.shape[1]), [str(h + 1) for h in range(grid.shape[1])], fontsize=7)
+        ax.set_yticks(range(grid.shape[0]), [str(layer + 1) for layer in range(grid.shape[0])], fontsize=7)
         ax.set_xlabel("head", fontsize=8)
         ax.set_ylabel("layer", fontsize=8)
     fig.colorbar(image, ax=list(axes), shrink=0.8, label="Δ NLL (nats/token)")
-    fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return _save(fig, title, path)
 
-
-def _colors() -> List[str]:
-    return ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
-            "tab:gray", "tab:olive", "tab:cyan"]

@@ -16,11 +16,7 @@ the top encoding layer", with an MLP. Here the encoder is a trained translation 
 ``python -m diverse_fairseq.probing CHECKPOINT [--tasks SentLen,WC,...] [--data-dir DIR] [--download]``.
 """
 
-import argparse
 import copy
-import hashlib
-import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +26,7 @@ import torch
 from torch import nn
 
 from ..data import senteval
+from ..data.verify import hash_file
 
 
 @dataclass
@@ -46,7 +43,6 @@ class ProbeSettings:
     seed: int = 1
 
 
-# ---------------------------------------------------------------------------------------------- text
 def source_segmenter(data_dir: Path, log=print) -> Callable[[str], str]:
     """A function that turns a SentEval sentence into the model's source segmentation, from ``prepare.json``.
 
@@ -67,20 +63,18 @@ def source_segmenter(data_dir: Path, log=print) -> Callable[[str], str]:
     model = Path(data_dir) / meta.bpe_models[src]
     if not model.is_file():
         raise SystemExit(f"error: the segmentation model {model} named in {meta_path} is missing")
-    kind, moses, lower, dash = meta.bpe, meta.moses_tokenized, meta.lowercase, meta.aggressive_dash
 
     def prepare(sentence: str) -> str:
         text = detokenize(sentence, src)  # SentEval's text is Moses-tokenized; start from plain text
-        if moses:
-            text = tokenize(text, src, aggressive_dash=dash, lowercase=lower)
-        elif lower:
+        if meta.moses_tokenized:
+            text = tokenize(text, src, aggressive_dash=meta.aggressive_dash, lowercase=meta.lowercase)
+        elif meta.lowercase:
             text = text.lower()
-        return segment(kind, model, text)
+        return segment(meta.bpe, model, text)
 
     return prepare
 
 
-# ---------------------------------------------------------------------------------------------- features
 def encode(dictionary, sentences: Sequence[str], max_positions: Optional[int] = None) -> List[torch.Tensor]:
     """Token ids of segmented sentences (+ ``</s>``), cut to ``max_positions`` (``</s>`` kept)."""
     out = []
@@ -126,15 +120,6 @@ def sentence_features(model, tokens: Sequence[torch.Tensor], pad: int, eos: int,
     return features if features is not None else torch.empty(0, 0)
 
 
-# ---------------------------------------------------------------------------------------------- classifier
-def build_classifier(dim: int, classes: int, settings: ProbeSettings) -> nn.Module:
-    """SentEval's MLP (linear, dropout, sigmoid, linear), or a linear layer when ``hidden`` is 0."""
-    if settings.hidden <= 0:
-        return nn.Linear(dim, classes)
-    return nn.Sequential(nn.Linear(dim, settings.hidden), nn.Dropout(settings.dropout), nn.Sigmoid(),
-                         nn.Linear(settings.hidden, classes))
-
-
 @torch.no_grad()
 def accuracy(classifier: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 4096) -> float:
     """Percentage of ``x`` classified as ``y``."""
@@ -145,14 +130,17 @@ def accuracy(classifier: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int
 
 def train_classifier(x_train: torch.Tensor, y_train: torch.Tensor, x_valid: torch.Tensor, y_valid: torch.Tensor,
                      classes: int, settings: ProbeSettings):
-    """Train on (x_train, y_train), keep the epoch with the best validation accuracy.
+    """Train SentEval's MLP (linear, dropout, sigmoid, linear; a linear layer when ``hidden`` is 0) on (x_train,
+    y_train), keep the epoch with the best validation accuracy.
 
     Returns ``(classifier, best validation accuracy, best epoch, epochs run)``. Runs on the CPU under its own
     random state (``settings.seed``: initialisation, shuffling, dropout), leaving the global one untouched."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         generator = torch.Generator().manual_seed(settings.seed)
-        classifier = build_classifier(x_train.size(1), classes, settings)
+        dim, hidden = x_train.size(1), settings.hidden
+        classifier = nn.Linear(dim, classes) if hidden <= 0 else nn.Sequential(
+            nn.Linear(dim, hidden), nn.Dropout(settings.dropout), nn.Sigmoid(), nn.Linear(hidden, classes))
         optimizer = torch.optim.Adam(classifier.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
         loss_fn = nn.CrossEntropyLoss()
         best, best_epoch, best_state, epoch = -1.0, 0, None, 0
@@ -188,22 +176,13 @@ def probe_features(features: Dict[str, torch.Tensor], labels: Dict[str, List[str
             "sizes": {s: len(labels[s]) for s in senteval.SPLITS}, "best_epoch": best_epoch, "epochs": epochs}
 
 
-# ---------------------------------------------------------------------------------------------- a checkpoint
-def file_digest(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def cache_key(checkpoint, tasks: Sequence[senteval.Task], data_dir, settings: ProbeSettings) -> Dict:
     """What a stored probing result must match to be reused: the checkpoint's name, the task files' digests,
     the classifier settings and the package version."""
     from .. import __version__
 
     return {"checkpoint": Path(checkpoint).name, "settings": asdict(settings), "version": __version__,
-            "tasks": {t.name: file_digest(Path(data_dir) / t.filename) for t in tasks}}
+            "tasks": {t.name: hash_file(Path(data_dir) / t.filename, ["sha256"])["sha256"] for t in tasks}}
 
 
 def probe_checkpoint(checkpoint, tasks: Sequence[senteval.Task], data_dir, settings: ProbeSettings = ProbeSettings(),
@@ -248,66 +227,3 @@ def to_markdown(payload: Dict) -> str:
         lines.append(f"| {name} | {r['accuracy']:.2f} | {r['valid_accuracy']:.2f} | {r['majority']:.2f} | "
                      f"{r['classes']} | {n['tr']:,} / {n['va']:,} / {n['te']:,} | {r['unknown_tokens']:.1f}% |")
     return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------- command line
-def build_parser() -> argparse.ArgumentParser:
-    d = ProbeSettings()
-    p = argparse.ArgumentParser(prog="python -m diverse_fairseq.probing", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", metavar="CHECKPOINT", help="a fairseq translation checkpoint (English source)")
-    p.add_argument("--tasks", default="all", help="comma-separated: " + ",".join(t.name for t in senteval.TASKS)
-                   + " (default: all)")
-    p.add_argument("--data-dir", help="folder with SentEval's task files (default $PROBING_DATA or "
-                   "work/senteval_probing)")
-    p.add_argument("--download", action="store_true", help="fetch missing task files from SentEval "
-                   "(or $DIVERSE_FAIRSEQ_MIRROR) into --data-dir")
-    p.add_argument("--data", help="the model's binarized data directory (default: the one stored in the checkpoint)")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"classifier seed (default {d.seed})")
-    p.add_argument("--hidden", type=int, default=d.hidden, help=f"MLP hidden units, 0 = logistic regression "
-                   f"(default {d.hidden})")
-    p.add_argument("--max-epochs", type=int, default=d.max_epochs, help=f"default {d.max_epochs}")
-    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per encoder batch (default 4096)")
-    p.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice, one per core)")
-    p.add_argument("--out", help="write the results as JSON here")
-    p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from ..runs.cli_logging import setup_cli_logging
-
-    setup_cli_logging()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    tasks = senteval.parse_tasks(args.tasks)
-    if not Path(args.checkpoint).is_file():
-        raise SystemExit(f"error: checkpoint {args.checkpoint} not found")
-    data_dir = Path(args.data_dir) if args.data_dir else senteval.default_dir()
-    if args.download:
-        from ..data.download import DownloadError
-
-        try:
-            senteval.download(tasks, data_dir)
-        except DownloadError as e:
-            raise SystemExit(f"error: {e}") from None
-    if data_dir.resolve() == senteval.real_dir().resolve():  # the real cache holds SentEval's own files only
-        problems = [senteval.check_sizes(data_dir / t.filename) for t in tasks if (data_dir / t.filename).is_file()]
-        if any(problems):
-            raise SystemExit(f"error: {'; '.join(p for p in problems if p)}. These are stand-ins, not SentEval's "
-                             f"files: delete them from {data_dir} and run again with --download")
-    settings = ProbeSettings(hidden=args.hidden, max_epochs=args.max_epochs, seed=args.seed)
-    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
-    payload = probe_checkpoint(args.checkpoint, tasks, data_dir, settings, data=args.data, device=device,
-                               max_tokens=args.max_tokens)
-    print(to_markdown(payload))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
-        print(f"wrote {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

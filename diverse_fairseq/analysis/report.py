@@ -1,11 +1,9 @@
 """Markdown and JSON reports of the head-diversity analysis.
 
-``scores.json`` / the first tables of ``scores.md``: the disagreement scores exp(D) of EMNLP 2018 Table 4
-(per attention type) and Table 5 (per layer; the paper shows positions of the encoder, we give all three
-measures for all three attention types), on the paper's scale (:data:`~.scores.SCALE`), with the
-off-diagonal mean cosine of sub/out as a second, separately labelled figure (``offdiag_cos``).
-``importance.json`` and the last table of ``scores.md``: the NLL increase (and optionally BLEU drop) when
-each head is masked (Michel et al. 2019; EMNLP 2020 Figure 2).
+``scores.json`` and ``scores.md``: the disagreement scores exp(D) of EMNLP 2018 Table 4 (per attention type) and
+Table 5 (per layer; the paper shows the encoder's positions, we give all three measures of all three types), on
+the paper's scale (:mod:`.scores`); ``importance.json`` and the last table of ``scores.md``: the effect of
+masking each head (Michel et al. 2019; EMNLP 2020 Figure 2).
 """
 
 import statistics
@@ -91,57 +89,38 @@ def fmt(value: Optional[float], digits: int = 3) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-OFFDIAG_HEADER = [f"mean cos i≠j ({n.capitalize()}.)" for n in COSINE_NAMES]
+def _type_table(first: str, rows: Mapping[str, Mapping]) -> List[str]:
+    """EMNLP 2018 Table 4 layout: a row per attention type (or model) of its ``by_type`` entry, Sub./Pos./Out.,
+    then the off-diagonal mean cosines."""
+    header = [first, "Sub.", "Pos.", "Out.", *(f"mean cos i≠j ({n.capitalize()}.)" for n in COSINE_NAMES)]
+    return _table(header, [[name, *(fmt(s.get(n)) for n in SCORE_NAMES),
+                            *(fmt((s.get("offdiag_cos") or {}).get(n)) for n in COSINE_NAMES)]
+                           for name, s in rows.items()])
 
 
-def _offdiag_cells(by_type: Mapping) -> List[str]:
-    return [fmt((by_type.get("offdiag_cos") or {}).get(n)) for n in COSINE_NAMES]
-
-
-def type_table(payload: Mapping) -> List[str]:
-    """EMNLP 2018 Table 4 layout: attention types × Sub./Pos./Out., then the off-diagonal mean cosines."""
-    rows = [[t, *(fmt(payload["by_type"][t][s]) for s in SCORE_NAMES), *_offdiag_cells(payload["by_type"][t])]
-            for t in payload["by_type"]]
-    return _table(["attention", "Sub.", "Pos.", "Out.", *OFFDIAG_HEADER], rows)
-
-
-def layer_tables(payload: Mapping) -> List[str]:
-    """EMNLP 2018 Table 5 layout, for each measure: attention types × layers."""
-    lines: List[str] = []
-    depth = max(len(v) for v in payload["by_layer"].values())
-    for score in SCORE_NAMES:
-        lines += ["", f"**{score}** per layer", ""]
-        rows = []
-        for atype, entries in payload["by_layer"].items():
-            values = {e["layer"]: e[score] for e in entries}
-            rows.append([atype, *(fmt(values.get(layer)) for layer in range(1, depth + 1))])
-        lines += _table(["attention", *(str(layer) for layer in range(1, depth + 1))], rows)
-    return lines
+def _layer_table(first: str, rows: Mapping[str, Sequence[Mapping]], score: str) -> List[str]:
+    """EMNLP 2018 Table 5 layout for one measure: a row per attention type (or model) of its ``by_layer``
+    entries, a column per layer."""
+    layers = range(1, max(len(entries) for entries in rows.values()) + 1)
+    body = []
+    for name, entries in rows.items():
+        values = {e["layer"]: e[score] for e in entries}
+        body.append([name, *(fmt(values.get(layer)) for layer in layers)])
+    return _table([first, *map(str, layers)], body)
 
 
 def importance_table(imp: Mapping) -> List[str]:
-    """Δ NLL per head: rows attention type × layer, columns heads."""
+    """Δ NLL (and BLEU drop) per head: rows attention type × layer, columns heads."""
     heads: Dict[tuple, Dict[int, Dict]] = {}
     for h in imp["heads"]:
         heads.setdefault((h["attention_type"], h["layer"]), {})[h["head"]] = h
     width = max(len(v) for v in heads.values())
-    with_bleu = imp.get("base_bleu") is not None
-    rows = []
-    for (atype, layer), by_head in heads.items():
-        cells = []
-        for hi in range(1, width + 1):
-            h = by_head.get(hi)
-            if h is None:
-                cells.append("")
-            elif with_bleu:
-                cells.append(f"{h['delta_nll']:+.4f} / {h['delta_bleu']:+.2f}")
-            else:
-                cells.append(f"{h['delta_nll']:+.4f}")
-        rows.append([f"{atype} {layer}", *cells])
+    cell = "{delta_nll:+.4f} / {delta_bleu:+.2f}" if imp.get("base_bleu") is not None else "{delta_nll:+.4f}"
+    rows = [[f"{atype} {layer}", *(cell.format(**by_head[i]) if i in by_head else "" for i in range(1, width + 1))]
+            for (atype, layer), by_head in heads.items()]
     return _table(["attention, layer", *(f"head {i}" for i in range(1, width + 1))], rows)
 
 
@@ -158,15 +137,15 @@ def scores_markdown(payload: Mapping, importance: Optional[Mapping] = None) -> s
         f"Scale: {SCALE}, as in the paper (orthogonal heads: exp(-1/H)). The last two columns are a "
         "different figure, the mean cosine over distinct head pairs (1 = identical heads, 0 = orthogonal).",
         "",
-        *type_table(payload),
+        *_type_table("attention", payload["by_type"]),
         "",
         f"Paper for comparison: {PAPER_REFERENCE}.",
         "",
         "## Per layer (EMNLP 2018 Table 5 layout)",
-        *layer_tables(payload),
-        "",
-        f"Definition: {payload['definition']}",
     ]
+    for score in SCORE_NAMES:
+        lines += ["", f"**{score}** per layer", "", *_layer_table("attention", payload["by_layer"], score)]
+    lines += ["", f"Definition: {payload['definition']}"]
     if importance is not None:
         s = importance["summary"]
         bleu = ""
@@ -195,27 +174,21 @@ def comparison_markdown(payloads: Mapping[str, Mapping], importances: Mapping[st
     types = [t for t in ATTENTION_TYPES if any(t in p["by_type"] for p in payloads.values())]
     for atype in types:
         lines += ["", f"## {atype}: disagreement scores exp(D) (EMNLP 2018 Table 4 layout)", "",
-                  f"Scale: {SCALE}; last two columns: mean cosine over distinct head pairs.", ""]
-        rows = [[label, *(fmt(p["by_type"].get(atype, {}).get(s)) for s in SCORE_NAMES),
-                 *_offdiag_cells(p["by_type"].get(atype, {}))] for label, p in payloads.items()]
-        lines += _table(["model", "Sub.", "Pos.", "Out.", *OFFDIAG_HEADER], rows)
-        depth = max(len(p["by_layer"].get(atype, [])) for p in payloads.values())
+                  f"Scale: {SCALE}; last two columns: mean cosine over distinct head pairs.", "",
+                  *_type_table("model", {label: p["by_type"].get(atype, {}) for label, p in payloads.items()})]
         for score in SCORE_NAMES:
-            lines += ["", f"{atype}, **{score}** per layer (EMNLP 2018 Table 5 layout)", ""]
-            rows = []
-            for label, p in payloads.items():
-                values = {e["layer"]: e[score] for e in p["by_layer"].get(atype, [])}
-                rows.append([label, *(fmt(values.get(layer)) for layer in range(1, depth + 1))])
-            lines += _table(["model", *(str(layer) for layer in range(1, depth + 1))], rows)
+            lines += ["", f"{atype}, **{score}** per layer (EMNLP 2018 Table 5 layout)", "",
+                      *_layer_table("model", {label: p["by_layer"].get(atype, []) for label, p in payloads.items()},
+                                    score)]
     if any(i is not None for i in importances.values()):
         lines += ["", "## Head importance (Δ NLL when one head is masked)", ""]
         rows = []
         for label, imp in importances.items():
-            if imp is None:
-                continue
-            s = imp["summary"]
-            rows.append([label, fmt(imp["base_nll"], 4), fmt(s["mean_delta_nll"], 4), fmt(s["max_delta_nll"], 4),
-                         fmt(s["min_delta_nll"], 4), f"{s['heads_improving_when_masked']}/{s['heads']}"])
+            if imp is not None:
+                s = imp["summary"]
+                rows.append([label, *(fmt(v, 4) for v in (imp["base_nll"], s["mean_delta_nll"], s["max_delta_nll"],
+                                                          s["min_delta_nll"])),
+                             f"{s['heads_improving_when_masked']}/{s['heads']}"])
         lines += _table(["model", "NLL", "mean Δ", "max Δ", "min Δ", "heads better masked"], rows)
     lines += ["", f"Definition: {next(iter(payloads.values()))['definition']}"]
     return "\n".join(lines) + "\n"

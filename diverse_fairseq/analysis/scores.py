@@ -1,47 +1,28 @@
 """Disagreement scores as reported in EMNLP 2018 Tables 4–5, on the paper's scale.
 
-Li, Tu, Yang, Lyu, Zhang. *Multi-Head Attention with Disagreement Regularization*. EMNLP 2018, §5.5: the
-paper lists ``exp(D)`` ("larger value denotes more disagreement (at most 1.0)") of the three disagreement
-measures of §3.2 (Eq. 1–3), on the paper's own scale: the mean over **all H² head pairs, each head with
-itself included**, exactly the similarities that training minimises
-(:mod:`diverse_fairseq.methods.disagreement.similarity`):
+Li, Tu, Yang, Lyu, Zhang. *Multi-Head Attention with Disagreement Regularization*. EMNLP 2018, §5.5 lists
+``exp(D)`` ("larger value denotes more disagreement (at most 1.0)") of the measures of §3.2, Eqs. 1–3, as the
+mean over **all H² head pairs, self-pairs included**: exactly the similarities that training minimises, from
+the same O(H) per-token sums (:func:`~diverse_fairseq.methods.disagreement.similarity.token_cosine_sums`,
+:func:`~diverse_fairseq.methods.disagreement.similarity.token_overlap_sums`), here in fp64 (statistics, not
+training terms), over the same tokens (:func:`diverse_fairseq.methods.sites.token_side`):
 
-* sub / out: per token ``exp(−(1/H²) Σ_i Σ_j cos(x_i, x_j))``, the exponent averaged over tokens. Identical
-  heads give e^−1 ≈ 0.368, mutually orthogonal heads exp(−1/H) (0.882 at H = 8, the paper's baseline, 0.779
-  at H = 4), and 1.0, the maximum, only when the unit head vectors cancel (``Σ_i x_i/‖x_i‖ = 0``);
-* pos: per sentence ``exp(−(1/H²) Σ_i Σ_j Σ_{t,s} A_i[t,s] A_j[t,s])`` (summed over the sentence's query
-  tokens t and key tokens s), then the mean over sentences. Because it sums over t it reaches the paper's
-  0.007 for a baseline whose heads attend alike.
+* sub (Eq. 1, V) / out (Eq. 3, O): per token ``exp(−(1/H²) Σ_i Σ_j cos(x_i, x_j))``, the exponent averaged over
+  the non-padding tokens (keys for sub, queries for out); a zero vector has cosine 0 with every head, itself too;
+* pos (Eq. 2, A): per sentence ``exp(−(1/H²) Σ_i Σ_j Σ_{t,s} A_i[t,s] A_j[t,s])`` summed over its non-padding
+  queries t, then the mean over sentences (hence the paper's 0.007 for a baseline whose heads attend alike).
 
-For nonzero vectors the all-pairs mean is ``1/H + (H−1)/H · c`` with ``c = mean_{i≠j} cos`` the
-**off-diagonal** mean cosine, which reports give as a second, separately labelled figure
-(:func:`offdiag_cosine`, key ``offdiag_cos``: 1 = identical heads, 0 = orthogonal, −1/(H−1) = cancelling).
-A zero vector (norm below the floor) counts as cosine 0 with every head, itself included.
-
-Which tokens (as in training, :mod:`diverse_fairseq.methods.disagreement.similarity`): a cosine term averages over
-the tokens it is defined on, the non-padding keys for ``sub`` (V is [B,H,S,d]) and the non-padding queries for
-``out`` (O is [B,H,T,d]); ``pos`` sums over the non-padding queries (rows of A; padded keys carry zero
-probability). Hence **source tokens** for encoder self-attention (all three terms) and for ``sub`` of
-encoder-decoder attention, **target tokens** for decoder self-attention (all three) and for ``pos``/``out`` of
-encoder-decoder attention.
-
-Per attention type (EMNLP 2018 Table 4 reports "encoder-side" scores) the layers are combined as training
-combines them, by the mean over layers of the similarity: ``exp(−mean_l sim_l)``, i.e. the
-geometric mean of the per-layer scores. This reproduces the paper's Table 4 from its Table 5 (baseline
-positions: geometric mean of 0.040 0.009 0.002 0.003 0.008 0.006 = 0.007, the Table 4 value; the
-arithmetic mean would be 0.011).
-
-The per-token sums are training's own (:func:`~diverse_fairseq.methods.disagreement.similarity.token_cosine_sums`,
-``Σ_i Σ_j cos = ‖Σ_i u_i‖²`` with u_i unit vectors, and
-:func:`~diverse_fairseq.methods.disagreement.similarity.token_overlap_sums`, ``Σ_i Σ_j Σ_s A_i A_j = Σ_s (Σ_i A_i)²``),
-O(H), here computed in fp64 (these are statistics, not training terms); so is the token-side rule
-(:func:`diverse_fairseq.methods.sites.token_side`).
-The landmarks of the scale and its relation to the off-diagonal one: docs/methods.md#disagreement-scores.
+The off-diagonal mean cosine ``mean_{i≠j} cos`` is a second, separately labelled figure (``offdiag_cos``). Per
+attention type the layers are combined as training combines them, ``exp(−mean_l sim_l)``: the geometric mean
+of the layer scores, which turns the paper's Table 5 into its Table 4 (baseline positions 0.040 0.009 0.002
+0.003 0.008 0.006 -> 0.007; the arithmetic mean would be 0.011). The scale's landmarks (e^−1 identical heads,
+exp(−1/H) orthogonal, 1 cancelling): docs/methods.md#disagreement-scores.
 """
 
 import math
+import statistics
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -74,62 +55,37 @@ def _check(x: Tensor, name: str) -> None:
     assert x.size(1) >= 2, f"{name}: disagreement needs at least 2 heads, got H = {x.size(1)}"
 
 
-def _cosine_sums(x: Tensor, eps: float = NORM_EPS) -> Tuple[Tensor, Tensor]:
-    """Per token ``Σ_i Σ_j cos(x_i, x_j)`` (all H² pairs, training's sum) and its diagonal ``Σ_i cos(x_i, x_i)``,
-    both [B, N] fp64.
-
-    The diagonal is H, less one per zero vector (a vector below the norm floor has cosine 0 with everything).
-    """
-    xf = x.double()
+def _pair_cosines(x: Tensor, name: str, eps: float = NORM_EPS) -> Tuple[Tensor, Tensor]:
+    """Per token of ``x`` [B, H, N, d]: the mean cosine over all H² head pairs and over the H(H−1) distinct ones,
+    both [B, N] fp64. The diagonal ``Σ_i cos(x_i, x_i) = Σ_i ‖u_i‖²`` is H less one per zero vector."""
+    _check(x, name)
+    num_heads, xf = x.size(1), x.double()
     all_pairs = token_cosine_sums(xf, eps)  # [B, N] = ‖Σ_i u_i‖²
     norm = torch.linalg.vector_norm(xf, dim=-1)  # [B, H, N]
-    diagonal = (norm / norm.clamp_min(eps)).pow(2).sum(dim=1)  # [B, N]: cos(x_i, x_i) = ‖u_i‖²
-    return all_pairs, diagonal
+    diagonal = (norm / norm.clamp_min(eps)).pow(2).sum(dim=1)  # [B, N]
+    return all_pairs / num_heads ** 2, (all_pairs - diagonal) / (num_heads * (num_heads - 1))
 
 
 def mean_pair_cosine(x: Tensor, eps: float = NORM_EPS) -> Tensor:
-    """Per-token mean cosine over all H² head pairs (self-pairs included): ``(1/H²) Σ_i Σ_j cos(x_i, x_j)``.
-
-    Args:
-        x: ``[B, H, N, d]`` per-head vectors (projected values V or head outputs O).
-        eps: floor on the norms; a zero vector has cosine 0 with every head (never NaN).
-    Returns:
-        ``[B, N]`` fp64 in [0, 1]: 1 for identical heads, 1/H for orthogonal ones, 0 when they cancel.
-    """
-    _check(x, "mean_pair_cosine")
-    return _cosine_sums(x, eps)[0] / x.size(1) ** 2
+    """``(1/H²) Σ_i Σ_j cos(x_i, x_j)`` per token of x ``[B, H, N, d]`` (V or O): ``[B, N]`` fp64 in [0, 1]
+    (1 identical heads, 1/H orthogonal, 0 cancelling)."""
+    return _pair_cosines(x, "mean_pair_cosine", eps)[0]
 
 
 def offdiag_cosine(x: Tensor, eps: float = NORM_EPS) -> Tensor:
-    """Per-token mean cosine over distinct head pairs: ``mean_{i≠j} cos(x_i[b,n], x_j[b,n])``.
-
-    Args:
-        x: ``[B, H, N, d]`` per-head vectors (projected values V or head outputs O).
-        eps: floor on the norms; a zero vector has cosine 0 with every head (never NaN).
-    Returns:
-        ``[B, N]`` fp64 in [−1/(H−1), 1]: 1 for identical heads, 0 for orthogonal ones.
-    """
-    _check(x, "offdiag_cosine")
-    num_heads = x.size(1)
-    all_pairs, diagonal = _cosine_sums(x, eps)
-    return (all_pairs - diagonal) / (num_heads * (num_heads - 1))
+    """``mean_{i≠j} cos(x_i, x_j)`` per token of x ``[B, H, N, d]``: ``[B, N]`` fp64 in [−1/(H−1), 1]
+    (1 identical heads, 0 orthogonal)."""
+    return _pair_cosines(x, "offdiag_cosine", eps)[1]
 
 
 def sentence_position_overlap(a: Tensor, query_pad_mask: Optional[Tensor] = None) -> Tensor:
-    """Per-sentence ``(1/H²) Σ_i Σ_j Σ_{t,s} A_i[b,t,s] A_j[b,t,s]`` over the non-padding queries t.
-
-    Args:
-        a: attention probabilities ``[B, H, T, S]``.
-        query_pad_mask: optional ``[B, T]``, True at padding queries (their rows are left out).
-    Returns:
-        ``[B]`` fp64; the sentence's position score is ``exp(−value)``.
-    """
+    """``(1/H²) Σ_i Σ_j Σ_{t,s} A_i[b,t,s] A_j[b,t,s]`` per sentence of a ``[B, H, T, S]`` over its non-padding
+    queries t (``query_pad_mask`` [B, T], True at padding): ``[B]`` fp64, the position score being exp(−value)."""
     _check(a, "sentence_position_overlap")
-    num_heads = a.size(1)
-    per_query = token_overlap_sums(a, torch.float64) / (num_heads * num_heads)  # [B, T]
+    per_query = token_overlap_sums(a, torch.float64) / a.size(1) ** 2  # [B, T]
     if query_pad_mask is not None:
         per_query = per_query.masked_fill(query_pad_mask.to(torch.bool), 0.0)
-    return per_query.sum(dim=-1)  # [B]
+    return per_query.sum(dim=-1)
 
 
 def _keep(pad_mask: Optional[Tensor], x: Tensor) -> Tensor:
@@ -142,13 +98,12 @@ def _keep(pad_mask: Optional[Tensor], x: Tensor) -> Tensor:
 
 
 def subspace_score(v: Tensor, pad_mask: Optional[Tensor] = None) -> float:
-    """EMNLP 2018 Table 4 "Sub.": ``exp(−mean over tokens of (1/H²) Σ_i Σ_j cos(V_i, V_j))``; v ``[B,H,S,d]``."""
+    """EMNLP 2018 Table 4 "Sub." of V ``[B,H,S,d]`` (and "Out." of O ``[B,H,T,d]``): ``exp(−token mean of
+    (1/H²) Σ_i Σ_j cos)`` over the tokens that ``pad_mask`` leaves."""
     return math.exp(-float(mean_pair_cosine(v)[_keep(pad_mask, v)].mean()))
 
 
-def output_score(o: Tensor, pad_mask: Optional[Tensor] = None) -> float:
-    """EMNLP 2018 Table 4 "Out.": ``exp(−mean over tokens of (1/H²) Σ_i Σ_j cos(O_i, O_j))``; o ``[B,H,T,d]``."""
-    return math.exp(-float(mean_pair_cosine(o)[_keep(pad_mask, o)].mean()))
+output_score = subspace_score  # Eqs. 1 and 3 are the same measure, of V and of O
 
 
 def position_score(a: Tensor, query_pad_mask: Optional[Tensor] = None) -> float:
@@ -156,30 +111,21 @@ def position_score(a: Tensor, query_pad_mask: Optional[Tensor] = None) -> float:
     return float(torch.exp(-sentence_position_overlap(a, query_pad_mask)).mean())
 
 
-def _zeros() -> Dict[str, float]:
-    return {k: 0.0 for k in SCORE_NAMES}
-
-
 @dataclass
 class ScoreAccumulator:
-    """Running sums of one attention module's three scores over batches (fp64 scalars).
+    """Running fp64 sums of one attention module's scores over batches: ``update`` takes its tapped tensors
+    ``{"v": [B,H,S,d], "a": [B,H,T,S], "o": [B,H,T,d]}`` and the padding masks of its keys and queries."""
 
-    ``update`` takes the module's tapped tensors ``{"v": [B,H,S,d], "a": [B,H,T,S], "o": [B,H,T,d]}`` and the
-    padding masks of its keys and queries; ``similarities``/``scores``/``offdiag`` give the per-layer values.
-    """
-
-    sums: Dict[str, float] = field(default_factory=_zeros)  # Σ over tokens (sentences for pos) of the similarity
-    offdiag_sums: Dict[str, float] = field(default_factory=_zeros)  # Σ over tokens of mean_{i≠j} cos
-    counts: Dict[str, int] = field(default_factory=lambda: {k: 0 for k in SCORE_NAMES})
+    sums: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(SCORE_NAMES, 0.0))  # Σ of the similarity
+    offdiag_sums: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(COSINE_NAMES, 0.0))
+    counts: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(SCORE_NAMES, 0))  # tokens (pos: sentences)
     pos_score_sum: float = 0.0  # Σ over sentences of exp(−overlap)
 
     def _add_cosines(self, name: str, x: Tensor, pad: Tensor) -> None:
-        _check(x, name)
-        keep = _keep(pad, x)  # [B, N]
-        num_heads = x.size(1)
-        all_pairs, diagonal = _cosine_sums(x)  # [B, N] each
-        self.sums[name] += float(all_pairs[keep].sum()) / num_heads ** 2
-        self.offdiag_sums[name] += float((all_pairs - diagonal)[keep].sum()) / (num_heads * (num_heads - 1))
+        keep = _keep(pad, x)
+        all_pairs, offdiag = _pair_cosines(x, name)
+        self.sums[name] += float(all_pairs[keep].sum())
+        self.offdiag_sums[name] += float(offdiag[keep].sum())
         self.counts[name] += int(keep.sum())
 
     def update(self, tapped: Dict[str, Tensor], key_pad: Tensor, query_pad: Tensor) -> None:
@@ -193,43 +139,36 @@ class ScoreAccumulator:
             self.pos_score_sum += float(torch.exp(-overlap).sum())
             self.counts["pos"] += overlap.numel()
 
+    def _means(self, sums: Dict[str, float], names: Iterable[str]) -> Dict[str, Optional[float]]:
+        return {k: sums[k] / self.counts[k] if self.counts[k] else None for k in names}
+
     def similarities(self) -> Dict[str, Optional[float]]:
-        """Mean all-pairs cosine (sub, out; self-pairs included) and mean per-sentence overlap (pos)."""
-        return {k: (self.sums[k] / self.counts[k] if self.counts[k] else None) for k in SCORE_NAMES}
+        """Mean all-pairs cosine (sub, out) and mean per-sentence overlap (pos)."""
+        return self._means(self.sums, SCORE_NAMES)
 
     def offdiag(self) -> Dict[str, Optional[float]]:
-        """The second figure: mean over tokens of the off-diagonal mean cosine ``mean_{i≠j} cos`` (sub, out)."""
-        return {k: (self.offdiag_sums[k] / self.counts[k] if self.counts[k] else None) for k in COSINE_NAMES}
+        """The second figure: the token mean of ``mean_{i≠j} cos`` (sub, out)."""
+        return self._means(self.offdiag_sums, COSINE_NAMES)
 
     def scores(self) -> Dict[str, Optional[float]]:
         """The reported exp(−·) scores: sub/out of the token mean, pos as the mean of per-sentence scores."""
-        sims = self.similarities()
-        return {
-            "sub": math.exp(-sims["sub"]) if sims["sub"] is not None else None,
-            "pos": self.pos_score_sum / self.counts["pos"] if self.counts["pos"] else None,
-            "out": math.exp(-sims["out"]) if sims["out"] is not None else None,
-        }
+        scores = {k: None if s is None else math.exp(-s) for k, s in self.similarities().items()}
+        scores["pos"] = self.pos_score_sum / self.counts["pos"] if self.counts["pos"] else None
+        return scores
 
 
 def combine_layers(layer_scores: Iterable[Dict]) -> Dict:
-    """Per attention type: the geometric mean of the per-layer scores, ``exp(mean_l log score_l)``.
-
-    For sub/out this is exactly ``exp(−mean over layers of the similarity)`` (the layer mean of training). Where the
-    layers carry ``offdiag_cos`` (``{"sub": c, "out": c}``), the result carries its mean over layers too.
-    """
+    """Per attention type: the geometric mean of the per-layer scores, ``exp(mean_l log score_l)`` (for sub/out
+    exactly ``exp(−mean over layers of the similarity)``), and the layer mean of ``offdiag_cos`` where every
+    layer carries it."""
     layer_scores = list(layer_scores)
     combined: Dict = {}
     for name in SCORE_NAMES:
-        values: List[float] = [s[name] for s in layer_scores if s.get(name) is not None]
-        if not values:
-            combined[name] = None
-        elif any(v <= 0.0 for v in values):
-            combined[name] = 0.0
-        else:
-            combined[name] = math.exp(sum(math.log(v) for v in values) / len(values))
+        values = [s[name] for s in layer_scores if s.get(name) is not None]
+        combined[name] = None if not values else 0.0 if min(values) <= 0.0 else statistics.geometric_mean(values)
     if layer_scores and all("offdiag_cos" in s for s in layer_scores):
         combined["offdiag_cos"] = {}
         for name in COSINE_NAMES:
             values = [s["offdiag_cos"][name] for s in layer_scores if s["offdiag_cos"].get(name) is not None]
-            combined["offdiag_cos"][name] = sum(values) / len(values) if values else None
+            combined["offdiag_cos"][name] = statistics.fmean(values) if values else None
     return combined

@@ -1,21 +1,22 @@
 """Extract downloaded archives (tar, tar.gz, split tar.gz parts, zip) safely and verifiably.
 
-Extraction reads the whole compressed stream, so a truncated or corrupt archive is detected (gzip
-CRC/length check, tar header checksums, zip CRCs) and reported with what to do. Members are written
-into a temporary directory that is renamed into place only when everything succeeded, and an archive
-found corrupt is renamed to ``NAME.corrupt`` so that the next run downloads it again.
-Only regular files and directories are extracted; absolute paths and ``..`` are refused.
+Extraction reads the whole compressed stream, so a truncated or corrupt archive is detected (gzip CRC/length
+check, tar header checksums, zip CRCs) and reported with what to do. Members are written into a temporary
+directory that is renamed into place only when everything succeeded, and an archive found corrupt is renamed to
+``NAME.corrupt`` so that the next run downloads it again. Only regular files are extracted (directories are made
+for them); absolute paths and ``..`` are refused. (``shutil.unpack_archive`` reads no split archive and cannot
+select the members a recipe reads.)
 """
 
+import contextlib
 import gzip
-import io
 import os
 import shutil
 import tarfile
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import Callable, Optional, Sequence
+from typing import IO, Callable, Iterator, Optional, Sequence, Tuple
 
 CHUNK = 1 << 20
 
@@ -24,57 +25,50 @@ class CorruptArchiveError(RuntimeError):
     """An archive could not be read to its end."""
 
 
-class _ConcatReader(io.RawIOBase):
-    """A read-only stream over several files one after the other (``cat part.00 part.01 ...``)."""
+class _ConcatReader:
+    """A read-only stream over several files one after the other (``cat part.00 part.01 ...``); a read returns
+    bytes of one file at a time, as a raw stream may (tarfile and gzip read until they have enough)."""
 
     def __init__(self, paths: Sequence[Path]):
-        self._paths = list(paths)
-        self._current = None
+        self._files = [open(p, "rb") for p in paths]
 
-    def readable(self):
-        return True
-
-    def readinto(self, buffer):
-        while True:
-            if self._current is None:
-                if not self._paths:
-                    return 0
-                self._current = open(self._paths.pop(0), "rb")
-            n = self._current.readinto(buffer)
-            if n:
-                return n
-            self._current.close()
-            self._current = None
+    def read(self, size: int = -1) -> bytes:
+        while self._files:
+            data = self._files[0].read(size)
+            if data:
+                return data
+            self._files.pop(0).close()
+        return b""
 
     def close(self):
-        if self._current is not None:
-            self._current.close()
-        super().close()
+        for f in self._files:
+            f.close()
 
 
-def _safe_member_path(name: str) -> Optional[PurePosixPath]:
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts:
-        return None
-    return path
+def _tar_members(parts: Sequence[Path]) -> Iterator[Tuple[str, IO[bytes]]]:
+    """(name, content) of the regular files of the tar (or tar.gz) archive made of ``parts``, in order."""
+    with open(parts[0], "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    with contextlib.closing(_ConcatReader(parts)) as raw, \
+            (gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else contextlib.nullcontext(raw)) as stream:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                if member.isfile():
+                    yield member.name, tar.extractfile(member)
+        while stream.read(CHUNK):  # read to the very end so that gzip checks its CRC and length trailer
+            pass
 
 
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
-def _mark_corrupt(parts: Sequence[Path], error: Exception, log) -> CorruptArchiveError:
-    names = ", ".join(p.name for p in parts)
-    for p in parts:
-        if p.exists():
-            os.replace(p, p.with_name(p.name + ".corrupt"))
-    log(f"  {names}: corrupt ({error})")
-    return CorruptArchiveError(
-        f"archive {names} is corrupt or truncated ({type(error).__name__}: {error}). It was renamed to "
-        f"*.corrupt; run the command again to download it anew. If it came from a mirror (--mirror / "
-        f"$DIVERSE_FAIRSEQ_MIRROR) or was put there by hand, replace that copy first."
-    )
+def _zip_members(path: Path) -> Iterator[Tuple[str, IO[bytes]]]:
+    """(name, content) of the files of the zip archive ``path``, after checking every member's CRC."""
+    with zipfile.ZipFile(path) as zf:
+        bad = zf.testzip()
+        if bad is not None:
+            raise zipfile.BadZipFile(f"CRC error in member {bad}")
+        for info in zf.infolist():
+            if not info.is_dir():
+                with zf.open(info) as content:
+                    yield info.filename, content
 
 
 def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], bool]] = None, log=print,
@@ -92,74 +86,41 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     written = 0
-    try:
-        if zipfile.is_zipfile(parts[0]) and len(parts) == 1:
-            written = _extract_zip(parts[0], tmp, wanted)
-        else:
-            written = _extract_tar(parts, tmp, wanted)
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zipfile.BadZipFile, OSError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and e.errno is not None:
-            raise  # a real I/O problem (disk full, permissions), not a corrupt archive
-        raise _mark_corrupt(parts, e, log) from e
-    if written == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CorruptArchiveError(
-            f"archive {parts[0].name} contains none of the expected files; is it the right file? "
-            f"Delete it and run the command again."
-        )
-    if check is not None:
+    try:  # whatever goes wrong leaves no .extracting folder behind
         try:
+            members = _zip_members(parts[0]) if len(parts) == 1 and zipfile.is_zipfile(parts[0]) else \
+                _tar_members(parts)
+            with contextlib.closing(members):
+                for name, content in members:
+                    path = PurePosixPath(name)
+                    if path.is_absolute() or ".." in path.parts or (wanted is not None and not wanted(name)):
+                        continue
+                    target = tmp.joinpath(*path.parts)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with open(target, "wb") as out:
+                        shutil.copyfileobj(content, out, CHUNK)
+                    written += 1
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zipfile.BadZipFile, OSError) as e:
+            if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and e.errno is not None:
+                raise  # a real I/O problem (disk full, permissions), not a corrupt archive
+            names = ", ".join(p.name for p in parts)
+            for p in parts:
+                if p.exists():
+                    os.replace(p, p.with_name(p.name + ".corrupt"))
+            log(f"  {names}: corrupt ({e})")
+            raise CorruptArchiveError(
+                f"archive {names} is corrupt or truncated ({type(e).__name__}: {e}). It was renamed to *.corrupt; "
+                f"run the command again to download it anew. If it came from a mirror (--mirror / "
+                f"$DIVERSE_FAIRSEQ_MIRROR) or was put there by hand, replace that copy first.") from e
+        if written == 0:
+            raise CorruptArchiveError(f"archive {parts[0].name} contains none of the expected files; is it the "
+                                      f"right file? Delete it and run the command again.")
+        if check is not None:
             check(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)
     return dest
-
-
-def _extract_tar(parts, tmp: Path, wanted) -> int:
-    raw = io.BufferedReader(_ConcatReader(parts), buffer_size=CHUNK)
-    stream = gzip.GzipFile(fileobj=raw, mode="rb") if _is_gzip(parts[0]) else raw
-    written = 0
-    try:
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
-            for member in tar:
-                path = _safe_member_path(member.name)
-                if path is None or not (member.isfile() or member.isdir()):
-                    continue
-                if member.isdir() or (wanted is not None and not wanted(member.name)):
-                    continue
-                target = tmp.joinpath(*path.parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                source = tar.extractfile(member)
-                with open(target, "wb") as out:
-                    shutil.copyfileobj(source, out, CHUNK)
-                written += 1
-        # read to the very end so that gzip checks its CRC and length trailer
-        while stream.read(CHUNK):
-            pass
-    finally:
-        stream.close()
-        raw.close()
-    return written
-
-
-def _extract_zip(path: Path, tmp: Path, wanted) -> int:
-    written = 0
-    with zipfile.ZipFile(path) as zf:
-        bad = zf.testzip()
-        if bad is not None:
-            raise zipfile.BadZipFile(f"CRC error in member {bad}")
-        for info in zf.infolist():
-            member_path = _safe_member_path(info.filename)
-            if member_path is None or info.is_dir() or (wanted is not None and not wanted(info.filename)):
-                continue
-            target = tmp.joinpath(*member_path.parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as source, open(target, "wb") as out:
-                shutil.copyfileobj(source, out, CHUNK)
-            written += 1
-    return written

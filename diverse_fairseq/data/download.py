@@ -1,16 +1,14 @@
-"""Download files with resume, checksum verification, atomic rename and a mirror override.
+"""Download files with resume, verification, atomic rename and a mirror override.
 
-A file is only ever visible under its final name once it is complete and verified: bytes go to
-``NAME.part`` first (kept between runs so an interrupted download resumes with an HTTP ``Range``
-request), are checked by :mod:`.verify` (not an HTML page, the right magic bytes, the published size
-and checksum), and are then renamed. A location that answers an HTML page or a wrong file is given up and
-the next one is tried. A file found under its final name (placed by hand, or left by an older version) is
-verified before use, and moved to ``NAME.rejected`` when it is not the published one.
+Bytes go to ``NAME.part`` first (kept between runs so that an interrupted download resumes with an HTTP ``Range``
+request) and are renamed to ``NAME`` only once :mod:`.verify` accepted them; a location that answers an HTML page or
+a wrong file is given up and the next one is tried. A file found under its final name (placed by hand) is verified
+before use.
 
-Mirrors: ``--mirror BASE`` or the environment variable ``DIVERSE_FAIRSEQ_MIRROR`` replaces the real
-addresses. ``BASE`` is a URL (``https://mirror.example.org/nmt``) or a local directory; the file is
-looked up there by its file name (``BASE/training-parallel-nc-v9.tgz``), so a mirror is simply a flat
-directory of the original archives.
+Mirrors: ``--mirror BASE`` or the environment variable ``DIVERSE_FAIRSEQ_MIRROR`` replaces the real addresses.
+``BASE`` is a URL (``https://mirror.example.org/nmt``) or a local directory (read through ``file://`` URLs, by the
+same code); the file is looked up there by its name (``BASE/training-parallel-nc-v9.tgz``), so a mirror is simply a
+flat directory of the original archives.
 """
 
 import http.client
@@ -19,12 +17,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .progress import Progress
-from .verify import Expected, VerificationError, check_file, mark_verified, verified_sha256, verify_local
+from .verify import Expected, VerificationError, check_file, mark_verified, reject, verified_sha256
 
 MIRROR_ENV = "DIVERSE_FAIRSEQ_MIRROR"
 CHUNK = 1 << 20
@@ -44,53 +42,37 @@ class Source:
 
     ``filename`` is the local name and the name looked up in a mirror; ``urls`` are the real public
     addresses, tried in order. ``size`` (bytes) and ``md5``/``sha256`` are the values a published source
-    records for the file (see :func:`published_md5`), and ``checksum_source`` names that source.
+    records for the file (see :func:`published_md5`), and ``checksum_source`` names that source. ``extra["hint"]``
+    is added to the error when the file cannot be had.
     """
 
     filename: str
     urls: Sequence[str]
     md5: Optional[str] = None
     sha256: Optional[str] = None
-    description: str = ""
     extra: Dict[str, str] = field(default_factory=dict)
     size: Optional[int] = None
     checksum_source: str = ""
 
-    def expected(self) -> Expected:
-        """The published expectations of this file."""
-        return Expected(self.size, self.sha256, self.md5, self.checksum_source or "published checksum")
-
 
 def published_md5(url: str) -> Optional[str]:
     """The md5 that sacrebleu's test-set registry publishes for ``url`` (WMT dev/test archives), if any."""
-    try:
-        from sacrebleu import DATASETS
-    except ImportError:  # pragma: no cover - sacrebleu is a project dependency
-        return None
+    from sacrebleu import DATASETS
 
     def norm(u):
-        u = u.split("://", 1)[-1]
-        return u[4:] if u.startswith("www.") else u
+        return u.split("://", 1)[-1].removeprefix("www.")
 
-    wanted = norm(url)
-    for dataset in DATASETS.values():
-        data = getattr(dataset, "data", None) or []
-        md5s = getattr(dataset, "md5", None) or []
-        for u, md5 in zip(data, md5s):
-            if norm(u) == wanted and md5:
-                return md5
-    return None
+    return next((md5 for dataset in DATASETS.values() for u, md5 in zip(dataset.data, dataset.md5)
+                 if md5 and norm(u) == norm(url)), None)
 
 
 def read_checksum_file(path) -> Dict[str, str]:
     """Parse an ``md5sum``/``sha256sum`` style file into ``{file name: hex digest}``."""
     sums = {}
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        digest, name = line.split(None, 1)
-        sums[os.path.basename(name.lstrip("*"))] = digest.lower()
+    for line in map(str.strip, Path(path).read_text().splitlines()):
+        if line and not line.startswith("#"):
+            digest, name = line.split(None, 1)
+            sums[os.path.basename(name.lstrip("*"))] = digest.lower()
     return sums
 
 
@@ -103,22 +85,19 @@ def expected_for(source: Source, checksums: Optional[Dict[str, str]] = None,
     """
     if manifest and source.filename in manifest:
         return manifest[source.filename]
-    expected = source.expected()
+    expected = Expected(source.size, source.sha256, source.md5, source.checksum_source or "published checksum")
     override = (checksums or {}).get(source.filename)
-    if not override:
-        return expected
-    algorithm = "md5" if len(override) == 32 else "sha256"
+    algorithm = "md5" if len(override or "") == 32 else "sha256"
     published = getattr(expected, algorithm)
-    if published and published.lower() != override.lower():
+    if not override or (published and published.lower() == override.lower()):
+        return expected
+    if published:
         raise DownloadError(
             f"{source.filename}: the checksum file gives {algorithm} {override}, but the published {algorithm} is "
             f"{published} ({expected.source}). Remove the line from CHECKSUMS; for stand-in files (tests, "
             f"fixtures) use an expectations manifest (--expect / EXPECT), which labels the data it makes.")
-    if published:
-        return expected
-    source_note = "the CHECKSUMS file" if not expected.pinned() else expected.source + " and the CHECKSUMS file"
-    return Expected(expected.size, override if algorithm == "sha256" else expected.sha256,
-                    override if algorithm == "md5" else expected.md5, source_note)
+    return replace(expected, **{algorithm: override},
+                   source=expected.source + " and the CHECKSUMS file" if expected.pinned() else "the CHECKSUMS file")
 
 
 def where_to_get(source: Source, mirror: Optional[str] = None) -> str:
@@ -128,26 +107,14 @@ def where_to_get(source: Source, mirror: Optional[str] = None) -> str:
 
 
 def mirror_location(mirror: str, filename: str) -> str:
-    """The address of ``filename`` in ``mirror`` (a URL or a local directory)."""
-    if "://" in mirror and not mirror.startswith("file://"):
-        return mirror.rstrip("/") + "/" + urllib.parse.quote(filename)
-    base = mirror[len("file://"):] if mirror.startswith("file://") else mirror
-    return str(Path(base).expanduser() / filename)
+    """The URL of ``filename`` in ``mirror`` (a URL, or a local directory: a ``file://`` URL)."""
+    if "://" not in mirror:
+        mirror = Path(mirror).expanduser().resolve().as_uri()
+    return mirror.rstrip("/") + "/" + urllib.parse.quote(filename)
 
 
-def _copy_local(src: Path, part: Path, log=print):
-    if not src.is_file():
-        raise DownloadError(f"{src} does not exist (mirror directory lacks this file)")
-    size = src.stat().st_size
-    with open(src, "rb") as fin, open(part, "wb") as fout, \
-            Progress(f"copy {src.name}", total=size, unit="bytes", log=log) as meter:
-        for block in iter(lambda: fin.read(CHUNK), b""):
-            fout.write(block)
-            meter.update(len(block))
-
-
-def _http_fetch(url: str, part: Path, timeout: float, log=print):
-    """Append the missing bytes of ``url`` to ``part`` (resuming with a Range request)."""
+def _fetch_once(url: str, part: Path, timeout: float, log=print):
+    """Append the missing bytes of ``url`` to ``part`` (resuming with a Range request where the server allows)."""
     start = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(url, headers={"User-Agent": "diverse-fairseq-data/1.0"})
     if start:
@@ -156,7 +123,7 @@ def _http_fetch(url: str, part: Path, timeout: float, log=print):
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as e:
         if e.code == 416 and start:  # nothing left to fetch: the .part file is already complete
-            return None
+            return
         raise
     with response:
         status = getattr(response, "status", 200)
@@ -164,21 +131,38 @@ def _http_fetch(url: str, part: Path, timeout: float, log=print):
         if kind.startswith(("text/html", "application/xhtml")) and not part.name[:-5].endswith((".html", ".htm")):
             raise HTMLResponse(f"{url} answered an HTML page (status {status}, Content-Type {kind}), not the file")
         length = response.headers.get("Content-Length")
-        if start and status == 206:
-            mode = "ab"
-            total = start + int(length) if length is not None else None
-        else:  # server ignored the Range header: start over
-            mode, start = "wb", 0
-            total = int(length) if length is not None else None
-        with open(part, mode) as out, \
-                Progress(f"download {part.name[:-5]}", total=total, unit="bytes", initial=start, log=log) as meter:
+        if not (start and status == 206):  # the server ignored the Range header (or a local file): start over
+            start = 0
+        total = start + int(length) if length is not None else None
+        verb = "copy" if url.startswith("file:") else "download"
+        with open(part, "ab" if start else "wb") as out, \
+                Progress(f"{verb} {part.name[:-5]}", total=total, unit="bytes", initial=start, log=log) as meter:
             for block in iter(lambda: response.read(CHUNK), b""):
                 out.write(block)
                 meter.update(len(block))
-    size = part.stat().st_size
-    if total is not None and size < total:
-        raise DownloadError(f"connection closed after {size} of {total} bytes")
-    return total
+    if total is not None and part.stat().st_size < total:
+        raise DownloadError(f"connection closed after {part.stat().st_size} of {total} bytes")
+
+
+def _fetch_with_retries(url: str, part: Path, retries: int, timeout: float, errors: List[str], log) -> bool:
+    """Fetch ``url`` into ``part``; True when the bytes are all there (not yet verified)."""
+    local = url.startswith("file:")
+    for attempt in range(1, retries + 1):
+        try:
+            log(f"  {part.name[:-5]}: {'copying' if local else 'fetching'} {url}"
+                + (" (resuming)" if part.exists() and not local else ""))
+            _fetch_once(url, part, timeout, log)
+            return True
+        except (urllib.error.URLError, http.client.HTTPException, OSError, DownloadError) as e:
+            reason = getattr(e, "reason", None) or e
+            errors.append(f"{url} (try {attempt}/{retries}): {reason}")
+            log(f"  {part.name[:-5]}: {reason}")
+            if isinstance(e, HTMLResponse) or local or (
+                    isinstance(e, urllib.error.HTTPError) and e.code in (401, 403, 404, 410)):
+                return False  # retrying will not make the file appear
+            if attempt < retries:
+                time.sleep(min(2 ** attempt, 30))
+    return False
 
 
 def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Optional[Dict[str, str]] = None,
@@ -187,9 +171,10 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
 
     ``expected`` replaces the published values (an expectations manifest); by default they are
     :func:`expected_for` ``(source, checksums)``. An existing final file is used when its ``.verified`` record
-    matches, else verified first (a file placed by hand). Otherwise the file is fetched from the mirror
-    (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real addresses in order, resuming a ``.part``
-    file left by an earlier interrupted run; a location whose file fails verification is given up for the next.
+    matches, else verified first (a file placed by hand; refused: moved to ``NAME.rejected``). Otherwise the file is
+    fetched from the mirror (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real addresses in order,
+    resuming a ``.part`` file left by an earlier interrupted run; a location whose file fails verification is given
+    up for the next.
     """
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -201,24 +186,26 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
         if verified_sha256(final, expected):
             log(f"  {source.filename}: present, not downloading again (verified before)")
             return final
+        log(f"  {source.filename}: present, verifying it before use ({expected.describe()})")
         try:
-            verify_local(final, expected, where, log)
+            mark_verified(final, expected, check_file(final, final.name, expected, where))
         except VerificationError as e:
-            raise DownloadError(f"{e} Run the command again to download the published file.") from None
+            reject([final])
+            raise DownloadError(f"{e} It was moved to {final.name}.rejected. Run the command again to download the "
+                                f"published file.") from None
         return final
     part = dest_dir / (source.filename + ".part")
     if part.exists() and expected.size is not None and part.stat().st_size > expected.size:
         part.unlink()  # longer than the published file: not a prefix of it
-    locations = [mirror_location(mirror, source.filename)] if mirror else list(source.urls)
     errors = []
-    for location in locations:
-        if not _fetch_with_retries(location, part, source.filename, retries, timeout, errors, log):
+    for url in [mirror_location(mirror, source.filename)] if mirror else source.urls:
+        if not _fetch_with_retries(url, part, retries, timeout, errors, log):
             continue
         try:
             sha256 = check_file(part, source.filename, expected, where)
         except VerificationError as e:
             part.unlink()
-            errors.append(f"{location}: refused: {e}")
+            errors.append(f"{url}: refused: {e}")
             log(f"  {source.filename}: refused ({e})")
             continue
         os.replace(part, final)
@@ -227,33 +214,8 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
             + (f"verified: {expected.describe()}, {expected.source})" if expected.pinned()
                else "no published size or checksum: checked for HTML only)"))
         return final
-    origin = f"mirror {mirror}" if mirror else "its public addresses"
     raise DownloadError(
-        f"could not download {source.filename} from {origin}:\n    " + "\n    ".join(errors) +
-        f"\n  Fix the network or proxy, or put the file into {dest_dir}/ yourself"
+        f"could not download {source.filename} from {f'mirror {mirror}' if mirror else 'its public addresses'}:\n    "
+        + "\n    ".join(errors) + f"\n  Fix the network or proxy, or put the file into {dest_dir}/ yourself"
         f" (or into a directory given with --mirror / ${MIRROR_ENV}), and run the command again."
-        + (f" Partial data is kept in {part.name} and will be resumed." if part.exists() else "")
-    )
-
-
-def _fetch_with_retries(location, part, filename, retries, timeout, errors, log) -> bool:
-    """Fetch ``location`` into ``part``; True when the bytes are all there (not yet verified)."""
-    for attempt in range(1, retries + 1):
-        try:
-            if "://" in location:
-                log(f"  {filename}: fetching {location}" + (" (resuming)" if part.exists() else ""))
-                _http_fetch(location, part, timeout, log)
-            else:
-                log(f"  {filename}: copying {location}")
-                _copy_local(Path(location), part, log)
-            return True
-        except (urllib.error.URLError, http.client.HTTPException, OSError, DownloadError) as e:
-            reason = getattr(e, "reason", None) or e
-            errors.append(f"{location} (try {attempt}/{retries}): {reason}")
-            log(f"  {filename}: {reason}")
-            if isinstance(e, HTMLResponse) or "://" not in location or (
-                    isinstance(e, urllib.error.HTTPError) and e.code in (401, 403, 404, 410)):
-                return False  # retrying will not make the file appear
-            if attempt < retries:
-                time.sleep(min(2 ** attempt, 30))
-    return False
+        + (f" Partial data is kept in {part.name} and will be resumed." if part.exists() else ""))

@@ -6,17 +6,16 @@ embeddings for linguistic properties*. ACL 2018. The data is SentEval's ``data/p
 (split ``tr``/``va``/``te``; the sentence, Moses-tokenized, is the last field), 100k training and 10k
 validation and test sentences per task, balanced across the classes.
 
-Files are fetched with :func:`diverse_fairseq.data.download.fetch` (resume, atomic rename, the
-``DIVERSE_FAIRSEQ_MIRROR`` folder or URL by file name, a ``CHECKSUMS`` file); SentEval publishes no checksums,
-so each file is checked, as it arrives and whenever a run uses it, against the sizes SentEval publishes
-(:data:`PUBLISHED_MIN`, :func:`check_sizes`). A file that falls short is a stand-in (a test fixture, a truncated
-copy): it is renamed to ``NAME.rejected`` and refused, unless the caller accepts stand-ins (a demo-scale run
-from a mirror). Files from a mirror go to a cache of that mirror's own (:func:`default_dir`), never to
-``work/senteval_probing``, the cache that real runs read.
+Files are fetched with :func:`diverse_fairseq.data.download.fetch` (:func:`download`); SentEval publishes no
+checksums, so each file is checked against the sizes SentEval publishes (:func:`check_sizes`): a file that falls
+short is a stand-in (a test fixture, a truncated copy), refused unless the caller accepts stand-ins. Files from a
+mirror go to a cache of that mirror's own (:func:`default_dir`), never to ``work/senteval_probing``, the cache that
+real runs read.
 ``python -m diverse_fairseq.data.senteval [--dest DIR] [--tasks SentLen,WC,...]`` downloads them.
 """
 
 import argparse
+import collections
 import hashlib
 import os
 import sys
@@ -24,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .download import DownloadError, Source, fetch, read_checksum_file
+from .download import MIRROR_ENV, DownloadError, Source, fetch, read_checksum_file
+from .verify import reject
 
 #: the raw files of SentEval's repository, tried in this order (the default branch, then its former name)
 BASE_URLS = ("https://raw.githubusercontent.com/facebookresearch/SentEval/main/data/probing/",
@@ -52,8 +52,7 @@ class Task:
         return f"probe_{self.name.lower()}"
 
     def source(self) -> Source:
-        return Source(filename=self.filename, urls=tuple(base + self.filename for base in BASE_URLS),
-                      description=f"SentEval probing task {self.name}")
+        return Source(self.filename, tuple(base + self.filename for base in BASE_URLS))
 
 
 # in the papers' column order
@@ -82,11 +81,7 @@ def parse_tasks(text) -> List[Task]:
     if unknown:
         raise SystemExit(f"error: unknown probing task(s) {', '.join(unknown)}; choose from "
                          f"{', '.join(t.name for t in TASKS)} (or all)")
-    seen = []
-    for n in names:
-        if BY_NAME[n.lower()] not in seen:
-            seen.append(BY_NAME[n.lower()])
-    return seen
+    return list(dict.fromkeys(BY_NAME[n.lower()] for n in names))
 
 
 @dataclass
@@ -150,13 +145,9 @@ def default_dir(mirror: Optional[str] = None) -> Path:
 
 def split_sizes(path) -> Dict[str, int]:
     """Lines per split (``tr``/``va``/``te``) of a task file, from the first field of each line."""
-    counts = {s: 0 for s in SPLITS}
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            split = line.split("\t", 1)[0]
-            if split in counts:
-                counts[split] += 1
-    return counts
+        counts = collections.Counter(line.split("\t", 1)[0] for line in f)
+    return {s: counts[s] for s in SPLITS}
 
 
 def check_sizes(path) -> Optional[str]:
@@ -185,8 +176,7 @@ def download(tasks: Sequence[Task], dest, mirror: Optional[str] = None, checksum
         path = fetch(t.source(), dest, mirror=mirror, checksums=checksums, log=log)
         problem = check_sizes(path)
         if problem and require_published:
-            rejected = path.with_name(path.name + ".rejected")
-            os.replace(path, rejected)
+            rejected = reject([path])[0]
             raise DownloadError(f"probing task {t.name}: {problem}. It is a stand-in or a truncated copy, not the "
                                 f"published file; it was renamed to {rejected.name}. Get the file from "
                                 f"{t.source().urls[0]} (run again without DIVERSE_FAIRSEQ_MIRROR to download it)")
@@ -213,7 +203,7 @@ def main(argv=None) -> int:
                    help="accept files smaller than SentEval's published sizes (test fixtures); never into "
                         "work/senteval_probing")
     args = p.parse_args(argv)
-    mirror = args.mirror or os.environ.get("DIVERSE_FAIRSEQ_MIRROR") or None
+    mirror = args.mirror or os.environ.get(MIRROR_ENV) or None
     dest = Path(args.dest) if args.dest else default_dir(mirror)
     sums = read_checksum_file(args.checksums) if args.checksums else None
     try:

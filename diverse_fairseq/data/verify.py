@@ -1,18 +1,12 @@
 """Verify every fetched file before anything reads it: size and checksum, HTML pages, member line counts.
 
-A download, a mirror copy and a file placed by hand in ``downloads/`` all go through the same checks:
-
-* :func:`check_file` -- the file is not an HTML page (a 200 response whose body is an error or login page),
-  starts with the magic bytes its name promises (gzip, zip), and matches the size and the sha256/md5 that a
-  published source records for it (the source is named next to each value in the recipes);
-* :func:`check_member_lines` -- right after extraction, the line counts of the member files where a published
-  source records them (``Archive.expected_lines``, cited by ``Archive.counts_source``).
-
-A refused file is never kept under its final name: it is renamed ``NAME.rejected`` (see :func:`reject`), and
-the message names the file, what was expected, what was found and where to get the right one.
-A verified file gets a small ``NAME.verified`` record (size, modification time, sha256, the expectations it
-was checked against) so that the next run does not hash it again; a file whose record does not match is
-checked again.
+A download, a mirror copy and a file placed by hand in ``downloads/`` all go through :func:`check_file` (not an HTML
+page, the magic bytes its name promises, the size and sha256/md5 that a published source records, named next to
+each value in the recipes); right after extraction, :func:`check_member_lines` checks the members' line counts where
+a published source records them (``Archive.expected_lines``). A refused file is never kept under its final name
+(:func:`reject`: ``NAME.rejected``), and the message names the file, what was expected, what was found and where
+to get the right one. A verified file gets a ``NAME.verified`` record (:func:`mark_verified`) so that the next run
+does not hash it again.
 
 Expectations other than the published ones (tiny fixture archives in the tests) come from a manifest
 (:class:`Expectations`, ``--expect FILE``); data prepared with one is recorded as such in ``prepare.json`` and
@@ -24,7 +18,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, Optional, Sequence
+from typing import Dict, Iterable, List, Optional
 
 CHUNK = 1 << 20
 MAGIC = {".tgz": b"\x1f\x8b", ".gz": b"\x1f\x8b", ".zip": b"PK"}
@@ -82,25 +76,10 @@ class Expectations:
         return cls(name, str(path), files, lines)
 
 
-def hash_file(path: Path, algorithm: str = "sha256") -> str:
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def looks_like_html(head: bytes) -> bool:
     """Whether the first bytes of a file are an HTML (or XHTML) page rather than data."""
     start = head.lstrip(b"\xef\xbb\xbf \t\r\n").lower()
     return start.startswith(HTML_STARTS) and (b"<html" in head.lower() or start.startswith(b"<!doctype html"))
-
-
-def _expected_magic(name: str) -> Optional[bytes]:
-    for suffix, magic in MAGIC.items():
-        if name.endswith(suffix):
-            return magic
-    return None
 
 
 def check_file(path: Path, name: str, expected: Expected, where: str) -> str:
@@ -108,36 +87,40 @@ def check_file(path: Path, name: str, expected: Expected, where: str) -> str:
 
     ``where`` tells the user where to get the right one. Returns the file's sha256 (recorded in prepare.json).
     """
-    path = Path(path)
-    size = path.stat().st_size
+    size = Path(path).stat().st_size
     with open(path, "rb") as f:
         head = f.read(4096)
+    magic = next((m for suffix, m in MAGIC.items() if name.endswith(suffix)), None)
+    digests, problem = {}, ""
     if looks_like_html(head):
-        raise VerificationError(
-            f"{name}: expected {'the archive' if _expected_magic(name) else 'a data file'} "
-            f"({expected.describe()}), found an HTML page of {size:,} bytes (an error or login page served "
-            f"instead of the file). Get the file from {where}.")
-    magic = _expected_magic(name)
-    if magic and not head.startswith(magic):
-        raise VerificationError(
-            f"{name}: expected a {'zip' if magic == b'PK' else 'gzip'} file, found {size:,} bytes starting with "
-            f"{head[:8]!r}. Get the file from {where}.")
-    if expected.size is not None and size != expected.size:
-        raise VerificationError(
-            f"{name}: expected {expected.size:,} bytes ({expected.source}), found {size:,} bytes "
-            f"({'truncated' if size < expected.size else 'not the published file'}). Get the file from {where}.")
-    sha256 = hash_file(path, "sha256")
-    if expected.sha256 and sha256 != expected.sha256.lower():
-        raise VerificationError(
-            f"{name}: expected sha256 {expected.sha256} ({expected.source}), found {sha256}: not the published "
-            f"file. Get the file from {where}.")
-    if expected.md5:
-        md5 = hash_file(path, "md5")
-        if md5 != expected.md5.lower():
-            raise VerificationError(
-                f"{name}: expected md5 {expected.md5} ({expected.source}), found {md5}: not the published file. "
-                f"Get the file from {where}.")
-    return sha256
+        problem = (f"expected {'the archive' if magic else 'a data file'} ({expected.describe()}), found an HTML "
+                   f"page of {size:,} bytes (an error or login page served instead of the file)")
+    elif magic and not head.startswith(magic):
+        problem = (f"expected a {'zip' if magic == b'PK' else 'gzip'} file, found {size:,} bytes starting with "
+                   f"{head[:8]!r}")
+    elif expected.size is not None and size != expected.size:
+        problem = (f"expected {expected.size:,} bytes ({expected.source}), found {size:,} bytes "
+                   f"({'truncated' if size < expected.size else 'not the published file'})")
+    else:
+        digests = hash_file(path, ["sha256"] + (["md5"] if expected.md5 else []))
+        for algorithm, found in digests.items():
+            wanted = getattr(expected, algorithm)
+            if wanted and wanted.lower() != found:
+                problem = f"expected {algorithm} {wanted} ({expected.source}), found {found}: not the published file"
+                break
+    if problem:
+        raise VerificationError(f"{name}: {problem}. Get the file from {where}.")
+    return digests["sha256"]
+
+
+def hash_file(path: Path, algorithms: List[str]) -> Dict[str, str]:
+    """``{algorithm: hex digest}`` of ``path``, read once."""
+    hashes = {a: hashlib.new(a) for a in algorithms}
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            for h in hashes.values():
+                h.update(block)
+    return {a: h.hexdigest() for a, h in hashes.items()}
 
 
 # ------------------------------------------------------------------------------------- verified records
@@ -145,62 +128,38 @@ def _record_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
 
-def _key(expected: Expected) -> str:
-    return json.dumps([expected.size, expected.sha256, expected.md5], sort_keys=True)
+def _record(path: Path, expected: Expected) -> list:
+    """What a ``.verified`` record must match: the file's size and modification time, the expectations."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, json.dumps([expected.size, expected.sha256, expected.md5], sort_keys=True)]
 
 
 def mark_verified(path: Path, expected: Expected, sha256: str):
     """Write ``NAME.verified`` so that the next run trusts ``path`` without hashing it again."""
-    st = path.stat()
-    _record_path(path).write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256,
-                                              "expected": _key(expected)}) + "\n")
+    size, mtime_ns, key = _record(path, expected)
+    _record_path(path).write_text(json.dumps({"size": size, "mtime_ns": mtime_ns, "sha256": sha256,
+                                              "expected": key}) + "\n")
 
 
 def verified_sha256(path: Path, expected: Expected) -> Optional[str]:
     """The sha256 recorded for ``path`` when its record matches the file and the expectations, else None."""
     try:
         record = json.loads(_record_path(path).read_text())
-        st = path.stat()
+        matches = [record.get("size"), record.get("mtime_ns"), record.get("expected")] == _record(path, expected)
     except (OSError, ValueError):
         return None
-    if (record.get("size"), record.get("mtime_ns"), record.get("expected")) == (st.st_size, st.st_mtime_ns,
-                                                                              _key(expected)):
-        return record.get("sha256")
-    return None
+    return record.get("sha256") if matches else None
 
 
-def reject(paths: Iterable[Path]) -> Sequence[Path]:
+def reject(paths: Iterable[Path]) -> List[Path]:
     """Move refused files away from their final names (``NAME.rejected``); return the new paths."""
     moved = []
-    for p in paths:
-        p = Path(p)
+    for p in map(Path, paths):
         _record_path(p).unlink(missing_ok=True)
         if p.exists():
-            target = p.with_name(p.name + ".rejected")
-            os.replace(p, target)
-            moved.append(target)
+            moved.append(p.with_name(p.name + ".rejected"))
+            os.replace(p, moved[-1])
     return moved
-
-
-def verify_local(path: Path, expected: Expected, where: str, log=print) -> str:
-    """Verify a file that is already under its final name (placed by hand, an earlier run's, a manual download
-    such as CWMT's zips) before it is used; return its sha256.
-
-    A matching ``NAME.verified`` record is trusted without hashing. A file that fails is moved to
-    ``NAME.rejected`` and :class:`VerificationError` says so.
-    """
-    path = Path(path)
-    sha256 = verified_sha256(path, expected)
-    if sha256:
-        return sha256
-    log(f"  {path.name}: present, verifying it before use ({expected.describe()})")
-    try:
-        sha256 = check_file(path, path.name, expected, where)
-    except VerificationError as e:
-        reject([path])
-        raise VerificationError(f"{e} It was moved to {path.name}.rejected.") from None
-    mark_verified(path, expected, sha256)
-    return sha256
 
 
 # ------------------------------------------------------------------------------------- member line counts
@@ -225,14 +184,13 @@ def check_member_lines(root: Path, expected_lines: Dict[str, int], archive: str,
     files = sorted(p for p in Path(root).rglob("*") if p.is_file())
     found = {}
     for suffix, count in expected_lines.items():
-        matches = [p for p in files if p.as_posix().endswith(suffix)]
-        if not matches:
+        member = next((p for p in files if p.as_posix().endswith(suffix)), None)
+        if member is None:
             raise VerificationError(f"{archive}: expected a member ending in {suffix} ({count:,} lines, {source}), "
                                     f"found none. Get the archive from {where}.")
-        n = count_lines(matches[0])
-        found[suffix] = n
-        if n != count:
+        found[suffix] = count_lines(member)
+        if found[suffix] != count:
             raise VerificationError(
-                f"{archive}: member {matches[0].name} has {n:,} lines, expected {count:,} ({source}): not the "
-                f"published corpus (a truncated or different copy). Get the archive from {where}.")
+                f"{archive}: member {member.name} has {found[suffix]:,} lines, expected {count:,} ({source}): not "
+                f"the published corpus (a truncated or different copy). Get the archive from {where}.")
     return found

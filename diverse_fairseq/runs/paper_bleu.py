@@ -10,7 +10,7 @@ test/``):
   (4-grams, no smoothing, brevity penalty) over token ids; a reference word outside the dictionary is written
   ``<<unk>>`` (``escape_unk``) and so never matches a hypothesis ``<unk>``. The same number is sacrebleu's BLEU with
   ``tokenize='none'`` and ``smooth_method='none'`` on the hypothesis lines and the targets that fairseq-generate
-  writes (``H-`` and ``T-`` lines): :func:`iwslt14_bleu`.
+  writes (``H-`` and ``T-`` lines): :func:`plain_bleu`.
 - WMT14 En-De (``test-wmt14-base.sh`` lines 40-44): detokenize the hypothesis (Moses ``detokenizer.perl``), Moses-
   tokenize it again *without* ``-a`` (``tokenizer.perl -l de``, escaping on), split hyphens between two non-space
   characters as ``a ##AT##-##AT## b`` (``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``) and score with
@@ -25,22 +25,22 @@ test/``):
 import re
 from typing import Dict, List, Optional
 
-#: datasets whose paper tables have an authors' scoring, with the function name of :data:`PROTOCOLS`
-DATASET_PROTOCOL = {"iwslt14_de_en": "emnlp20_iwslt14", "wmt14_en_de_joined": "emnlp20_wmt14"}
-
+#: the datasets whose paper tables have an authors' scoring, and what it is
+PROTOCOLS = {
+    "iwslt14_de_en": "fairseq-generate's BLEU (lowercased, tokenized, BPE removed), as the EMNLP 2020 authors' "
+                     "test-iwslt14.sh",
+    "wmt14_en_de_joined": "detokenized, Moses-tokenized without -a, hyphens split as ##AT##-##AT##, multi-bleu, as "
+                          "the EMNLP 2020 authors' test-wmt14-base.sh",
+}
 _HYPHEN = re.compile(r"(\S)-(\S)")
 
 
 def plain_bleu(hyps: List[str], refs: List[str]):
-    """Corpus BLEU on whitespace tokens, no smoothing (fairseq's scorer, multi-bleu.perl): a sacrebleu score."""
+    """Corpus BLEU on whitespace tokens, no smoothing (fairseq's scorer, multi-bleu.perl): a sacrebleu score. On
+    fairseq-generate's ``H-`` and ``T-`` texts (BPE removed) it is fairseq-generate's BLEU, the IWSLT14 one."""
     from sacrebleu.metrics import BLEU
 
     return BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(hyps, [refs])
-
-
-def iwslt14_bleu(hyps: List[str], targets: List[str]):
-    """fairseq-generate's BLEU: ``hyps`` and ``targets`` are its ``H-`` and ``T-`` texts (BPE removed)."""
-    return plain_bleu(hyps, targets)
 
 
 def atat_split(line: str) -> str:
@@ -67,27 +67,16 @@ def wmt14_bleu(hyps_model: List[str], refs_detok: List[str], lang: str):
     return plain_bleu(hyps, refs)
 
 
-PROTOCOLS = {
-    "emnlp20_iwslt14": "fairseq-generate's BLEU (lowercased, tokenized, BPE removed), as the EMNLP 2020 authors' "
-                       "test-iwslt14.sh",
-    "emnlp20_wmt14": "detokenized, Moses-tokenized without -a, hyphens split as ##AT##-##AT##, multi-bleu, as the "
-                     "EMNLP 2020 authors' test-wmt14-base.sh",
-}
-
-
 def authors_bleu(dataset: str, hyps_model: List[str], targets_model: Optional[List[str]], refs_detok: List[str],
                  lang: str) -> Dict[str, object]:
     """``{"paper_bleu", "paper_bleu_kind", "paper_bleu_detail"}`` for a dataset whose paper tables have an
-    authors' scoring (:data:`DATASET_PROTOCOL`), else ``{}``. ``hyps_model``/``targets_model``: fairseq-generate's
+    authors' scoring (:data:`PROTOCOLS`), else ``{}``. ``hyps_model``/``targets_model``: fairseq-generate's
     BPE-removed hypotheses and targets; ``refs_detok``: the raw references."""
-    protocol = DATASET_PROTOCOL.get(dataset)
-    if protocol is None:
+    if dataset not in PROTOCOLS:
         return {}
-    if protocol == "emnlp20_iwslt14":
-        if targets_model is None:
-            raise ValueError("the IWSLT14 authors' BLEU needs fairseq-generate's targets (its T- lines)")
-        score = iwslt14_bleu(hyps_model, targets_model)
-    else:
-        score = wmt14_bleu(hyps_model, refs_detok, lang)
-    return {"paper_bleu": round(score.score, 2), "paper_bleu_kind": PROTOCOLS[protocol],
+    if dataset == "iwslt14_de_en" and targets_model is None:
+        raise ValueError("the IWSLT14 authors' BLEU needs fairseq-generate's targets (its T- lines)")
+    score = (plain_bleu(hyps_model, targets_model) if dataset == "iwslt14_de_en"
+             else wmt14_bleu(hyps_model, refs_detok, lang))
+    return {"paper_bleu": round(score.score, 2), "paper_bleu_kind": PROTOCOLS[dataset],
             "paper_bleu_detail": str(score)}

@@ -2,24 +2,24 @@
 
 A figure is a table description whose rows carry a point (``figure: {series, x}``, see :mod:`.spec`), e.g.
 ``configs/tables/emnlp20_f3.yaml``: MA and RMA with 1 to 16 heads. This command runs it with the table runner
-(``python -m diverse_fairseq.tables``, the same options and environment variables: SCALE, SEEDS, GPUS, ...;
-finished runs are reused), then reads the report's JSON (``results/<figure>/<dataset>.json``) and writes
-beside it
+(``python -m diverse_fairseq.tables``, the same options and environment variables: SCALE, SEEDS, GPUS, ...; finished
+runs are reused), then reads the report's JSON (``results/<figure>/<dataset>.json``) and writes beside it
 
-* ``<dataset>-figure.png``: validation NLL (left) and test BLEU (right) against x, one curve per series
-  through the means over seeds, every seed a point;
-* ``<dataset>-figure.json``: the numbers behind it, ``{"table", "title", "dataset", "scale", "x_label",
-  "metrics": {name: axis label}, "series": [{"name", "points": [{"row", "x", "seeds", <metric>: [per seed],
-  <metric>_mean}]}], "best_x": {series: {metric: x of the best mean}}}``.
+* ``<dataset>-figure.png``: validation NLL (left) and test BLEU (right) against x, one curve per series through the
+  means over seeds, every seed a point;
+* ``<dataset>-figure.json``: the numbers behind it, ``{"table", "title", "dataset", "scale", "x_label", "metrics":
+  {name: axis label}, "series": [{"name", "points": [{"row", "x", "seeds", <metric>: [per seed], <metric>_mean}]}],
+  "best_x": {series: {metric: x of the best mean}}}``.
 
 ``--plot-only RESULTS.json`` skips the run and plots an existing report JSON.
 """
 
 import json
-import statistics
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
+
+from .report import mean, pyplot, save_figure
 
 # metric key of a report row → (axis label, whether lower is better); per seed in "<key>_per_seed"
 METRICS = {"valid_nll_loss": ("validation NLL per token (base 2)", True), "bleu": ("test BLEU (sacrebleu)", False)}
@@ -35,21 +35,17 @@ def figure_data(summary: Dict) -> Dict:
     for r in rows:
         point = {"row": r["id"], "label": r["label"], "x": r["figure"]["x"], "seeds": r["seeds"]}
         for key in METRICS:
-            values = r.get(f"{key}_per_seed") or []
-            point[key] = values
-            present = [v for v in values if v is not None]
-            point[f"{key}_mean"] = statistics.fmean(present) if present else None
+            point[key] = r[f"{key}_per_seed"]
+            point[f"{key}_mean"] = mean(point[key])
         series.setdefault(r["figure"]["series"], []).append(point)
-    out = []
-    best = {}
+    out, best = [], {}
     for name, points in series.items():
         points.sort(key=lambda p: p["x"])
         out.append({"name": name, "points": points})
         best[name] = {}
         for key, (_, lower) in METRICS.items():
             scored = [p for p in points if p[f"{key}_mean"] is not None]
-            pick = (min if lower else max)(scored, key=lambda p: p[f"{key}_mean"]) if scored else None
-            best[name][key] = pick["x"] if pick else None
+            best[name][key] = (min if lower else max)(scored, key=lambda p: p[f"{key}_mean"])["x"] if scored else None
     return {"table": summary["table"], "title": summary["title"], "dataset": summary["dataset"],
             "scale": summary["scale"], "x_label": summary["figure_x"],
             "metrics": {k: label for k, (label, _) in METRICS.items()}, "series": out, "best_x": best}
@@ -57,12 +53,7 @@ def figure_data(summary: Dict) -> Dict:
 
 def plot_figure(data: Dict, path: Path) -> Path:
     """One panel per metric: the mean over seeds of each series as a line, every seed as a point."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(5.0 * len(METRICS), 3.8))
+    fig, axes = pyplot().subplots(1, len(METRICS), figsize=(5.0 * len(METRICS), 3.8))
     xs = sorted({p["x"] for s in data["series"] for p in s["points"]})
     for ax, key in zip(axes, METRICS):
         for k, s in enumerate(data["series"]):
@@ -83,21 +74,19 @@ def plot_figure(data: Dict, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{data['title']}\ndataset {data['dataset']}, scale {data['scale']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
-def write_figure(results_json: Path) -> Dict[str, Path]:
-    """``<dataset>-figure.png`` and ``.json`` beside the report JSON ``results_json``; returns their paths."""
+def write_figure(results_json: Path) -> Tuple[Dict, Dict[str, Path]]:
+    """``<dataset>-figure.png`` and ``.json`` beside the report JSON ``results_json``; returns the figure's numbers
+    and the two paths."""
     results_json = Path(results_json)
     data = figure_data(json.loads(results_json.read_text(encoding="utf-8")))
     stem = results_json.with_name(f"{results_json.stem}-figure")
     paths = {"png": stem.with_suffix(".png"), "json": stem.with_suffix(".json")}
     paths["json"].write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     plot_figure(data, paths["png"])
-    return paths
+    return data, paths
 
 
 def main(argv: Optional[List[str]] = None) -> bool:
@@ -110,8 +99,7 @@ def main(argv: Optional[List[str]] = None) -> bool:
 
         summary = run_table(argv)
         results = results_dir(argv) / f"{summary['dataset']}.json"
-    paths = write_figure(results)
-    data = json.loads(paths["json"].read_text(encoding="utf-8"))
+    data, paths = write_figure(results)
     for name, best in data["best_x"].items():
         print(f"{name}: " + ", ".join(f"best {key} at {data['x_label']} = {x:g}" for key, x in best.items()
                                       if x is not None))

@@ -1,23 +1,30 @@
-"""Summarise a table's runs: mean ± std over seeds, significance against each row's baseline, markdown,
-JSON and a picture of the per-seed BLEU.
+"""Summarise a table's runs: mean ± std over seeds, significance against each row's baseline, markdown, JSON and a
+picture of the per-seed BLEU.
 
-Significance follows the papers: every row is tested against its own baseline (``baseline:`` in the table;
-a Big row against Transformer-Big) with both tests of :mod:`diverse_fairseq.significance`, paired bootstrap
-resampling (Koehn 2004, 1000 samples, as NAACL 2019 and the journal) and the sign test (Collins et al. 2005,
-as EMNLP 2018), on sacrebleu BLEU of the detokenized test output. With several seeds both run on the
-concatenated outputs of all seeds: seed k of a row paired with seed k of its baseline, over the references
-repeated once per seed, so a difference must hold across the seeds' outputs to be marked; the report adds
-how many seeds beat the baseline's BLEU of the same seed.
+Significance follows the papers: every row is tested against its own baseline (``baseline:`` in the table; a Big row
+against Transformer-Big) with both tests of :mod:`diverse_fairseq.significance`, paired bootstrap resampling (Koehn
+2004, 1000 samples, as NAACL 2019 and the journal) and the sign test (Collins et al. 2005, as EMNLP 2018), on
+sacrebleu BLEU of the detokenized test output. With several seeds both run on the concatenated outputs of all seeds:
+seed k of a row paired with seed k of its baseline, over the references repeated once per seed, so a difference must
+hold across the seeds' outputs to be marked; the report adds how many seeds beat the baseline's BLEU of the same seed.
+
+Where the rows carry the paper's numbers, ours are put beside them: the disagreement scores of EMNLP 2018 §5.5
+(Table 4: exp(D) of Sub./Pos./Out. of the encoder self-attention, ``paper:`` keys ``sub_score``, ``pos_score``,
+``out_score``; Table 5: Pos. per encoder layer, ``pos_score_layer1`` … ``pos_score_layer6``), on the paper's scale
+(:mod:`diverse_fairseq.analysis.scores`), from the runner's ``disagreement_scores``; and the probing accuracies of
+NAACL 2019 Table 1 / the journal's Table 7 (``probe_sentlen`` …, :attr:`diverse_fairseq.data.senteval.Task.paper_key`),
+from ``steps.probing_scores``. Other tables keep our scores in the JSON only.
 """
 
 import json
+import math
 import statistics
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
-from ..runs.checkpoint_choice import METRICS, describe
-from .disagreement_report import disagreement_entry, disagreement_section
-from .probing_report import probing_entry, probing_section
+from ..data.senteval import BY_NAME
+from ..runs.settings import METRICS, describe
+from ..significance import length_ratio, mark, paired_bootstrap, sign_test
 from .records import JobRecord
 from .scale import changes as layer_changes
 from .spec import Table
@@ -30,23 +37,36 @@ PARAMS_NOTE = "¹"
 PAPER_COLUMNS = (("bleu", "paper BLEU", "{:.2f}"), ("params", "paper params", "{:.0f}M"),
                  ("train_speed", "paper train steps/s", "{:.2f}"), ("decode_speed", "paper decode sent/s", "{:.2f}"),
                  ("relative_step_time", "paper step time (rel.)", "{:.2f}"))
+SCORES = (("sub", "Sub."), ("pos", "Pos."), ("out", "Out."))  # EMNLP 2018's disagreement scores
+ATTENTION = "enc_self"  # the paper's Tables 4-5 measure the encoder
+PAPER_LAYER_KEY = "pos_score_layer{}"
+# a length-ratio difference (hyp/ref, BLEU's tokens) below this is "nearly equal": it cannot explain the sign test
+LENGTH_RATIO_GAP = 0.01
 
 
-def _mean_std(values: List[Optional[float]]):
+def _mean_std(values: Sequence[Optional[float]]):
     values = [v for v in values if v is not None]
     if not values:
         return None, None
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def _fmt(mean, std, digits=2, seeds=1):
-    if mean is None:
-        return "–"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if seeds > 1 else f"{mean:.{digits}f}"
+def mean(values: Sequence[Optional[float]]) -> Optional[float]:
+    """The mean over seeds of the values that are not None; None when none is."""
+    return _mean_std(values)[0]
 
 
-def _mark(p_value: float, better: bool, single: str, double: str) -> str:
-    return (double if p_value < 0.01 else single if p_value < 0.05 else "") if better else ""
+def _cell(value: Optional[float], spec: str = ".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _score(value: Optional[float]) -> str:
+    """A disagreement score: tiny ones in scientific notation."""
+    return _cell(value, ".1e" if value is not None and 0 < abs(value) < 1e-3 else ".3f")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def concatenated(runs: List[JobRecord]):
@@ -68,8 +88,6 @@ def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int
     ``delta`` is the BLEU difference on the concatenated outputs and marks are given to improvements only;
     ``length_ratio`` holds the row's and the baseline's hypothesis/reference length ratio (BLEU's tokens).
     """
-    from ..significance import length_ratio, paired_bootstrap, sign_test
-
     by_baseline: Dict[str, List[str]] = {}
     for row in table.rows:
         if row.baseline != row.id:
@@ -91,17 +109,16 @@ def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int
         _, boot = paired_bootstrap(base_hyps, systems, refs, samples=samples)
         base_ratio = length_ratio(base_hyps, refs)
         for row_id in row_ids:
-            hyps = systems[f"row:{row_id}"]
+            hyps, p_boot = systems[f"row:{row_id}"], boot[f"row:{row_id}"]["p_value"]
             delta = boot[f"row:{row_id}"]["bleu"] - boot["baseline"]["bleu"]
-            p_boot = boot[f"row:{row_id}"]["p_value"]
             sign = sign_test(base_hyps, hyps, refs)
-            per_seed = zip(results[row_id], base_runs)
             marks[row_id] = {
                 "baseline": base_id, "seeds": seeds, "sentences": len(refs), "delta": delta,
-                "bootstrap": {"p_value": p_boot, "samples": samples, "mark": _mark(p_boot, delta > 0, UP, DOUBLE_UP)},
-                "sign_test": dict(sign, mark=_mark(sign["p_value"], sign["better"] > sign["worse"], DAGGER,
-                                                   DOUBLE_DAGGER)),
-                "seeds_better": sum(r.eval.bleu > b.eval.bleu for r, b in per_seed),
+                "bootstrap": {"p_value": p_boot, "samples": samples,
+                              "mark": mark(p_boot, UP, DOUBLE_UP) if delta > 0 else ""},
+                "sign_test": dict(sign, mark=mark(sign["p_value"], DAGGER, DOUBLE_DAGGER)
+                                  if sign["better"] > sign["worse"] else ""),
+                "seeds_better": sum(r.eval.bleu > b.eval.bleu for r, b in zip(results[row_id], base_runs)),
                 "seeds_total": len(seeds),
                 "length_ratio": {"row": length_ratio(hyps, refs), "baseline": base_ratio},
             }
@@ -111,12 +128,54 @@ def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int
 def embedding_setup(record: JobRecord) -> Dict:
     """How the run's embeddings are shared (as the plan gave fairseq-train) and its dictionary sizes (from the
     data)."""
-    data, sizes = Path(record.eval.data), {}
-    if data.is_dir():
-        for path in sorted(data.glob("dict.*.txt")):
-            # fairseq adds 4 special symbols (<s>, <pad>, </s>, <unk>) to the entries of the file
-            sizes[path.name.split(".")[1]] = sum(1 for _ in path.open(encoding="utf-8")) + 4
+    # fairseq adds 4 special symbols (<s>, <pad>, </s>, <unk>) to the entries of the file
+    sizes = {path.name.split(".")[1]: sum(1 for _ in path.open(encoding="utf-8")) + 4
+             for path in sorted(Path(record.eval.data).glob("dict.*.txt"))}
     return {"sharing": record.train.embeddings, "dictionary_sizes": sizes}
+
+
+def _mean_scores(per_seed: Sequence[Dict]) -> Dict:
+    """Mean over seeds of ``{type: {"sub", "pos", "out", "layers": [{"layer", "heads", "sub", "pos", "out"}]}}``."""
+    out = {}
+    for atype in per_seed[0]:
+        runs = [d[atype] for d in per_seed if atype in d]
+        depth = min(len(r.get("layers", [])) for r in runs)
+        out[atype] = {name: mean([r.get(name) for r in runs]) for name, _ in SCORES}
+        out[atype]["layers"] = [
+            {"layer": runs[0]["layers"][i]["layer"], "heads": runs[0]["layers"][i].get("heads"),
+             **{name: mean([r["layers"][i].get(name) for r in runs]) for name, _ in SCORES}}
+            for i in range(depth)]
+    return out
+
+
+def disagreement_entry(table: Table, row, runs: List[JobRecord]) -> Dict:
+    """What a row's summary entry stores: ``{"disagreement": mean over seeds, "paper_disagreement": {...}}``.
+
+    ``paper_disagreement`` holds the row's paper scores (Table 4/5 keys) and the dataset they are for; it is
+    kept whatever dataset ran, since the scale, unlike BLEU, can be compared across data. Empty when the runs
+    carry no scores.
+    """
+    if not runs or not all(r.disagreement for r in runs):
+        return {}
+    paper = {k: v for k, v in row.paper.items() if k.endswith("_score") or k.startswith("pos_score_layer")}
+    entry = {"disagreement": _mean_scores([r.disagreement for r in runs])}
+    if paper:
+        entry["paper_disagreement"] = {"dataset": table.paper_dataset, "scores": paper}
+    return entry
+
+
+def probing_entry(table: Table, row, runs: List[JobRecord]) -> Dict:
+    """``{"probing": {"accuracy", "accuracy_per_seed", "majority", "paper"}}`` for a row (empty without probing)."""
+    if not runs or not all(r.probing for r in runs):
+        return {}
+    names = list(runs[0].probing)
+    return {"probing": {
+        "accuracy": {t: statistics.fmean(r.probing[t]["accuracy"] for r in runs) for t in names},
+        "accuracy_per_seed": {t: [r.probing[t]["accuracy"] for r in runs] for t in names},
+        "majority": {t: runs[0].probing[t]["majority"] for t in names},
+        "paper": {t: row.paper[BY_NAME[t.lower()].paper_key] for t in names
+                  if BY_NAME[t.lower()].paper_key in row.paper},
+    }}
 
 
 def summarise(table: Table, results: Dict[str, List[JobRecord]], dataset: str, scale: str,
@@ -136,18 +195,17 @@ def summarise(table: Table, results: Dict[str, List[JobRecord]], dataset: str, s
             "bleu": bleu[0], "bleu_std": bleu[1], "bleu_per_seed": [e.bleu for e in evals],
             "tok_bleu": tok[0], "tok_bleu_std": tok[1], "tok_bleu_per_seed": [e.tok_bleu for e in evals],
             "signature": evals[0].signature,
-            # BLEU as the paper's authors scored it (diverse_fairseq.runs.paper_bleu), where the dataset has their
-            # scoring
-            "paper_bleu": _mean_std([e.paper_bleu for e in evals])[0],
+            # BLEU as the paper's authors scored it (runs/paper_bleu.py), where the dataset has their scoring
+            "paper_bleu": mean([e.paper_bleu for e in evals]),
             "paper_bleu_kind": evals[0].paper_bleu_kind,
-            "bleu_by_subset": {name: _mean_std([r.evals[name].bleu for r in runs])[0] for name in runs[0].evals},
+            "bleu_by_subset": {name: mean([r.evals[name].bleu for r in runs]) for name in runs[0].evals},
             "parameters": trains[0].parameters,
-            "train_steps_per_second": _mean_std([t.train_steps_per_second for t in trains])[0],
-            "decode_sentences_per_second": _mean_std([(e.speed or {}).get("sentences_per_second") for e in evals])[0],
+            "train_steps_per_second": mean([t.train_steps_per_second for t in trains]),
+            "decode_sentences_per_second": mean([(e.speed or {}).get("sentences_per_second") for e in evals]),
             "updates": trains[0].updates,
             # the last validation of each seed: label-smoothed loss and NLL per target token (base 2, fairseq's)
             "valid_loss_per_seed": [t.valid_loss for t in trains],
-            "valid_nll_loss": _mean_std([t.valid_nll_loss for t in trains])[0],
+            "valid_nll_loss": mean([t.valid_nll_loss for t in trains]),
             "valid_nll_loss_per_seed": [t.valid_nll_loss for t in trains],
             "averaged_checkpoints": [t.averaged_checkpoints for t in trains],
             "checkpoint_names": sorted({Path(t.checkpoint).name for t in trains}),
@@ -161,9 +219,9 @@ def summarise(table: Table, results: Dict[str, List[JobRecord]], dataset: str, s
             "same_as": runs[0].same_as,  # trained once with an earlier row (runner.same_model_rows)
         }
         if all(r.output_disagreement is not None for r in runs):
-            entry["output_disagreement"] = _mean_std([r.output_disagreement for r in runs])[0]
-        entry.update(disagreement_entry(table, row, runs))  # EMNLP 2018 Tables 4-5 scores, ours and the paper's
-        entry.update(probing_entry(table, row, runs))  # NAACL 2019 Table 1 / journal Table 7 probing accuracies
+            entry["output_disagreement"] = mean([r.output_disagreement for r in runs])
+        entry.update(disagreement_entry(table, row, runs))
+        entry.update(probing_entry(table, row, runs))
         if row.id in marks:
             entry["significance"] = marks[row.id]
         if row.figure:
@@ -184,8 +242,7 @@ def _params_differ(r: Dict) -> bool:
 def params_footnote(summary: Dict, rows: List[Dict]) -> str:
     """Why our parameter counts (``rows``) differ from the paper's."""
     emb = rows[0]["embeddings"]
-    sizes = emb["dictionary_sizes"]
-    vocab = " / ".join(f"{lang} {n:,}" for lang, n in sizes.items())
+    vocab = " / ".join(f"{lang} {n:,}" for lang, n in emb["dictionary_sizes"].items())
     sharing = {
         "all": "one embedding matrix shared by the source, the target and the output projection "
                "(`--share-all-embeddings`, joined dictionary)",
@@ -195,28 +252,25 @@ def params_footnote(summary: Dict, rows: List[Dict]) -> str:
     text = (f"{PARAMS_NOTE} Our parameter count differs from the paper's ({', '.join(r['label'] for r in rows)}): "
             f"ours is fairseq's count of the trained parameters of the model trained here, with {sharing}"
             + (f", over our dictionaries ({vocab} types incl. 4 special symbols)" if vocab else "") +
-            "; the paper's count comes from its own "
-            "vocabulary and embedding set-up, so the embedding matrices account for the difference")
+            "; the paper's count comes from its own vocabulary and embedding set-up, so the embedding matrices "
+            "account for the difference")
     if summary["scale"] != "paper":
         text += f"; besides, at scale `{summary['scale']}` the model is the small demo setting, not the paper's size"
     return text + "."
 
 
 def checkpoints_note(rows: List[Dict]) -> str:
-    """Which checkpoint was evaluated (:mod:`diverse_fairseq.runs.checkpoint_choice`): a single one (the last, or the
+    """Which checkpoint was evaluated (:mod:`diverse_fairseq.runs.settings`): a single one (the last, or the
     best by validation BLEU as the THUMT papers' rows, or by validation loss as the EMNLP 2020 rows, at paper
     scale) or an average (from the train records)."""
-    def single(r: Dict) -> str:
-        metrics = sorted(set(r.get("best_checkpoint_metric") or [None]), key=str)
-        return " / ".join(METRICS[m] for m in metrics)
-
     kinds = {}  # what was evaluated -> labels of the rows
     for r in rows:
+        single = " / ".join(METRICS[m] for m in sorted(set(r["best_checkpoint_metric"]), key=str))
         for n in sorted(set(r["averaged_checkpoints"])):
-            what = f"the average of the last {n} checkpoints" if n else f"a single checkpoint ({single(r)})"
+            what = f"the average of the last {n} checkpoints" if n else f"a single checkpoint ({single})"
             kinds.setdefault(what, []).append(r["label"])
     if len(kinds) == 1 and not any(set(r["averaged_checkpoints"]) - {0} for r in rows):
-        metrics = {m for r in rows for m in r.get("best_checkpoint_metric") or [None]}
+        metrics = {m for r in rows for m in r["best_checkpoint_metric"]}
         why = ("as the EMNLP 2020 authors' README tests checkpoint_best.pt (fairseq's best by validation loss)"
                if metrics == {"loss"} else
                "as the journal version reports single models (the other papers do not say)")
@@ -226,7 +280,7 @@ def checkpoints_note(rows: List[Dict]) -> str:
 
 def reused_note(rows: List[Dict]) -> str:
     """Which runs this invocation reused instead of training them (same cache key)."""
-    parts, total = [], sum(len(r["seeds"]) for r in rows)
+    parts = []
     for r in rows:
         if r["reused_seeds"]:
             when = sorted({t for t, seed in zip(r["trained_at"], r["seeds"]) if seed in r["reused_seeds"] and t})
@@ -234,14 +288,10 @@ def reused_note(rows: List[Dict]) -> str:
                          f"{', '.join(map(str, r['reused_seeds']))}, trained {', '.join(when) or 'earlier'})")
     if not parts:
         return "Every run was trained by this invocation."
-    reused = sum(len(r["reused_seeds"]) for r in rows)
+    every = sum(len(r["reused_seeds"]) for r in rows) == sum(len(r["seeds"]) for r in rows)
     return ("Reused from earlier invocations (finished runs made by the same command): " + "; ".join(parts)
-            + (". No run was trained by this invocation." if reused == total else
+            + (". No run was trained by this invocation." if every else
                ". The other runs were trained by this invocation."))
-
-
-# a length-ratio difference (hyp/ref, BLEU's tokens) below this is "nearly equal": it cannot explain the sign test
-LENGTH_RATIO_GAP = 0.01
 
 
 def longer_outputs_explain(sig: Dict) -> bool:
@@ -249,8 +299,8 @@ def longer_outputs_explain(sig: Dict) -> bool:
     than the references (length ratio below 1, where BLEU's brevity penalty applies) and the row's outputs are
     longer by at least :data:`LENGTH_RATIO_GAP`. Then each of the row's longer sentences put in place of the
     baseline's softens the brevity penalty, and wins that swap even where its words are not better."""
-    lengths = sig.get("length_ratio")
-    return bool(sig["sign_test"]["mark"] and not sig["bootstrap"]["mark"] and lengths
+    lengths = sig["length_ratio"]
+    return bool(sig["sign_test"]["mark"] and not sig["bootstrap"]["mark"]
                 and lengths["baseline"] < 1 and lengths["row"] - lengths["baseline"] >= LENGTH_RATIO_GAP)
 
 
@@ -265,15 +315,12 @@ def split_tests_note(rows: List[Dict], by_id: Dict[str, Dict]) -> str:
     parts, reasons = [], []
     for r in split:
         sig = r["significance"]
-        sign, lengths = sig["sign_test"], sig.get("length_ratio")
+        sign, lengths = sig["sign_test"], sig["length_ratio"]
         base_label = by_id[r["baseline"]]["label"]
-        marked = "sign test" if sign["mark"] else "bootstrap"
-        part = (f"{r['label']}: sign test {sign['better']} better / {sign['worse']} "
-                f"worse / {sign['ties']} ties (p = {sign['p_value']:.2g}), bootstrap p = "
-                f"{sig['bootstrap']['p_value']:.2g}, BLEU difference {sig['delta']:+.2f}")
-        if lengths:
-            part += f", length ratio (hyp/ref) {lengths['row']:.3f} against {base_label}'s {lengths['baseline']:.3f}"
-        parts.append(part + f" (only the {marked} marks it)")
+        parts.append(f"{r['label']}: sign test {sign['better']} better / {sign['worse']} worse / {sign['ties']} ties "
+                     f"(p = {sign['p_value']:.2g}), bootstrap p = {sig['bootstrap']['p_value']:.2g}, BLEU difference "
+                     f"{sig['delta']:+.2f}, length ratio (hyp/ref) {lengths['row']:.3f} against {base_label}'s "
+                     f"{lengths['baseline']:.3f} (only the {'sign test' if sign['mark'] else 'bootstrap'} marks it)")
         if longer_outputs_explain(sig):
             reasons.append(
                 f"{r['label']}'s outputs are longer than {base_label}'s, which are shorter than the references: below "
@@ -284,7 +331,7 @@ def split_tests_note(rows: List[Dict], by_id: Dict[str, Dict]) -> str:
             "test sentences whose translation, put in place of the baseline's, raises (or lowers) the baseline's "
             "corpus BLEU, each sentence one vote whatever the size of its change; the bootstrap compares the corpus "
             "BLEU of resampled test sets. Measured: " + "; ".join(parts) + "."
-            + ("" if not reasons else " " + " ".join(reason[0].upper() + reason[1:] + "." for reason in reasons)))
+            + "".join(f" {reason[0].upper()}{reason[1:]}." for reason in reasons))
 
 
 def to_markdown(summary: Dict) -> str:
@@ -293,72 +340,65 @@ def to_markdown(summary: Dict) -> str:
     by_id = {r["id"]: r for r in rows}
     seeds = max(len(r["seeds"]) for r in rows)
     paper_keys = [c for c in PAPER_COLUMNS if any(c[0] in r["paper"] for r in rows)]
-    has_dis = any("output_disagreement" in r for r in rows)
     has_rel = any("relative_step_time" in r["paper"] for r in rows)
     baselines = sorted({r["baseline"] for r in rows}, key=list(by_id).index)
-    head = ["System", "BLEU"] + (["per seed"] if seeds > 1 else []) + ["tok. BLEU", "Δ"]
-    head += (["seeds > baseline"] if seeds > 1 else []) + (["tested against"] if len(baselines) > 1 else [])
-    head += (["Out. disagreement (enc)"] if has_dis else []) + ["params", "train steps/s"]
-    head += (["step time (rel.)"] if has_rel else []) + ["decode sent/s"]
-    valid = summary.get("subset", "test") != "test"  # a diagnosis on the validation set (docs/demo-findings.md)
-    authors = next((r["paper_bleu_kind"] for r in rows if r.get("paper_bleu") is not None), None)
-    head += (["valid loss", "valid nll", "test BLEU"] if valid else []) + (["authors' BLEU"] if authors else [])
-    head += [c[1] for c in paper_keys]
+    valid = summary["subset"] != "test"  # a diagnosis on the validation set (docs/demo-findings.md)
+    authors = next((r["paper_bleu_kind"] for r in rows if r["paper_bleu"] is not None), None)
+
+    def mean_std(value, std):
+        return "–" if value is None else f"{value:.2f}" + (f" ± {std:.2f}" if seeds > 1 else "")
+
+    def bleu(r, b, sig):
+        marks = sig.get("bootstrap", {}).get("mark", "") + sig.get("sign_test", {}).get("mark", "")
+        return mean_std(r["bleu"], r["bleu_std"]) + (" " + marks if seeds > 1 and marks else marks)
+
+    def step_time(r, b, s):
+        ups, base_ups = r["train_steps_per_second"], b["train_steps_per_second"]
+        return f"{base_ups / ups:.2f}" if ups and base_ups else "–"
+
+    columns = [  # (header, shown, cell of row r with its baseline row b and its significance s)
+        ("System", True, lambda r, b, s: r["label"]),
+        ("BLEU", True, bleu),
+        ("per seed", seeds > 1, lambda r, b, s: " / ".join(f"{v:.2f}" for v in r["bleu_per_seed"])),
+        ("tok. BLEU", True, lambda r, b, s: mean_std(r["tok_bleu"], r["tok_bleu_std"])),
+        ("Δ", True, lambda r, b, s: "–" if b is r else f"{r['bleu'] - b['bleu']:+.2f}"),
+        ("seeds > baseline", seeds > 1, lambda r, b, s: "–" if b is r else f"{s['seeds_better']}/{s['seeds_total']}"),
+        ("tested against", len(baselines) > 1, lambda r, b, s: "–" if b is r else b["label"]),
+        ("Out. disagreement (enc)", any("output_disagreement" in r for r in rows),
+         lambda r, b, s: _cell(r.get("output_disagreement"), ".3f")),
+        ("params", True, lambda r, b, s: (f"{r['parameters'] / 1e6:.2f}M" if r["parameters"] else "–")
+         + (PARAMS_NOTE if _params_differ(r) else "")),
+        ("train steps/s", True, lambda r, b, s: _cell(r["train_steps_per_second"] or None)),
+        ("step time (rel.)", has_rel, step_time),
+        ("decode sent/s", True, lambda r, b, s: _cell(r["decode_sentences_per_second"] or None, ".1f")),
+        ("valid loss", valid, lambda r, b, s: _cell(mean(r["valid_loss_per_seed"]), ".3f")),
+        ("valid nll", valid, lambda r, b, s: _cell(r["valid_nll_loss"], ".3f")),
+        ("test BLEU", valid, lambda r, b, s: _cell(r["bleu_by_subset"].get("test"))),
+        # beside the paper's BLEU: scored as the paper's authors scored theirs
+        ("authors' BLEU", authors, lambda r, b, s: _cell(r["paper_bleu"])),
+        *((name, True, lambda r, b, s, key=key, fmt=fmt: fmt.format(r["paper"][key]) if key in r["paper"] else "–")
+          for key, name, fmt in paper_keys),
+    ]
+    shown = [(name, cell) for name, show, cell in columns if show]
     seed_list = ", ".join(map(str, rows[0]["seeds"]))
     lines = [f"### {summary['title']}", "",
              f"dataset `{summary['dataset']}`, scale `{summary['scale']}`, seed{'s' if seeds > 1 else ''} {seed_list}"
-             + ("" if summary.get("subset", "test") == "test" else
-                f"; BLEU of the **{summary['subset']}** set, valid loss / nll: fairseq's last validation (bits)")
-             + (" (BLEU: mean ± standard deviation over the seeds)" if seeds > 1 else ""), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        base = by_id[r["baseline"]]
-        sig = r.get("significance") or {}
-        mark = (sig.get("bootstrap") or {}).get("mark", "") + (sig.get("sign_test") or {}).get("mark", "")
-        cells = [r["label"], _fmt(r["bleu"], r["bleu_std"], seeds=seeds) + (" " + mark if seeds > 1 and mark else mark)]
-        if seeds > 1:
-            cells.append(" / ".join(f"{b:.2f}" for b in r["bleu_per_seed"]))
-        cells += [_fmt(r["tok_bleu"], r["tok_bleu_std"], seeds=seeds),
-                  "–" if base is r else f"{r['bleu'] - base['bleu']:+.2f}"]
-        if seeds > 1:
-            cells.append("–" if base is r else f"{sig['seeds_better']}/{sig['seeds_total']}")
-        if len(baselines) > 1:
-            cells.append("–" if base is r else base["label"])
-        if has_dis:
-            cells.append(f"{r['output_disagreement']:.3f}" if "output_disagreement" in r else "–")
-        cells.append((f"{r['parameters'] / 1e6:.2f}M" if r["parameters"] else "–")
-                     + (PARAMS_NOTE if _params_differ(r) else ""))
-        ups = r["train_steps_per_second"]
-        cells.append(f"{ups:.2f}" if ups else "–")
-        if has_rel:
-            base_ups = base["train_steps_per_second"]
-            cells.append(f"{base_ups / ups:.2f}" if ups and base_ups else "–")
-        cells.append(f"{r['decode_sentences_per_second']:.1f}" if r["decode_sentences_per_second"] else "–")
-        if valid:
-            losses = [v for v in r["valid_loss_per_seed"] if v is not None]
-            cells.append(f"{sum(losses) / len(losses):.3f}" if losses else "–")
-            cells.append(f"{r['valid_nll_loss']:.3f}" if r["valid_nll_loss"] is not None else "–")
-            test = r.get("bleu_by_subset", {}).get("test")
-            cells.append("–" if test is None else f"{test:.2f}")
-        if authors:  # beside the paper's BLEU: scored as the paper's authors scored theirs
-            cells.append("–" if r.get("paper_bleu") is None else f"{r['paper_bleu']:.2f}")
-        for key, _, fmt in paper_keys:
-            cells.append(fmt.format(r["paper"][key]) if key in r["paper"] else "–")
-        lines.append("| " + " | ".join(cells) + " |")
+             + (f"; BLEU of the **{summary['subset']}** set, valid loss / nll: fairseq's last validation (bits)"
+                if valid else "")
+             + (" (BLEU: mean ± standard deviation over the seeds)" if seeds > 1 else ""), ""]
+    lines += markdown_table([name for name, _ in shown], [
+        [cell(r, by_id[r["baseline"]], r.get("significance") or {}) for _, cell in shown] for r in rows])
 
     notes = [
         f"Significance of each row against its baseline (improvements only): {UP} p < 0.05, {DOUBLE_UP} p < 0.01 "
         f"paired bootstrap resampling (Koehn 2004; sacrebleu, {SAMPLES} samples); {DAGGER} p < 0.05, "
         f"{DOUBLE_DAGGER} p < 0.01 sign test (Collins et al. 2005, the test of EMNLP 2018); both on the BLEU "
-        f"column (sacrebleu, detokenized). Δ: BLEU minus the baseline's."]
-    split = split_tests_note(rows, by_id)
-    if split:
-        notes.append(split)
+        f"column (sacrebleu, detokenized). Δ: BLEU minus the baseline's.",
+        split_tests_note(rows, by_id)]
     if len(baselines) > 1:
-        notes.append("As in the papers, each row is tested against the baseline of its own size: "
-                     + "; ".join(f"**{by_id[b]['label']}** for " + ", ".join(
-                         r["label"] for r in rows if r["baseline"] == b and r["id"] != b) for b in baselines
-                         if any(r["baseline"] == b and r["id"] != b for r in rows)) + ".")
+        tested = {b: [r["label"] for r in rows if r["baseline"] == b and r["id"] != b] for b in baselines}
+        notes.append("As in the papers, each row is tested against the baseline of its own size: " + "; ".join(
+            f"**{by_id[b]['label']}** for {', '.join(labels)}" for b, labels in tested.items() if labels) + ".")
     else:
         notes.append(f"Baseline: **{by_id[baselines[0]]['label']}**.")
     if seeds > 1:
@@ -367,16 +407,15 @@ def to_markdown(summary: Dict) -> str:
                      f"baseline, over the test references repeated {seeds} times); \"seeds > baseline\" counts the "
                      f"seeds whose BLEU beats the baseline's of the same seed.")
     notes += [checkpoints_note(rows), reused_note(rows)]
-    same = [r for r in rows if r.get("same_as")]
-    if same:
+    if any(r["same_as"] for r in rows):
         notes.append("Trained once for several rows (at this scale their commands are identical, so their numbers "
                      "are one model's): " + "; ".join(f"{r['label']} = {by_id[r['same_as']]['label']}"
-                                                     for r in same) + ".")
-    if any(r.get("layers_mapped") for r in rows):
-        mapped = "; ".join(f"{r['label']}: {', '.join(r['layers_mapped'])}" for r in rows if r.get("layers_mapped"))
+                                                     for r in rows if r["same_as"]) + ".")
+    if any(r["layers_mapped"] for r in rows):
+        mapped = "; ".join(f"{r['label']}: {', '.join(r['layers_mapped'])}" for r in rows if r["layers_mapped"])
         notes.append("Layer flags mapped from the paper's six-layer model to this one (one rule, "
                      f"diverse_fairseq/tables/scale.py): {mapped}.")
-    paper_dataset = summary.get("paper_dataset")
+    paper_dataset = summary["paper_dataset"]
     if paper_keys and (summary["dataset"] != paper_dataset or summary["scale"] != "paper"):
         notes.append("The paper columns are the paper's numbers" + (f" on `{paper_dataset}`" if paper_dataset else "")
                      + f" at full scale, for reference: this run used `{summary['dataset']}` at scale "
@@ -389,28 +428,100 @@ def to_markdown(summary: Dict) -> str:
     differ = [r for r in rows if _params_differ(r)]
     if differ:
         notes.append(params_footnote(summary, differ))
-    lines += [""] + [n for note in notes for n in (note, "")]
-    described = [r for r in rows if r.get("description")]
+    lines += [""] + [n for note in notes if note for n in (note, "")]
+    described = [r for r in rows if r["description"]]
     if described:
         lines += ["Rows:", ""] + [f"- **{r['label']}**: {r['description']}" for r in described] + [""]
     lines.append(f"![BLEU per seed]({summary['dataset']}.png)")
-    sig = rows[0].get("signature")
-    if sig:
-        lines += ["", f"sacrebleu signature: `{sig}`"]
-    lines += disagreement_section(summary)  # EMNLP 2018 Tables 4-5 layout, only for tables with those paper numbers
-    lines += probing_section(summary)  # only for tables with a probing field
-    return "\n".join(lines) + "\n"
+    if rows[0]["signature"]:
+        lines += ["", f"sacrebleu signature: `{rows[0]['signature']}`"]
+    return "\n".join(lines + disagreement_section(summary) + probing_section(summary)) + "\n"
 
 
-def plot_seeds(summary: Dict, path: Path) -> Path:
-    """Per-seed BLEU of every row (points) and its mean (bar), as a PNG."""
+def disagreement_section(summary: Dict) -> List[str]:
+    """Markdown lines: Table 4 (Sub./Pos./Out. of the encoder) and Table 5 (per encoder layer), ours beside
+    the paper's. Nothing when no row carries both our scores and the paper's."""
+    rows = [r for r in summary["rows"] if ATTENTION in r.get("disagreement", {})]
+    if not any(r.get("paper_disagreement") for r in rows):
+        return []
+    paper_data = next(r["paper_disagreement"]["dataset"] for r in rows if r.get("paper_disagreement"))
+    paper = {r["id"]: r.get("paper_disagreement", {}).get("scores", {}) for r in rows}
+    ours = {r["id"]: r["disagreement"][ATTENTION] for r in rows}
+    heads = sorted({e["heads"] for o in ours.values() for e in o["layers"] if e.get("heads")})
+    layers = range(1, max(len(o["layers"]) for o in ours.values()) + 1)
+    layer_prefix = PAPER_LAYER_KEY.format("")
+    paper_layers = range(1, max([int(k[len(layer_prefix):]) for p in paper.values() for k in p
+                                 if k.startswith(layer_prefix)] or [0]) + 1)
+    h_note = ", ".join(f"exp(−1/{h}) = {math.exp(-1 / h):.3f} at H = {h}" for h in heads)
+
+    def ours_layer(row_id: str, name: str) -> List[str]:
+        by_layer = {e["layer"]: e for e in ours[row_id]["layers"]}
+        return [_score(by_layer.get(layer, {}).get(name)) for layer in layers]
+
+    return [
+        "", "#### Disagreement scores of the encoder self-attention (EMNLP 2018 Tables 4–5)", "",
+        f"exp(D) on the paper's scale, exp(−mean over all H² head pairs, self-pairs included): larger = more diverse "
+        f"heads, at most 1.0; mutually orthogonal heads give exp(−1/H) ({h_note}; the paper's H = 8 gives 0.882). "
+        f"Ours: the whole `{summary['dataset']}` validation set, teacher-forced, mean over "
+        f"{max(len(r['seeds']) for r in rows)} seed(s); paper: `{paper_data}` validation set. Per attention type and "
+        "layer (all three types) in the JSON, key `disagreement`.", "",
+        "Table 4 layout (per type: exp of the mean over layers of the similarity, the geometric mean of the layer "
+        "scores):", "",
+        *markdown_table(["Regularization", *(n for _, n in SCORES), *(f"paper {n}" for _, n in SCORES)],
+                        [[r["label"], *(_score(ours[r["id"]][k]) for k, _ in SCORES),
+                          *(_score(paper[r["id"]].get(f"{k}_score")) for k, _ in SCORES)] for r in rows]),
+        "", f"Table 5 layout, Pos. per encoder layer (1 = bottom; ours {len(layers)} layers, the paper's "
+            f"{len(paper_layers)}):", "",
+        *markdown_table(["Regularization", *map(str, layers), *(f"paper {layer}" for layer in paper_layers)],
+                        [[r["label"], *ours_layer(r["id"], "pos"),
+                          *(_score(paper[r["id"]].get(PAPER_LAYER_KEY.format(layer))) for layer in paper_layers)]
+                         for r in rows]),
+        "", "Sub. and Out. per encoder layer (ours; the paper reports positions only):", "",
+        *markdown_table(["Regularization", *(f"{name} {layer}" for name in ("Sub.", "Out.") for layer in layers)],
+                        [[r["label"], *ours_layer(r["id"], "sub"), *ours_layer(r["id"], "out")] for r in rows])]
+
+
+def probing_section(summary: Dict) -> List[str]:
+    """Markdown lines: per row and task our test accuracy and the paper's, then the majority class's share."""
+    rows = [r for r in summary["rows"] if r.get("probing")]
+    if not rows:
+        return []
+    names = list(rows[0]["probing"]["accuracy"])
+    majority = rows[0]["probing"]["majority"]
+    return ["", "#### Linguistic probing (NAACL 2019 Table 1, journal Table 7)", "",
+            "Test accuracy (%) of an MLP on the frozen encoder's sentence representation (the mean of the top encoder "
+            "layer's outputs over the sentence's tokens), trained on the task's `tr` sentences and selected on `va`; "
+            f"mean over {max(len(r['seeds']) for r in rows)} seed(s), the paper's in brackets. The papers instead "
+            "train a probing encoder (3 layers in NAACL 2019, 6 in the journal) with the MLP on each task; the last "
+            "line is the share of the most frequent class in the test set (chance level).", "",
+            *markdown_table(["System", *(BY_NAME[t.lower()].column for t in names)], [
+                *([r["label"], *(f"{r['probing']['accuracy'][t]:.2f}" + (
+                    f" ({r['probing']['paper'][t]:.2f})" if t in r["probing"]["paper"] else "") for t in names)]
+                  for r in rows),
+                ["majority class", *(f"{majority[t]:.2f}" for t in names)]])]
+
+
+def pyplot():
+    """matplotlib's pyplot with the file-only Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+    return path
+
+
+def plot_seeds(summary: Dict, path: Path) -> Path:
+    """Per-seed BLEU of every row (points) and its mean (bar), as a PNG."""
     rows = summary["rows"]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(rows) + 3.0), 3.6))
+    fig, ax = pyplot().subplots(figsize=(max(5.0, 1.1 * len(rows) + 3.0), 3.6))
     for x, r in enumerate(rows):
         values = r["bleu_per_seed"]
         offsets = [(k - (len(values) - 1) / 2) * 0.08 for k in range(len(values))]
@@ -425,10 +536,7 @@ def plot_seeds(summary: Dict, path: Path) -> Path:
                  f"seeds {', '.join(map(str, rows[0]['seeds']))}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the axes, never over a point
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_report(summary: Dict, out_dir: Path) -> Path:

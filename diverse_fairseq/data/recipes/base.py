@@ -1,12 +1,16 @@
-"""What a dataset recipe declares, and the context it collects its raw text with."""
+"""What a dataset recipe declares, the context it collects its raw text with, and what several recipes share."""
 
 import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ..download import Source
+from ..download import Source, published_md5
+from ..progress import atomic_path
+from ..text import iter_lines
+
+SPLITS = ("train", "valid", "test")
 
 
 @dataclass
@@ -85,13 +89,30 @@ class Recipe:
         return (self.src, self.tgt)
 
     def raw_splits(self) -> Tuple[str, ...]:
-        return ("train", "test") if self.valid_every else ("train", "valid", "test")
+        return ("train", "test") if self.valid_every else SPLITS
 
 
 #: what the two WMT recipes share: Moses normalisation of train, fairseq's apostrophe fix on the SGM dev/test
 #: sets, 32k subword-nmt merges, length cleaning after BPE, and the papers' beam 4 / length penalty 0.6
 WMT_SETTINGS = dict(bpe="subword-nmt", bpe_size=32000, punct_norm=True, non_printing=True,
                     apostrophe_splits=("valid", "test"), clean_after_bpe=True, beam=4, lenpen=0.6)
+
+
+def sacrebleu_source(filename: str, url: str) -> Source:
+    """A WMT dev/test archive, with the md5 that sacrebleu's test-set registry publishes for it."""
+    return Source(filename, (url,), md5=published_md5(url), checksum_source="sacrebleu's test-set registry")
+
+
+#: WMT17's dev.tgz holds newstest2008-2016 and newsdev2017: one file serves WMT14 and WMT17
+WMT17_DEV = sacrebleu_source("dev.tgz", "https://data.statmt.org/wmt17/translation-task/dev.tgz")
+#: size and sha256: TensorFlow Datasets' registry of the same URL, tensorflow_datasets/url_checksums/
+#: wmt17_translate.txt (github.com/tensorflow/datasets, commit 333639b3). The https address is macaron-net's
+#: (prepare-wmt14en2de.sh line 21 has http; the server answers both).
+NEWS_COMMENTARY_V12 = Source("training-parallel-nc-v12.tgz",
+                             ("https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
+                              "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz"),
+                             size=168591139, sha256="2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2",
+                             checksum_source="TensorFlow Datasets url_checksums/wmt17_translate.txt")
 
 
 @dataclass
@@ -121,58 +142,56 @@ class Context:
         """``raw/{split}.corpora.json``: [[corpus name, pairs], ...] in the order of the raw split's lines."""
         return self.raw / f"{split}.corpora.json"
 
+    def member(self, archive: str, relative: str) -> Path:
+        """``orig/archive/relative``, or a file of the same name anywhere under it (archive layouts vary)."""
+        root = self.extracted(archive)
+        if (root / relative).is_file():
+            return root / relative
+        matches = sorted(p for p in root.rglob(Path(relative).name) if p.is_file())
+        if not matches:
+            raise FileNotFoundError(f"{relative} not found in {root}: the archive does not have the expected layout. "
+                                    f"Delete {root} and the archive it came from, and run the command again.")
+        return matches[0]
 
-def find_member(root: Path, relative: str) -> Path:
-    """``root/relative``, or a file of the same name anywhere under ``root`` (archive layouts vary)."""
-    path = root / relative
-    if path.is_file():
-        return path
-    name = Path(relative).name
-    matches = sorted(p for p in root.rglob(name) if p.is_file())
-    if not matches:
-        raise FileNotFoundError(
-            f"{relative} not found in {root}: the archive does not have the expected layout. "
-            f"Delete {root} and the archive it came from, and run the command again."
-        )
-    return matches[0]
-
-
-def write_parallel(ctx: Context, split: str, pairs_by_lang: Dict[str, List[str]]):
-    """Write raw/{split}.{lang} for both languages after checking they have equally many lines."""
-    from ..lines import write_lines
-
-    counts = {lang: len(lines) for lang, lines in pairs_by_lang.items()}
-    if len(set(counts.values())) != 1:
-        raise ValueError(f"{ctx.recipe.name} {split}: the sides differ in length {counts}; the source is damaged")
-    for lang, lines in pairs_by_lang.items():
-        write_lines(ctx.raw_path(split, lang), lines)
-    ctx.corpora_path(split).write_text(json.dumps([[ctx.recipe.name, next(iter(counts.values()))]]) + "\n")
-    ctx.log(f"  raw {split}: {next(iter(counts.values())):,} sentence pairs")
+    def parallel(self, archive: str, stem: str) -> Tuple[Iterator[str], Iterator[str]]:
+        """The lines of the members ``stem.SRC`` and ``stem.TGT`` of an extracted archive."""
+        return (iter_lines(self.member(archive, f"{stem}.{self.recipe.src}")),
+                iter_lines(self.member(archive, f"{stem}.{self.recipe.tgt}")))
 
 
-def concat_parallel(ctx: Context, split: str, corpora: List[Tuple[str, Path, Path]], src: str, tgt: str) -> List[int]:
-    """Stream several parallel corpora [(name, src file, tgt file)] into raw/{split}.{src,tgt}; the pairs read
-    from each corpus, in order."""
-    from ..lines import iter_lines
-    from ..steps import atomic_path
-
-    total = 0
+def write_raw(ctx: Context, split: str, corpora: Sequence[Tuple[str, Iterable[str], Iterable[str]]]) -> List[int]:
+    """Stream parallel corpora [(name, source lines, target lines)] into raw/{split}.{src,tgt} (atomically) and
+    their pair counts into :meth:`Context.corpora_path`; return the pairs of each corpus, in order. Two sides of
+    different lengths stop it: the source is damaged."""
+    src, tgt = ctx.recipe.langs
     sizes = []
-    ctx.raw.mkdir(parents=True, exist_ok=True)
-    with atomic_path(ctx.raw_path(split, src)) as ts, atomic_path(ctx.raw_path(split, tgt)) as tt:
-        with open(ts, "w", encoding="utf-8") as fs, open(tt, "w", encoding="utf-8") as ft:
-            for name, ps, pt in corpora:
-                n = 0
-                sentinel = object()
-                for s, t in itertools.zip_longest(iter_lines(ps), iter_lines(pt), fillvalue=sentinel):
-                    if s is sentinel or t is sentinel:
-                        raise ValueError(f"{name}: {ps.name} and {pt.name} differ in line count; the source is damaged")
-                    fs.write(s.replace("\r", " ") + "\n")
-                    ft.write(t.replace("\r", " ") + "\n")
-                    n += 1
+    with atomic_path(ctx.raw_path(split, src)) as ts, atomic_path(ctx.raw_path(split, tgt)) as tt, \
+            open(ts, "w", encoding="utf-8", newline="\n") as fs, open(tt, "w", encoding="utf-8", newline="\n") as ft:
+        for name, source, target in corpora:
+            n = 0
+            for s, t in itertools.zip_longest(source, target):
+                if s is None or t is None:
+                    raise ValueError(f"{ctx.recipe.name} {split}: {name}: the {src} and {tgt} sides differ in line "
+                                     f"count; the source is damaged")
+                fs.write(s.replace("\r", " ").replace("\n", " ") + "\n")
+                ft.write(t.replace("\r", " ").replace("\n", " ") + "\n")
+                n += 1
+            if len(corpora) > 1:
                 ctx.log(f"  raw {split}: {name}: {n:,} sentence pairs")
-                total += n
-                sizes.append([name, n])
+            sizes.append([name, n])
     ctx.corpora_path(split).write_text(json.dumps(sizes) + "\n")
-    ctx.log(f"  raw {split}: {total:,} sentence pairs in all")
+    ctx.log(f"  raw {split}: {sum(n for _, n in sizes):,} sentence pairs" + (" in all" if len(corpora) > 1 else ""))
     return [n for _, n in sizes]
+
+
+def corpus_files(directory: Path, langs: Sequence[str], hint: str) -> Dict[Tuple[str, str], Path]:
+    """{(split, lang): file} of a folder of plain parallel text: ``SPLIT.LANG`` or ``SPLIT.LANG.gz`` for each of
+    :data:`SPLITS` and ``langs``; SystemExit naming the first missing file, then ``hint`` (what to do)."""
+    found = {}
+    for split in SPLITS:
+        for lang in langs:
+            found[split, lang] = next((directory / n for n in (f"{split}.{lang}", f"{split}.{lang}.gz")
+                                       if (directory / n).is_file()), None)
+            if found[split, lang] is None:
+                raise SystemExit(f"error: {directory / f'{split}.{lang}'} not found (nor {split}.{lang}.gz). {hint}")
+    return found

@@ -7,36 +7,35 @@ of ``SPLIT.TGT`` (each file may also be gzipped, ``train.xx.gz``)::
 
     train.xx  train.yy  valid.xx  valid.yy  test.xx  test.yy
 
-The layout is checked before anything is done: a missing file, an empty one, a file that is not UTF-8 or two
-sides of a split with different line counts stop the command with a message naming the file; so does an empty
-line in valid or test (naming the line). Windows line ends (CR LF) are accepted with a warning that counts them,
-and training pairs with an empty side are counted in a warning and dropped. The text then
-goes through the same steps as the paper datasets: training pairs longer than 250 tokens or with a length ratio
-above 9 are removed (valid and test stay whole, so that they align with their references), then either Moses
-tokenization (sacremoses) and subword-nmt BPE (``BPE=subword-nmt``, the default), or sentencepiece on the raw
-text (``BPE=sentencepiece``); ``BPE_SIZE`` merges or vocabulary entries (default 10000); one joint BPE model and
-one dictionary for both languages unless ``SEPARATE_VOCAB=1`` (different scripts, e.g. zh-en). The output is
-named ``custom_SRC_TGT`` unless ``DATASET_NAME`` gives another name.
+The layout is checked before anything is done: a missing file, an empty one, a file that is not UTF-8 or two sides
+of a split with different line counts stop the command with a message naming the file; so does an empty line in
+valid or test (naming the line). Windows line ends (CR LF) are accepted with a warning that counts them, and
+training pairs with an empty side are counted in a warning and dropped. The text then goes through the same steps as
+the paper datasets: training pairs longer than 250 tokens or with a length ratio above 9 are removed (valid and test
+stay whole, so that they align with their references), then either Moses tokenization (sacremoses) and subword-nmt
+BPE (``BPE=subword-nmt``, the default), or sentencepiece on the raw text (``BPE=sentencepiece``); ``BPE_SIZE``
+merges or vocabulary entries (default 10000); one joint BPE model and one dictionary for both languages unless
+``SEPARATE_VOCAB=1`` (different scripts, e.g. zh-en). The output is named ``custom_SRC_TGT`` unless ``DATASET_NAME``
+gives another name.
 """
 
 import dataclasses
 import gzip
 import re
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple
 
-from .base import Context, Recipe, concat_parallel
+from ..text import iter_lines
+from .base import SPLITS, Context, Recipe, corpus_files, write_raw
 
-SPLITS = ("train", "valid", "test")
 DEFAULT_SIZE = 10000
 _LANG = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,15}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-LAYOUT = "train.SRC train.TGT valid.SRC valid.TGT test.SRC test.TGT (one sentence per line, UTF-8, .gz allowed)"
 
 
-def dataset_name(src: str, tgt: str, name: Optional[str] = None) -> str:
-    """The name under DATA_BIN: ``name`` when given, else ``custom_SRC_TGT``."""
-    return name or f"custom_{src}_{tgt}"
+def _layout(src: str, tgt: str) -> str:
+    return " ".join(f"{split}.{lang}" for split in SPLITS for lang in (src, tgt)) + \
+        " (one sentence per line, UTF-8, .gz allowed)"
 
 
 def configure(template: Recipe, options: Dict[str, object]) -> Recipe:
@@ -47,7 +46,8 @@ def configure(template: Recipe, options: Dict[str, object]) -> Recipe:
                if not value]
     if missing:
         raise SystemExit(f"error: the custom dataset needs {', '.join(missing)}: e.g. SRC=en TGT=de "
-                         f"CORPUS_DIR=/path/to/corpus scripts/prepare_data.sh custom, where the folder holds {LAYOUT}")
+                         f"CORPUS_DIR=/path/to/corpus scripts/prepare_data.sh custom, where the folder holds "
+                         f"{_layout('SRC', 'TGT')}")
     for var, value in (("SRC (--src)", src), ("TGT (--tgt)", tgt)):
         if not _LANG.match(str(value)):
             raise SystemExit(f"error: {var}={value!r} is not a language code: use letters, digits, '_' or '-', "
@@ -60,45 +60,28 @@ def configure(template: Recipe, options: Dict[str, object]) -> Recipe:
                          f"'_', '-' or '.'")
     separate = bool(options.get("separate_vocab"))
     folder = Path(str(corpus)).expanduser().resolve()
-    return dataclasses.replace(template, name=dataset_name(src, tgt, name), src=src, tgt=tgt,
+    return dataclasses.replace(template, name=name or f"custom_{src}_{tgt}", src=src, tgt=tgt,
                                description=f"your corpus in {folder} ({src}→{tgt})",
                                joint_bpe=not separate, joined_dictionary=not separate)
 
 
-def corpus_dir(ctx: Context) -> Path:
-    return Path(str(ctx.options["corpus_dir"])).expanduser().resolve()
-
-
-def _layout(src: str, tgt: str) -> str:
-    return " ".join(f"{split}.{lang}" for split in SPLITS for lang in (src, tgt)) + \
-        " (one sentence per line, UTF-8, .gz allowed)"
-
-
-def _file(directory: Path, split: str, lang: str, langs) -> Path:
-    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
-        if (directory / name).is_file():
-            return directory / name
-    raise SystemExit(f"error: {directory / f'{split}.{lang}'} not found (nor {split}.{lang}.gz). CORPUS_DIR must hold "
-                     f"{_layout(*langs)}; add the file or point CORPUS_DIR at the folder that has it")
-
-
 def files(ctx: Context) -> Dict[tuple, Path]:
     """{(split, lang): file} for the six corpus files; SystemExit naming the first missing one."""
-    directory = corpus_dir(ctx)
+    directory = Path(str(ctx.options["corpus_dir"])).expanduser().resolve()
+    layout = _layout(*ctx.recipe.langs)
     if not directory.is_dir():
-        raise SystemExit(f"error: CORPUS_DIR={directory} is not a folder: point it at the folder with "
-                         f"{_layout(*ctx.recipe.langs)}")
-    langs = ctx.recipe.langs
-    return {(split, lang): _file(directory, split, lang, langs) for split in SPLITS for lang in langs}
+        raise SystemExit(f"error: CORPUS_DIR={directory} is not a folder: point it at the folder with {layout}")
+    return corpus_files(directory, ctx.recipe.langs,
+                        f"CORPUS_DIR must hold {layout}; add the file or point CORPUS_DIR at the folder that has it")
 
 
-@dataclasses.dataclass
-class FileStats:
-    """What :func:`_scan` found in one corpus file."""
+class FileStats(NamedTuple):
+    """What :func:`_scan` found in one corpus file: its lines, those ending in a Windows line end (CR LF), and the
+    1-based numbers of those holding nothing but whitespace."""
 
     lines: int
-    crlf: int  # lines ending in a Windows line end (CR LF)
-    empty: List[int]  # 1-based numbers of the lines holding nothing but whitespace
+    crlf: int
+    empty: List[int]
 
 
 def _scan(path: Path) -> FileStats:
@@ -106,7 +89,7 @@ def _scan(path: Path) -> FileStats:
     when it is not UTF-8."""
     n = crlf = 0
     empty = []
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
         for n, line in enumerate(f, 1):
             try:
                 text = line.decode("utf-8")
@@ -127,43 +110,38 @@ def _lines(numbers: List[int], shown: int = 5) -> str:
 
 
 def check(ctx: Context):
-    """Validate the corpus folder before any work: every file there, not empty, UTF-8, and the two sides of
-    each split with equally many lines. Windows line ends (CR LF) are read as plain ones, with a warning and
-    their count. An empty line (nothing but whitespace) in valid or test is refused, naming the file and line:
-    an empty reference or source would be scored as if it were a sentence. Training pairs with an empty side
-    are counted in a warning and dropped (by the length cleaning, whose minimum is one token)."""
+    """Validate the corpus folder before any work, as the module's docstring says. An empty line in valid or test
+    would be scored as if it were a sentence; a training pair with an empty side is dropped by the length cleaning
+    (whose minimum is one token)."""
     found = files(ctx)
     src, tgt = ctx.recipe.langs
     for split in SPLITS:
         stats = {lang: _scan(found[split, lang]) for lang in (src, tgt)}
-        counts = {lang: s.lines for lang, s in stats.items()}
-        for lang, n in counts.items():
-            if n == 0:
+        for lang, s in stats.items():
+            if s.lines == 0:
                 raise SystemExit(f"error: {found[split, lang]} is empty: every split needs sentences "
                                  f"(valid and test a few hundred or more, cut from the training data if need be)")
-        if counts[src] != counts[tgt]:
+        n, names = stats[src].lines, f"{found[split, src].name} / {found[split, tgt].name}"
+        if n != stats[tgt].lines:
             raise SystemExit(
-                f"error: {found[split, src]} has {counts[src]:,} lines but {found[split, tgt]} has {counts[tgt]:,}: "
+                f"error: {found[split, src]} has {n:,} lines but {found[split, tgt]} has {stats[tgt].lines:,}: "
                 f"line i of one must be the translation of line i of the other. Fix the alignment (a sentence "
                 f"with a line break inside, or a missing line) so that both have the same number of lines")
-        for lang in (src, tgt):
-            s = stats[lang]
+        for lang, s in stats.items():
             if s.crlf:
                 ctx.log(f"  warning: {found[split, lang]}: {s.crlf:,} of {s.lines:,} lines end in CR LF (Windows "
                         f"line ends); they are read as plain line ends")
             if s.empty and split != "train":
-                what = "reference" if lang == tgt else "source sentence"
                 raise SystemExit(
                     f"error: {found[split, lang]} line {s.empty[0]} is empty ({len(s.empty):,} empty lines in all: "
-                    f"{_lines(s.empty)}): an empty {what} in {split} would be scored as if it were a translation. "
-                    f"Remove the pair (line {s.empty[0]} of both {found[split, src].name} and "
-                    f"{found[split, tgt].name}) or fill in the missing sentence")
+                    f"{_lines(s.empty)}): an empty {'reference' if lang == tgt else 'source sentence'} in {split} "
+                    f"would be scored as if it were a translation. Remove the pair (line {s.empty[0]} of both "
+                    f"{found[split, src].name} and {found[split, tgt].name}) or fill in the missing sentence")
         empty_pairs = sorted(set(stats[src].empty) | set(stats[tgt].empty))
         if empty_pairs:
-            ctx.log(f"  warning: {split}: {len(empty_pairs):,} of {counts[src]:,} sentence pairs have an empty side "
-                    f"(lines {_lines(empty_pairs)} of {found[split, src].name} / {found[split, tgt].name}); "
-                    f"they are dropped")
-        ctx.log(f"  {split}: {counts[src]:,} sentence pairs in {found[split, src].name} / {found[split, tgt].name}")
+            ctx.log(f"  warning: {split}: {len(empty_pairs):,} of {n:,} sentence pairs have an empty side "
+                    f"(lines {_lines(empty_pairs)} of {names}); they are dropped")
+        ctx.log(f"  {split}: {n:,} sentence pairs in {names}")
 
 
 def collect_key(ctx: Context):
@@ -176,7 +154,8 @@ def collect(ctx: Context):
     found = files(ctx)
     src, tgt = ctx.recipe.langs
     for split in SPLITS:
-        concat_parallel(ctx, split, [(f"{split}.{src}/{split}.{tgt}", found[split, src], found[split, tgt])], src, tgt)
+        write_raw(ctx, split, [(f"{split}.{src}/{split}.{tgt}", iter_lines(found[split, src]),
+                                iter_lines(found[split, tgt]))])
     return {}
 
 
@@ -184,14 +163,7 @@ RECIPE = Recipe(
     name="custom", src="", tgt="",  # set from SRC / TGT by configure()
     description="your own parallel corpus (SRC, TGT, CORPUS_DIR)",
     archives=[],
-    bpe="subword-nmt",
-    bpe_size=DEFAULT_SIZE,
-    joint_bpe=True,
-    joined_dictionary=True,
-    non_printing=True,
-    collect=collect,
-    check=check,
-    collect_key=collect_key,
-    configure=configure,
+    bpe="subword-nmt", bpe_size=DEFAULT_SIZE, joint_bpe=True, joined_dictionary=True, non_printing=True,
+    collect=collect, check=check, collect_key=collect_key, configure=configure,
     notes="no download; disk and time grow with the corpus (about those of IWSLT14 for 160k pairs)",
 )

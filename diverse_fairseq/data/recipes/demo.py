@@ -9,32 +9,16 @@ such as ``%s`` that Moses tokenization would split), so that decoding with
 import hashlib
 from pathlib import Path
 
-from ..lines import iter_lines
-from .base import Context, Recipe, write_parallel
+from ..text import iter_lines
+from .base import SPLITS, Context, Recipe, corpus_files, write_raw
 
-REPO = Path(__file__).resolve().parents[3]
-DEFAULT_DIR = REPO / "data" / "demo"
-
-
-def _source_file(directory: Path, split: str, lang: str) -> Path:
-    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
-        if (directory / name).is_file():
-            return directory / name
-    raise FileNotFoundError(
-        f"demo corpus file {split}.{lang} (or {split}.{lang}.gz) not found in {directory}. Build the corpus "
-        f"with `bash scripts/build_demo_corpus.sh`, or point --demo-dir / DEMO_DIR at a directory with "
-        f"train, valid and test files for en and de."
-    )
+DEFAULT_DIR = Path(__file__).resolve().parents[3] / "data" / "demo"
 
 
 def _files(ctx: Context):
-    directory = Path(ctx.options.get("demo_dir") or DEFAULT_DIR)
-    return {(split, lang): _source_file(directory, split, lang)
-            for split in ("train", "valid", "test") for lang in ("en", "de")}
-
-
-def check(ctx: Context):
-    _files(ctx)
+    return corpus_files(Path(ctx.options.get("demo_dir") or DEFAULT_DIR), ("en", "de"),
+                        "Build the demo corpus with `bash scripts/build_demo_corpus.sh`, or point --demo-dir / "
+                        "DEMO_DIR at a folder with train, valid and test files for en and de.")
 
 
 def collect_key(ctx: Context):
@@ -48,8 +32,8 @@ def collect_key(ctx: Context):
 
 def collect(ctx: Context):
     files = _files(ctx)
-    for split in ("train", "valid", "test"):
-        write_parallel(ctx, split, {lang: list(iter_lines(files[split, lang])) for lang in ("en", "de")})
+    for split in SPLITS:
+        write_raw(ctx, split, [(ctx.recipe.name, iter_lines(files[split, "en"]), iter_lines(files[split, "de"]))])
     return {}
 
 
@@ -57,15 +41,9 @@ RECIPE = Recipe(
     name="demo", src="en", tgt="de",
     description="software messages en→de from Debian gettext catalogs (data/demo)",
     archives=[],
-    bpe="sentencepiece",
-    bpe_size=4000,
-    joint_bpe=True,
-    joined_dictionary=True,
-    non_printing=True,
+    bpe="sentencepiece", bpe_size=4000, joint_bpe=True, joined_dictionary=True, non_printing=True,
     max_len_a=1.5,  # messages are short: an undertrained model must not loop for 200 tokens
     max_len_b=10,
-    collect=collect,
-    check=check,
-    collect_key=collect_key,
+    collect=collect, check=_files, collect_key=collect_key,  # the check: every corpus file is there
     notes="minutes on a laptop CPU; a few MB of disk",
 )

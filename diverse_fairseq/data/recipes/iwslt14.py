@@ -9,29 +9,22 @@ builds one dictionary per language.
 
 from ..download import Source
 from ..text import iwslt_train_lines, sgm_segments
-from .base import Archive, Context, Recipe, find_member, write_parallel
+from .base import Archive, Context, Recipe, write_raw
 
-SOURCE = Source(
-    filename="de-en.tgz",
-    # the address fairseq's prepare-iwslt14.sh uses (the original wit3.fbk.eu archive is offline)
-    urls=("http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",),
-    description="IWSLT 2014 TED talks, German-English",
-    # nothing pinned: neither fairseq (prepare-iwslt14.sh) nor a dataset registry publishes this file's size,
-    # checksum or line counts; it is checked for HTML and gzip only, and the final pair count against the paper's
-)
+# the address fairseq's prepare-iwslt14.sh uses (the original wit3.fbk.eu archive is offline). Nothing pinned:
+# neither fairseq nor a dataset registry publishes this file's size, checksum or line counts; it is checked for
+# HTML and gzip only, and the final pair count against the paper's
+SOURCE = Source("de-en.tgz", ("http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",))
 TEST_SETS = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010", "IWSLT14.TED.tst2011",
              "IWSLT14.TED.tst2012")
 
 
 def collect(ctx: Context):
-    root = ctx.extracted("de-en")
-    train = {lang: iwslt_train_lines(find_member(root, f"de-en/train.tags.de-en.{lang}")) for lang in ("de", "en")}
-    write_parallel(ctx, "train", train)
-    test = {lang: [] for lang in ("de", "en")}
-    for name in TEST_SETS:
-        for lang in ("de", "en"):
-            test[lang] += sgm_segments(find_member(root, f"de-en/{name}.de-en.{lang}.xml"))
-    write_parallel(ctx, "test", test)
+    train = [iwslt_train_lines(ctx.member("de-en", f"de-en/train.tags.de-en.{lang}")) for lang in ("de", "en")]
+    write_raw(ctx, "train", [(ctx.recipe.name, *train)])
+    test = [[line for name in TEST_SETS for line in sgm_segments(ctx.member("de-en", f"de-en/{name}.de-en.{lang}.xml"))]
+            for lang in ("de", "en")]
+    write_raw(ctx, "test", [(ctx.recipe.name, *test)])
     return {}
 
 
@@ -39,9 +32,7 @@ RECIPE = Recipe(
     name="iwslt14_de_en", src="de", tgt="en",
     description="IWSLT14 TED talks de→en, fairseq's recipe (160k pairs)",
     archives=[Archive("de-en", [SOURCE])],
-    bpe="subword-nmt",
-    bpe_size=10000,
-    joint_bpe=True,
+    bpe="subword-nmt", bpe_size=10000, joint_bpe=True,
     joined_dictionary=True,  # the EMNLP 2020 authors' (fairseq's recipe builds one dictionary per language)
     lowercase=True,
     apostrophe_splits=("test",),

@@ -26,17 +26,14 @@ README, lines 40-44). The variant keeps its own work folder (its text differs) b
 """
 
 import dataclasses
+import functools
 
-from ..download import Source, published_md5
-from ..lines import iter_lines
+from ..download import Source
 from ..text import sgm_segments
-from .base import WMT_SETTINGS, Archive, Context, Recipe, concat_parallel, find_member, write_parallel
+from .base import NEWS_COMMENTARY_V12, WMT17_DEV, WMT_SETTINGS, Archive, Context, Recipe, sacrebleu_source, write_raw
 
-DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
-TEST_URL = "https://statmt.org/wmt14/test-full.tgz"
 # sizes and sha256 of the training archives: TensorFlow Datasets' registry of the same URLs,
-# tensorflow_datasets/url_checksums/wmt14_translate.txt and wmt17_translate.txt (github.com/tensorflow/datasets,
-# commit 333639b3)
+# tensorflow_datasets/url_checksums/wmt14_translate.txt (github.com/tensorflow/datasets, commit 333639b3)
 TFDS_WMT14 = "TensorFlow Datasets url_checksums/wmt14_translate.txt"
 EUROPARL = Source("training-parallel-europarl-v7.tgz", ("http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",),
                   size=657632379, sha256="0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7",
@@ -47,68 +44,41 @@ COMMONCRAWL = Source("training-parallel-commoncrawl.tgz", ("http://statmt.org/wm
 NEWS_COMMENTARY = Source("training-parallel-nc-v9.tgz", ("http://statmt.org/wmt14/training-parallel-nc-v9.tgz",),
                          size=80418416, sha256="cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485",
                          checksum_source=TFDS_WMT14)
-# macaron-net's prepare-wmt14en2de.sh line 21 (http there; the server answers https too)
-NEWS_COMMENTARY_V12 = Source("training-parallel-nc-v12.tgz",
-                             ("https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
-                              "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz"),
-                             size=168591139,
-                             sha256="2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2",
-                             checksum_source="TensorFlow Datasets url_checksums/wmt17_translate.txt")
-# WMT17's dev.tgz holds newstest2008-2016 and newsdev2017; one file serves WMT14 and WMT17 (md5 published by sacrebleu)
-SACREBLEU = "sacrebleu's test-set registry"
-DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL), checksum_source=SACREBLEU)
-TEST = Source("test-full.tgz", (TEST_URL,), md5=published_md5(TEST_URL), checksum_source=SACREBLEU)
-
-
-def _endswith(*suffixes):
-    return lambda name: name.endswith(suffixes)
-
+TEST = sacrebleu_source("test-full.tgz", "https://statmt.org/wmt14/test-full.tgz")
 
 ARCHIVES = [
-    Archive("europarl", [EUROPARL], _endswith("europarl-v7.de-en.de", "europarl-v7.de-en.en")),
-    Archive("commoncrawl", [COMMONCRAWL], _endswith("commoncrawl.de-en.de", "commoncrawl.de-en.en")),
+    Archive("europarl", [EUROPARL], lambda n: n.endswith(("europarl-v7.de-en.de", "europarl-v7.de-en.en"))),
+    Archive("commoncrawl", [COMMONCRAWL], lambda n: n.endswith(("commoncrawl.de-en.de", "commoncrawl.de-en.en"))),
     Archive("news-commentary", [NEWS_COMMENTARY],
-            _endswith("news-commentary-v9.de-en.de", "news-commentary-v9.de-en.en")),
-    Archive("dev", [DEV], lambda n: "newstest2013" in n),
-    Archive("test", [TEST], _endswith("newstest2014-deen-src.en.sgm", "newstest2014-deen-ref.de.sgm")),
+            lambda n: n.endswith(("news-commentary-v9.de-en.de", "news-commentary-v9.de-en.en"))),
+    Archive("dev", [WMT17_DEV], lambda n: "newstest2013" in n),
+    Archive("test", [TEST], lambda n: n.endswith(("newstest2014-deen-src.en.sgm", "newstest2014-deen-ref.de.sgm"))),
 ]
 
 
 def newstest2013_plain(ctx: Context):
     """newstest2013 en/de from dev.tgz's plain-text files."""
-    root = ctx.extracted("dev")
-    return {lang: list(iter_lines(find_member(root, f"dev/newstest2013.{lang}"))) for lang in ("en", "de")}
+    return ctx.parallel("dev", "dev/newstest2013")
 
 
 def newstest2013(ctx: Context):
     """newstest2013 en/de from dev.tgz: the SGM files when present, else the plain-text ones."""
-    root = ctx.extracted("dev")
     try:
-        return {"en": sgm_segments(find_member(root, "dev/newstest2013-src.en.sgm")),
-                "de": sgm_segments(find_member(root, "dev/newstest2013-ref.de.sgm"))}
+        return [sgm_segments(ctx.member("dev", f"dev/newstest2013-{f}.sgm")) for f in ("src.en", "ref.de")]
     except FileNotFoundError:
         return newstest2013_plain(ctx)
 
 
 def collect_corpora(ctx: Context, news_commentary, valid):
     """Write raw train (Europarl v7, Common Crawl, then ``news_commentary``: (name, archive, member stem)), valid
-    (``valid(ctx)``: {lang: lines}) and test (newstest2014 from the SGM files)."""
-    corpora = []
-    for name, archive, stem in (("europarl-v7", "europarl", "training/europarl-v7.de-en"),
-                                ("commoncrawl", "commoncrawl", "commoncrawl.de-en"), news_commentary):
-        root = ctx.extracted(archive)
-        corpora.append((name, find_member(root, f"{stem}.en"), find_member(root, f"{stem}.de")))
-    concat_parallel(ctx, "train", corpora, "en", "de")
-    write_parallel(ctx, "valid", valid(ctx))
-    root = ctx.extracted("test")
-    write_parallel(ctx, "test", {"en": sgm_segments(find_member(root, "test-full/newstest2014-deen-src.en.sgm")),
-                                 "de": sgm_segments(find_member(root, "test-full/newstest2014-deen-ref.de.sgm"))})
+    (``valid(ctx)``: en lines, de lines) and test (newstest2014 from the SGM files)."""
+    corpora = [("europarl-v7", "europarl", "training/europarl-v7.de-en"),
+               ("commoncrawl", "commoncrawl", "commoncrawl.de-en"), news_commentary]
+    write_raw(ctx, "train", [(name, *ctx.parallel(archive, stem)) for name, archive, stem in corpora])
+    write_raw(ctx, "valid", [(ctx.recipe.name, *valid(ctx))])
+    test = [sgm_segments(ctx.member("test", f"test-full/newstest2014-deen-{f}.sgm")) for f in ("src.en", "ref.de")]
+    write_raw(ctx, "test", [(ctx.recipe.name, *test)])
     return {}
-
-
-def collect(ctx: Context):
-    return collect_corpora(ctx, ("news-commentary-v9", "news-commentary", "training/news-commentary-v9.de-en"),
-                           newstest2013)
 
 
 RECIPE = Recipe(
@@ -119,7 +89,9 @@ RECIPE = Recipe(
     joint_bpe=True, joined_dictionary=False,  # one BPE for English and German, a dictionary per language
     aggressive_dash=True,
     clean_ratio=1.5,
-    collect=collect,
+    collect=functools.partial(collect_corpora, news_commentary=("news-commentary-v9", "news-commentary",
+                                                                "training/news-commentary-v9.de-en"),
+                              valid=newstest2013),
     paper_train_pairs=4_500_000,
     paper_train_source="EMNLP 2020 Appendix B.2.3: 'about 4.5 million training sentence pairs' "
                        "(NAACL 2019 §5.2.1 and the journal §4.1.1: 4.6M)",
@@ -132,20 +104,18 @@ RECIPE = Recipe(
 MACARON_ARCHIVES = [
     ARCHIVES[0], ARCHIVES[1],
     Archive("news-commentary-v12", [NEWS_COMMENTARY_V12],
-            _endswith("news-commentary-v12.de-en.de", "news-commentary-v12.de-en.en")),
+            lambda n: n.endswith(("news-commentary-v12.de-en.de", "news-commentary-v12.de-en.en"))),
     ARCHIVES[3], ARCHIVES[4],
 ]
 
 
-def collect_macaron(ctx: Context):
-    """macaron-net's corpora (Europarl v7, Common Crawl, News Commentary v12, in that order: its ``CORPORA``), valid
-    from the plain-text newstest2013 files (its ``dev=dev/newstest2013``), test newstest2014 from the SGM files."""
-    return collect_corpora(ctx, ("news-commentary-v12", "news-commentary-v12", "training/news-commentary-v12.de-en"),
-                           newstest2013_plain)
-
-
 MACARON = dataclasses.replace(
-    RECIPE, name="wmt14_en_de_joined", archives=MACARON_ARCHIVES, collect=collect_macaron,
+    RECIPE, name="wmt14_en_de_joined", archives=MACARON_ARCHIVES,
+    # macaron-net's corpora (Europarl v7, Common Crawl, News Commentary v12, in that order: its ``CORPORA``), valid
+    # from the plain-text newstest2013 files (its ``dev=dev/newstest2013``), test newstest2014 from the SGM files
+    collect=functools.partial(collect_corpora, news_commentary=("news-commentary-v12", "news-commentary-v12",
+                                                                "training/news-commentary-v12.de-en"),
+                              valid=newstest2013_plain),
     description="WMT14 en→de as macaron-net's scripts (Europarl v7, Common Crawl, News Commentary v12; "
                 "newstest2013/2014), joined dictionary",
     bpe_size=32764, joined_dictionary=True,

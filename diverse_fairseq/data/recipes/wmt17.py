@@ -18,33 +18,22 @@ the same six zips and the UN v1.0 en-zh corpus as plain HTTPS files (the address
 ``wmt_utils.py`` of its wmt17/wmt18/wmt19 scripts lists): CWMT is downloaded from there by default, and
 ``WMT17_SOURCE=hf`` takes UN v1.0 from there too instead of the UN's own (two-part) download.
 
-Verification. Each corpus' pair count is checked, right after it is read, against the published count
-(:data:`EXPECTED_PAIRS`, see :data:`COUNTS_SOURCE`); a mismatch stops the preparation with the file, the
-expected and the found count, unless ``ALLOW_UNVERIFIED=1`` asks to go on. prepare.json records what was used
-(:func:`corpus_record`): every corpus with its count and check, a skipped or partial CWMT, and the final pair
-count beside the journal's 20.6M. A paper-scale table refuses data that is not verified (see
-:func:`diverse_fairseq.tables.__main__.data_problems`).
+Verification. Each corpus' pair count is checked against the published count (:func:`check_counts`), and
+prepare.json records what was used (:func:`corpus_record`); a paper-scale table refuses data that is not verified
+(:func:`diverse_fairseq.tables.__main__.data_problems`).
 """
 
 import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from ..archive import extract
-from ..download import Source, published_md5
-from ..text import sgm_segments
-from .base import WMT_SETTINGS, Archive, Context, Recipe, concat_parallel, find_member, write_parallel
+from ..download import Source
+from ..text import iter_lines, sgm_segments
+from .base import NEWS_COMMENTARY_V12, WMT17_DEV, WMT_SETTINGS, Archive, Context, Recipe, sacrebleu_source, write_raw
 
-DEV_URL = "https://data.statmt.org/wmt17/translation-task/dev.tgz"
-TEST_URL = "https://data.statmt.org/wmt17/translation-task/test.tgz"
-# size and sha256: TensorFlow Datasets' registry of the same URL, tensorflow_datasets/url_checksums/wmt17_translate.txt
-# (github.com/tensorflow/datasets, commit 333639b3)
-NEWS_COMMENTARY = Source("training-parallel-nc-v12.tgz",
-                         ("http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",),
-                         size=168591139, sha256="2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2",
-                         checksum_source="TensorFlow Datasets url_checksums/wmt17_translate.txt")
 UN_BASE = "https://stuncorpusprod.blob.core.windows.net/corpusfiles/"
 UN_HINT = ("The UN's own addresses do not always answer: WMT17_SOURCE=hf (--wmt17-source hf) downloads the same "
            "corpus from the Hugging Face Hub instead.")
@@ -54,15 +43,12 @@ UN_PARTS = [Source(f"UNv1.0.en-zh.tar.gz.{i:02d}", (UN_BASE + f"UNv1.0.en-zh.tar
             for i in range(2)]
 #: the Hugging Face Hub copies (``wmt_utils.py`` of huggingface/datasets' wmt17/wmt18/wmt19 scripts)
 HF_BASE = "https://huggingface.co/datasets/wmt/"
-HF_UN = Source("UNv1.0.en-zh.zip", (HF_BASE + "uncorpus/resolve/main-zip/UNv1.0.en-zh.zip",),
-               description="UN Parallel Corpus v1.0 en-zh (Hugging Face Hub copy)")
-SACREBLEU = "sacrebleu's test-set registry"
-DEV = Source("dev.tgz", (DEV_URL,), md5=published_md5(DEV_URL), checksum_source=SACREBLEU)
-TEST = Source("test.tgz", (TEST_URL,), md5=published_md5(TEST_URL), checksum_source=SACREBLEU)
+HF_UN = Source("UNv1.0.en-zh.zip", (HF_BASE + "uncorpus/resolve/main-zip/UNv1.0.en-zh.zip",))
+DEV = WMT17_DEV
+TEST = sacrebleu_source("test.tgz", "https://data.statmt.org/wmt17/translation-task/test.tgz")
 
 CWMT_CORPORA = ("casia2015", "casict2011", "casict2015", "datum2015", "datum2017", "neu2017")
 CWMT_SOURCES = {name: Source(f"{name}.zip", (f"{HF_BASE}wmt18/resolve/main/cwmt-wmt/{name}.zip",),
-                             description=f"CWMT {name} (Hugging Face Hub copy)",
                              extra={"hint": "If you have the CWMT zips or folders, put them into "
                                             "WORK_DIR/wmt17_zh_en/manual/cwmt/ (or CWMT_DIR=dir): they are used "
                                             "instead; CWMT=skip prepares the data without CWMT."})
@@ -92,8 +78,8 @@ PAPER_SOURCE = "journal version (Neurocomputing 2021), Sec. 4.1.1: 'about 20.6 M
 CORPORA_FILE = "corpora.json"  # written by collect next to the raw text, copied into prepare.json
 
 ARCHIVES = [
-    Archive("news-commentary", [NEWS_COMMENTARY], lambda n: n.endswith(("news-commentary-v12.zh-en.zh",
-                                                                        "news-commentary-v12.zh-en.en"))),
+    Archive("news-commentary", [NEWS_COMMENTARY_V12],
+            lambda n: n.endswith(("news-commentary-v12.zh-en.zh", "news-commentary-v12.zh-en.en"))),
     Archive("un", UN_PARTS, lambda n: n.endswith(("UNv1.0.en-zh.zh", "UNv1.0.en-zh.en")),
             expected_lines={"UNv1.0.en-zh.zh": EXPECTED_PAIRS["UN-v1.0"], "UNv1.0.en-zh.en": EXPECTED_PAIRS["UN-v1.0"]},
             counts_source=COUNTS_SOURCE),
@@ -122,8 +108,9 @@ wherever they are) or point --cwmt-dir / CWMT_DIR there: they are used instead o
 To prepare the data without CWMT (about 9M fewer pairs), run again with --skip-cwmt (make: CWMT=skip)."""
 
 
-def cwmt_dir(ctx: Context) -> Path:
-    return Path(ctx.options.get("cwmt_dir") or (ctx.work_dir / "manual" / "cwmt"))
+def cwmt_dir(options: Dict[str, object], work_dir: Path) -> Path:
+    """Where CWMT text or zips put there by hand are looked for: ``CWMT_DIR``, else ``WORK/manual/cwmt``."""
+    return Path(options.get("cwmt_dir") or work_dir / "manual" / "cwmt")
 
 
 def _manual_cwmt(directory: Path) -> bool:
@@ -136,17 +123,14 @@ def configure(recipe: Recipe, options: Dict[str, object]) -> Recipe:
     (not skipped and not given by hand) and the unit of the length cap (``length_unit``)."""
     source = options.get("source") or "original"
     unit = options.get("length_unit") or "subwords"
-    if source not in SOURCES:
-        raise SystemExit(f"error: WMT17_SOURCE (--wmt17-source)={source!r} is not valid: use one of "
-                         f"{', '.join(SOURCES)}")
-    if unit not in LENGTH_UNITS:
-        raise SystemExit(f"error: LENGTH_UNIT (--length-unit)={unit!r} is not valid: use one of "
-                         f"{', '.join(LENGTH_UNITS)}")
+    for var, value, choices in (("WMT17_SOURCE (--wmt17-source)", source, SOURCES),
+                                ("LENGTH_UNIT (--length-unit)", unit, LENGTH_UNITS)):
+        if value not in choices:
+            raise SystemExit(f"error: {var}={value!r} is not valid: use one of {', '.join(choices)}")
     archives = [a for a in recipe.archives if not a.name.startswith("cwmt-")]
     if source == "hf":
         archives = [replace(a, parts=[HF_UN]) if a.name == "un" else a for a in archives]
-    manual_dir = Path(options.get("cwmt_dir") or Path(options.get("work_dir") or "work") / recipe.name /
-                      "manual" / "cwmt")
+    manual_dir = cwmt_dir(options, Path(options.get("work_dir") or "work") / recipe.name)
     if not options.get("skip_cwmt") and not _manual_cwmt(manual_dir):
         archives += CWMT_ARCHIVES
     return replace(recipe, archives=archives, clean_after_bpe=unit == "subwords")
@@ -157,23 +141,16 @@ def _cwmt_pairs(root: Path):
     pairs = []
     for en in sorted(root.rglob("*_en.txt")):
         stem = en.name[: -len("_en.txt")]
-        for zh_name in (f"{stem}_ch.txt", f"{stem}_cn.txt"):
-            zh = en.with_name(zh_name)
-            if zh.is_file():
-                pairs.append((str(en.relative_to(root).parent / stem), zh, en))
-                break
+        zh = next((p for p in (en.with_name(f"{stem}_ch.txt"), en.with_name(f"{stem}_cn.txt")) if p.is_file()), None)
+        if zh:
+            pairs.append((str(en.relative_to(root).parent / stem), zh, en))
     return pairs
 
 
 def _corpus_of(name: str, zh: Path) -> Optional[str]:
     """The CWMT corpus (casia2015, ...) a file pair belongs to, from its folder or file name."""
     text = f"{name}/{zh}".lower()
-    for corpus in CWMT_CORPORA:
-        if corpus in text:
-            return corpus
-    if "neu" in text:
-        return "neu2017"
-    return None
+    return next((corpus for corpus in CWMT_CORPORA if corpus in text), "neu2017" if "neu" in text else None)
 
 
 def check(ctx: Context):
@@ -181,7 +158,7 @@ def check(ctx: Context):
         ctx.log("  CWMT skipped as asked (--skip-cwmt): training on News Commentary v12 + UN v1.0 only; "
                 "prepare.json records it and paper-scale tables refuse the data unless ALLOW_UNVERIFIED_DATA=1")
         return
-    directory = cwmt_dir(ctx)
+    directory = cwmt_dir(ctx.options, ctx.work_dir)
     if _manual_cwmt(directory):
         ctx.log(f"  CWMT: using the files in {directory}")
     else:
@@ -193,7 +170,7 @@ def check(ctx: Context):
 def _cwmt_roots(ctx: Context):
     """Folders to search for CWMT text: the user's folder (its zip files unpacked under orig/cwmt), or the
     downloaded zips' extraction folders."""
-    directory = cwmt_dir(ctx)
+    directory = cwmt_dir(ctx.options, ctx.work_dir)
     if not _manual_cwmt(directory):
         return [ctx.extracted(a.name) for a in ctx.recipe.archives if a.name.startswith("cwmt-")]
     roots = [directory]
@@ -240,13 +217,10 @@ def _where(name: str) -> str:
 
 
 def collect(ctx: Context):
-    root = ctx.extracted("news-commentary")
-    corpora = [("news-commentary-v12", find_member(root, "training/news-commentary-v12.zh-en.zh"),
-                find_member(root, "training/news-commentary-v12.zh-en.en"))]
-    root = ctx.extracted("un")
-    corpora.append(("UN-v1.0", find_member(root, "en-zh/UNv1.0.en-zh.zh"), find_member(root, "en-zh/UNv1.0.en-zh.en")))
-    cwmt: List[Tuple[str, Path, Path]] = []
-    found, missing = [], []
+    corpora = [("news-commentary-v12", *ctx.parallel("news-commentary", "training/news-commentary-v12.zh-en")),
+               ("UN-v1.0", *ctx.parallel("un", "en-zh/UNv1.0.en-zh"))]
+    keys = [name for name, _, _ in corpora]  # the corpus whose published count each file counts towards
+    cwmt, found, missing = [], [], []
     if not ctx.options.get("skip_cwmt"):
         cwmt = [pair for root in _cwmt_roots(ctx) for pair in _cwmt_pairs(root)]
         found = sorted({_corpus_of(name, zh) for name, zh, _ in cwmt} - {None})
@@ -255,19 +229,16 @@ def collect(ctx: Context):
             ctx.log(f"  warning: CWMT corpora not found: {', '.join(missing)} (using {', '.join(found) or 'none'});"
                     f" prepare.json records a partial CWMT and paper-scale tables refuse the data unless "
                     f"ALLOW_UNVERIFIED_DATA=1")
-        corpora += [(f"CWMT {name}", zh, en) for name, zh, en in cwmt]
-    counts = concat_parallel(ctx, "train", corpora, "zh", "en")
+        corpora += [(f"CWMT {name}", iter_lines(zh), iter_lines(en)) for name, zh, en in cwmt]
+        keys += [f"CWMT {_corpus_of(name, zh) or name}" for name, zh, _ in cwmt]
     per_corpus: Dict[str, int] = {}
-    for (name, zh, _), n in zip(corpora, counts):
-        key = name if not name.startswith("CWMT ") else f"CWMT {_corpus_of(name[5:], zh) or name[5:]}"
+    for key, n in zip(keys, write_raw(ctx, "train", corpora)):
         per_corpus[key] = per_corpus.get(key, 0) + n
     report = check_counts(per_corpus, bool(ctx.options.get("allow_unverified")), log=ctx.log)
-    root = ctx.extracted("dev")
-    write_parallel(ctx, "valid", {"zh": sgm_segments(find_member(root, "dev/newsdev2017-zhen-src.zh.sgm")),
-                                  "en": sgm_segments(find_member(root, "dev/newsdev2017-zhen-ref.en.sgm"))})
-    root = ctx.extracted("test")
-    write_parallel(ctx, "test", {"zh": sgm_segments(find_member(root, "test/newstest2017-zhen-src.zh.sgm")),
-                                 "en": sgm_segments(find_member(root, "test/newstest2017-zhen-ref.en.sgm"))})
+    for split, archive, member in (("valid", "dev", "dev/newsdev2017-zhen-{}.sgm"),
+                                   ("test", "test", "test/newstest2017-zhen-{}.sgm")):
+        sides = [sgm_segments(ctx.member(archive, member.format(f))) for f in ("src.zh", "ref.en")]
+        write_raw(ctx, split, [(ctx.recipe.name, *sides)])
     digest = hashlib.sha256()
     for name, zh, en in cwmt:
         digest.update(f"{name}:{zh.stat().st_size}:{en.stat().st_size}".encode())
@@ -299,7 +270,7 @@ def collect_key(ctx: Context):
     allow = bool(ctx.options.get("allow_unverified"))
     if ctx.options.get("skip_cwmt"):
         return {"cwmt": "skipped", "allow_unverified": allow}
-    directory = cwmt_dir(ctx)
+    directory = cwmt_dir(ctx.options, ctx.work_dir)
     files = sorted(str(p.relative_to(directory)) + f":{p.stat().st_size}"
                    for p in directory.rglob("*") if p.is_file()) if directory.is_dir() else []
     return {"cwmt_files": files, "allow_unverified": allow}
@@ -312,10 +283,7 @@ RECIPE = Recipe(
     archives=ARCHIVES + CWMT_ARCHIVES,
     joint_bpe=False, joined_dictionary=False,  # Chinese and English: separate BPE and dictionaries
     clean_max=50,
-    collect=collect,
-    check=check,
-    collect_key=collect_key,
-    configure=configure,
+    collect=collect, check=check, collect_key=collect_key, configure=configure,
     corpora_file=CORPORA_FILE,
     paper_train_pairs=PAPER_TRAIN_PAIRS,
     paper_train_source="journal §4.1.1 and NAACL 2019 §5.2.1: 'about 20.6M sentence pairs' (length <= 50)",
