@@ -41,6 +41,16 @@ def lines(path):
     return Path(path).read_text(encoding="utf-8").splitlines()
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (one worker per core, ``make test``), each worker computes with one torch thread: the
+    tests' tensors are tiny, and two threads per worker on as many cores only wait for each other (the fairseq
+    processes that tests start get ``OMP_NUM_THREADS=1`` from :func:`run_cli` for the same reason)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(request, monkeypatch):
     """Unset the environment variables that the test module names in ``ENV_KEYS``, if it has one."""
@@ -104,6 +114,27 @@ def tiny_data(tiny_raw, tmp_path_factory):
     return dest
 
 
+def demo_text_env(root) -> dict:
+    """The environment of ``scripts/prepare_data.sh demo`` (and of the table runner's own data check) for the
+    fixtures' small demo corpus (tests/fixtures/demo_text, 100 sentencepiece pieces), prepared under ``root``."""
+    root = Path(root)
+    env = dict(os.environ, DATA_BIN=str(root / "data-bin"), WORK_DIR=str(root / "work"),
+               DEMO_DIR=str(REPO / "tests" / "fixtures" / "demo_text"), BPE_SIZE="100")
+    env.pop("BPE", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def demo_text_prepared(tmp_path_factory):
+    """A folder holding ``data-bin/demo`` and ``work/`` made by ``scripts/prepare_data.sh demo`` with
+    :func:`demo_text_env`, once per session: test_tables' runner finds it up to date and test_user_workflow trains
+    from it. Tests write beside it (``results/``, ``checkpoints/``), never into it."""
+    root = tmp_path_factory.mktemp("demo_text")
+    subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], env=demo_text_env(root), check=True,
+                   capture_output=True, timeout=600)
+    return root
+
+
 GLOO_FLAGS = ["--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-no-spawn",
               "--ddp-backend", "legacy_ddp"]
 
@@ -162,9 +193,10 @@ def tiny_args():
     return tiny_train_args
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_checkpoints(tiny_data, tmp_path_factory):
-    """``{"transformer": path, "diverse_transformer": path}``: tiny models trained 8 updates on ``tiny_data``."""
+    """``{"transformer": path, "diverse_transformer": path}``: tiny models trained 8 updates on ``tiny_data``, once
+    per session (test_analysis and test_probing only read them)."""
     root = tmp_path_factory.mktemp("analysis_ckpt")
     ckpts = {}
     for arch in ("transformer", "diverse_transformer"):

@@ -39,11 +39,38 @@ def load_split(dest: Path, split: str, lang: str, src="en", tgt="de"):
     return dictionary, dataset
 
 
-def test_custom_corpus_with_subword_nmt_binarizes_every_split(tmp_path, capsys):
-    prepare(args(tmp_path))
-    out = capsys.readouterr().out
+def _script_env(root: Path) -> dict:
+    """The environment of ``scripts/*.sh`` for the fixture's corpus (as ``args``: BPE size 200, one worker), in
+    ``root``, with nothing of the caller's that would change the run."""
+    env = dict(os.environ, SRC="en", TGT="de", CORPUS_DIR=str(CORPUS), BPE_SIZE="200", WORKERS="1",
+               DATA_BIN=str(root / "data-bin"), WORK_DIR=str(root / "work"), CHECKPOINTS=str(root / "checkpoints"),
+               MAX_UPDATE="3", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    for key in ENV_KEYS:
+        if key not in ("SRC", "TGT", "CORPUS_DIR", "BPE_SIZE", "WORKERS", "DATA_BIN", "WORK_DIR"):
+            env.pop(key, None)
+    return env
+
+
+def _script(env: dict, name: str, *args) -> str:
+    """The output of ``bash scripts/<name> args`` (fails the test on a non-zero exit)."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / name), *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def custom_prepared(tmp_path_factory):
+    """``(root, output)``: ``scripts/prepare_data.sh custom`` run once on the fixture's corpus (subword-nmt, BPE
+    size 200); the binarization test and the end-to-end run read the same data-bin."""
+    root = tmp_path_factory.mktemp("custom")
+    return root, _script(_script_env(root), "prepare_data.sh", "custom")
+
+
+def test_custom_corpus_with_subword_nmt_binarizes_every_split(custom_prepared):
+    root, out = custom_prepared
     assert "train: 300 sentence pairs in train.en / train.de" in out and "step 7/7: binarize" in out
-    dest = tmp_path / "data-bin" / "custom_en_de"
+    dest = root / "data-bin" / "custom_en_de"
     meta = json.loads((dest / "prepare.json").read_text())
     assert meta["dataset"] == "custom_en_de" and meta["recipe"] == "custom"
     assert (meta["source_lang"], meta["target_lang"]) == ("en", "de")
@@ -165,27 +192,15 @@ def test_a_custom_dataset_trains_with_a_setting_for_its_size(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_custom_prepare_train_evaluate_end_to_end(tmp_path):
-    env = dict(os.environ, SRC="en", TGT="de", CORPUS_DIR=str(CORPUS), BPE_SIZE="200", WORKERS="1",
-               DATA_BIN=str(tmp_path / "data-bin"), WORK_DIR=str(tmp_path / "work"),
-               CHECKPOINTS=str(tmp_path / "checkpoints"), MAX_UPDATE="3", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               CUDA_VISIBLE_DEVICES="")
-    for key in ENV_KEYS:
-        if key not in ("SRC", "TGT", "CORPUS_DIR", "BPE_SIZE", "WORKERS", "DATA_BIN", "WORK_DIR"):
-            env.pop(key, None)
-
-    def run(*cmd):
-        proc = subprocess.run(["bash", *map(str, cmd)], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        return proc.stdout
-
-    run(REPO / "scripts" / "prepare_data.sh", "custom")
-    assert (tmp_path / "data-bin" / "custom_en_de" / "train.en-de.en.bin").exists()
-    out = run(REPO / "scripts" / "train.sh", "custom_en_de", "tiny", "--max-tokens", "500", "--num-workers", "0")
-    [save_dir] = (tmp_path / "checkpoints").glob("custom_en_de_tiny-*")  # one directory per variant
+def test_custom_prepare_train_evaluate_end_to_end(custom_prepared):
+    root, _ = custom_prepared  # prepared by scripts/prepare_data.sh custom
+    env = _script_env(root)
+    assert (root / "data-bin" / "custom_en_de" / "train.en-de.en.bin").exists()
+    out = _script(env, "train.sh", "custom_en_de", "tiny", "--max-tokens", "500", "--num-workers", "0")
+    [save_dir] = (root / "checkpoints").glob("custom_en_de_tiny-*")  # one directory per variant
     checkpoint = save_dir / "checkpoint_last.pt"
     assert "on the CPU" in out and checkpoint.exists()
-    out = run(REPO / "scripts" / "evaluate.sh", checkpoint, "custom_en_de", "--max-len-b", "5")
+    out = _script(env, "evaluate.sh", checkpoint, "custom_en_de", "--max-len-b", "5")
     result_dir = checkpoint.parent / "eval-custom_en_de-test-checkpoint_last"
     results = json.loads((result_dir / "results.json").read_text())
     assert results["dataset"] == "custom_en_de" and results["sentences"] == 40 and 0 <= results["bleu"] <= 100

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fake_prepared, job_record, with_train
+from conftest import demo_text_env, fake_prepared, job_record, with_train
 
 from diverse_fairseq import training
 from diverse_fairseq.runs import plan as run_plan
@@ -469,24 +469,9 @@ def test_cli_refuses_a_bad_scale_before_any_work(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ end to end
-@pytest.fixture(scope="module")
-def demo_bin(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tables")
-    subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], env=_demo_env(root), check=True,
-                   capture_output=True, timeout=600)
-    return root
-
-
-def _demo_env(root):
-    """The fixture's small demo corpus, so that the runner's own data check finds it up to date."""
-    env = dict(os.environ, DATA_BIN=str(root / "data-bin"), WORK_DIR=str(root / "work"),
-               DEMO_DIR=str(REPO / "tests" / "fixtures" / "demo_text"), BPE_SIZE="100")
-    env.pop("BPE", None)
-    return env
-
-
 def _run_table(root, table_path, seeds="2", jobs="2"):
-    env = dict(_demo_env(root), PYTHONUNBUFFERED="1", THREADS="1", JOBS=jobs, PROGRESS_INTERVAL="1")
+    # the fixture's small demo corpus, so that the runner's own data check finds it up to date
+    env = dict(demo_text_env(root), PYTHONUNBUFFERED="1", THREADS="1", JOBS=jobs, PROGRESS_INTERVAL="1")
     cmd = [sys.executable, "-m", "diverse_fairseq.tables", str(table_path), "--dataset", "demo", "--scale", "demo",
            "--data-bin", str(root / "data-bin"), "--out", str(root / "results"), "--train-args", TINY,
            "--generate-args", "--beam 2 --max-len-b 5", "--seeds", seeds]
@@ -499,7 +484,8 @@ def _run_table(root, table_path, seeds="2", jobs="2"):
 
 
 @pytest.mark.slow
-def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_bin):
+def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_text_prepared):
+    demo_bin = demo_text_prepared
     table_path = demo_bin / "tiny_table.yaml"
     table_path.write_text(TABLE)
     out = _run_table(demo_bin, table_path)  # 2 rows x 2 seeds, 2 jobs at a time

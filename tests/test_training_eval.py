@@ -3,7 +3,6 @@ and the end-to-end path demo data → scripts/train.sh → averaged checkpoint �
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import fake_prepared, lines
+from conftest import demo_text_env, fake_prepared, lines
 
 from diverse_fairseq.average_checkpoints import average_checkpoints, last_n_checkpoints
 from diverse_fairseq.evaluate import parse_generate_output, parse_generate_speed
@@ -227,10 +226,10 @@ TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim",
 
 
 @pytest.mark.slow
-def test_demo_train_average_evaluate_end_to_end(tmp_path):
-    env = dict(os.environ, DATA_BIN=str(tmp_path / "data-bin"), WORK_DIR=str(tmp_path / "work"),
-               CHECKPOINTS=str(tmp_path / "checkpoints"), DEMO_DIR=str(FIXTURES / "demo_text"), BPE_SIZE="100",
-               MAX_UPDATE="4", AVERAGE="2", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+def test_demo_train_average_evaluate_end_to_end(demo_text_prepared, tmp_path):
+    # the session's demo_text preparation (the same command and variables): prepare_data.sh checks and skips it
+    env = dict(demo_text_env(demo_text_prepared), CHECKPOINTS=str(tmp_path / "checkpoints"), MAX_UPDATE="4",
+               AVERAGE="2", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     for key in ("BPE", "SAVE_DIR", "PRECISION", "UPDATE_FREQ", "MAX_TOKENS", "NNODES", "OUT", "SUBSET"):
         env.pop(key, None)
 

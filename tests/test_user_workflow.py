@@ -52,15 +52,11 @@ def _run(cmd, cwd, stdin=None, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A directory outside the repository with data-bin/demo (the fixture corpus, sentencepiece-segmented)
-    and checkpoints/<model>/ trained from there with the package's user dir, JSON logs and tensorboard."""
-    root = tmp_path_factory.mktemp("workflow")
-    env = dict(_env(), DATA_BIN=str(root / "data-bin"), WORK_DIR=str(root / "work"), BPE_SIZE="100",
-               DEMO_DIR=str(REPO / "tests" / "fixtures" / "demo_text"))
-    env.pop("BPE", None)
-    subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], env=env, check=True,
-                   capture_output=True, timeout=600)
+def workdir(demo_text_prepared):
+    """A directory outside the repository with data-bin/demo (the fixture corpus, sentencepiece-segmented: the
+    session's ``demo_text_prepared``) and checkpoints/<model>/ trained from there with the package's user dir,
+    JSON logs and tensorboard."""
+    root = demo_text_prepared
     user_dir = _run([sys.executable, "-m", "diverse_fairseq.user_dir"], cwd=root).stdout.strip()
     for name, args in MODELS.items():
         save = root / "checkpoints" / name

@@ -372,6 +372,9 @@ def _compiler_available():
 @pytest.mark.slow  # a cold TorchInductor build takes ~30-60 s per core on a small CPU machine
 @pytest.mark.parametrize("core", ["em", "simple"])
 def test_compiled_routing_matches_eager(core):
+    """EM with two iterations already runs every branch of its loop (the uniform M-step, the E-step, the weighted
+    M-step); a third only repeats them in the unrolled graph, a third more of TorchInductor's cold build. Simple
+    routing needs three: its agreement update adds to earlier logits only from the second update on."""
     reason = _compiler_available()
     if reason:
         pytest.skip(reason)
@@ -382,7 +385,7 @@ def test_compiled_routing_matches_eager(core):
     votes = torch.randn(12, 4, 16, 1, generator=g, requires_grad=True)
     beta_a = torch.randn(16, generator=g, requires_grad=True)
     beta_mu = torch.randn(16, generator=g, requires_grad=True)
-    args = (votes, beta_a, beta_mu, 3, None, 1e-6) if core == "em" else (votes, 3)
+    args = (votes, beta_a, beta_mu, 2, None, 1e-6) if core == "em" else (votes, 3)
     inputs = (votes, beta_a, beta_mu) if core == "em" else (votes,)
     try:
         out = fn(*args)
