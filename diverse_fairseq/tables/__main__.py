@@ -101,8 +101,7 @@ FOREIGN_VARIABLES = {
 
 def foreign_variable_warnings(env) -> List[str]:
     """Warnings for variables set in ``env`` that belong to ``scripts/train.sh`` or ``scripts/evaluate.sh``."""
-    return [f"{name}={env[name]} is not read by the table runner (ignored): use {instead}"
-            for name, instead in FOREIGN_VARIABLES.items() if env_checks.get(env, name) is not None]
+    return env_checks.foreign_variables(env, FOREIGN_VARIABLES, "the table runner (ignored)")
 
 
 def default_jobs(jobs: int, gpus: int) -> int:
