@@ -21,7 +21,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .download import MIRROR_ENV, DownloadError, Source, fetch, read_checksum_file
 from .verify import reject
@@ -187,6 +187,10 @@ def download(tasks: Sequence[Task], dest, mirror: Optional[str] = None, checksum
     return paths
 
 
+def sizes(data: TaskData) -> Tuple[int, int, int]:
+    return tuple(len(data.sentences[s]) for s in SPLITS)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.data.senteval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -208,8 +212,8 @@ def main(argv=None) -> int:
     except DownloadError as e:
         raise SystemExit(f"error: {e}") from None
     for name, path in paths.items():
-        data = read_task(BY_NAME[name.lower()], dest)
-        print(f"{name}: {path} ({' / '.join(f'{len(data.sentences[s]):,}' for s in SPLITS)} sentences tr / va / te)")
+        train, valid, test = sizes(read_task(BY_NAME[name.lower()], dest))
+        print(f"{name}: {path} ({train:,} / {valid:,} / {test:,} sentences tr / va / te)")
     return 0
 
 
