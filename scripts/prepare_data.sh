@@ -1,19 +1,9 @@
 #!/usr/bin/env bash
-# Prepare a dataset from its public download to a binarized fairseq dataset (resumable).
-#
-#   scripts/prepare_data.sh DATASET [options]
-#     DATASET: demo | iwslt14_de_en | wmt14_en_de | wmt14_en_de_joined | wmt17_zh_en | custom
-#     (wmt14_en_de: one dictionary per language; wmt14_en_de_joined: macaron-net's recipe for EMNLP 2020, joined)
+# Prepare a dataset from its public download to a binarized fairseq dataset (resumable):
+#   scripts/prepare_data.sh DATASET [options]      (DATASET: demo, iwslt14_de_en, wmt14_en_de, wmt17_zh_en, ...)
 #   SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom   your own corpus: dir/{train,valid,test}.{xx,yy}
-#                                                                  -> DATA_BIN/custom_xx_yy (or DATA_BIN/DATASET_NAME)
-#
-# Settings (environment or options; see `scripts/prepare_data.sh demo --help`):
-#   BPE=subword-nmt|sentencepiece  BPE_SIZE=N  WORKERS=N  WORK_DIR=work  DATA_BIN=data-bin
-#   DIVERSE_FAIRSEQ_MIRROR=URL-or-dir (archives looked up there by file name)  CHECKSUMS=file
-#   EXPECT=manifest.json (stand-in archives: expectations replacing the published ones; output DATASET+NAME)
-#   DEMO_DIR=dir  CWMT_DIR=dir  CWMT=skip  ZH_SEG=jieba|char  STOP_AFTER=step  PROGRESS_INTERVAL=seconds
-#   wmt17_zh_en: WMT17_SOURCE=original|hf  LENGTH_UNIT=subwords|words  ALLOW_UNVERIFIED=1
-#   custom: SRC  TGT  CORPUS_DIR  DATASET_NAME  SEPARATE_VOCAB=1
+# wmt14_en_de has one dictionary per language; wmt14_en_de_joined is macaron-net's recipe for EMNLP 2020, joined.
+# The datasets, settings (environment variables or options) and steps: `scripts/prepare_data.sh demo --help`.
 # WORK_DIR and DATA_BIN default to work/ and data-bin/ in the repository. Uses the repository's .venv when present.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)

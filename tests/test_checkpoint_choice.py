@@ -1,4 +1,4 @@
-"""The evaluated checkpoint is decided in one place (diverse_fairseq.runs.checkpoint_choice): the EMNLP 2020 settings
+"""The evaluated checkpoint is decided in one place (diverse_fairseq.runs.settings): the EMNLP 2020 settings
 evaluate checkpoint_best.pt by validation loss, the THUMT settings by validation BLEU, the demo the last one."""
 
 from dataclasses import replace
@@ -8,7 +8,7 @@ from conftest import fake_prepared
 
 from diverse_fairseq import training
 from diverse_fairseq.runs import settings
-from diverse_fairseq.runs.checkpoint_choice import checkpoint_name, describe
+from diverse_fairseq.runs.settings import checkpoint_name, describe
 from diverse_fairseq.tables import report
 
 ENV_KEYS = ("SEEDS", "SEED", "SAVE_DIR", "TRAIN_ARGS", "JOBS", "DRY_RUN", "SCALE", "AVERAGE", "GPUS")
@@ -57,9 +57,8 @@ def test_a_reused_run_evaluates_its_settings_checkpoint(tmp_path):
     """A finished run whose results folder has moved since (its train.json names a checkpoint elsewhere) is
     evaluated from its plan's checkpoint in its own folder: the setting's, checkpoint_best.pt by validation loss."""
     from diverse_fairseq.tables import steps
-    from diverse_fairseq.tables.cache import store
+    from diverse_fairseq.tables.cache import cache_key, store
     from diverse_fairseq.tables.config import RunConfig
-    from diverse_fairseq.tables.keys import cache_key
     from diverse_fairseq.tables.records import TrainRecord, to_json
     from diverse_fairseq.tables.spec import Row
 

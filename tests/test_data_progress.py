@@ -36,7 +36,7 @@ def test_progress_lines_count_percent_elapsed_and_time_left():
     assert re.fullmatch(r".*: 2/4 lines \(50%\), \d+\.\ds elapsed, about \S+ left", seen[1]), seen
     meter.close()  # every update was shown already: no repeated last line
     assert len(seen) == 2
-    progress.end_step()
+    progress.begin_step("")
     seen.clear()
     progress.set_interval(0.5)
     meter = progress.Progress("clean train", total=4, unit="pairs", log=seen.append)
@@ -65,9 +65,9 @@ def test_progress_lines_are_spaced_by_the_interval():
     assert progress.duration(4.21) == "4.2s" and progress.duration(302) == "5m02s"
     assert progress.duration(7500) == "2h05m" and progress.size(512) == "512 B"
     with pytest.raises(SystemExit, match=r"PROGRESS_INTERVAL \(--progress-interval\)='soon' is not valid"):
-        progress.parse_interval("soon")
+        progress.set_interval("soon")
     with pytest.raises(SystemExit, match="PROGRESS_INTERVAL"):
-        progress.parse_interval("-1")
+        progress.set_interval("-1")
 
 
 def test_heartbeat_reports_work_that_tells_nothing_about_itself():

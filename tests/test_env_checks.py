@@ -67,6 +67,7 @@ def test_train_sh_refuses_a_bad_variable(data_bin, tmp_path):
     ("BPE_SIZE", "8k", "BPE_SIZE (--bpe-size)='8k' is not valid"),
     ("ZH_SEG", "pkuseg", "use ZH_SEG=jieba or ZH_SEG=char"),
     ("CWMT", "yes", "CWMT='yes' is not valid: use CWMT=skip"),
+    ("ALLOW_UNVERIFIED", "yes", "ALLOW_UNVERIFIED='yes' is not valid: use ALLOW_UNVERIFIED=1"),
     ("STOP_AFTER", "tokenise", "STOP_AFTER (--stop-after)='tokenise' is not valid: use STOP_AFTER=collect, "
                                "STOP_AFTER=normalize, STOP_AFTER=tokenize"),
 ])

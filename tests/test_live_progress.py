@@ -1,4 +1,4 @@
-"""Live progress of a table row's training (diverse_fairseq/tables/live.py, progress.py): the log path when a
+"""Live progress of a table row's training (diverse_fairseq/tables/progress.py): the log path when a
 row starts, then a line with update, losses and the time left, read from fairseq's JSON log while it grows."""
 
 import os
@@ -11,8 +11,7 @@ from pathlib import Path
 from conftest import job_record, tiny_train_args
 
 from diverse_fairseq.tables.config import RunConfig
-from diverse_fairseq.tables.live import LogWatcher, progress_line
-from diverse_fairseq.tables.progress import Progress
+from diverse_fairseq.tables.progress import LogWatcher, Progress, progress_line
 from diverse_fairseq.tables.spec import Row, Table
 
 START = ("{'_name': None, 'common': {'_name': None, 'log_format': 'json'}, 'optimization': {'_name': None, "

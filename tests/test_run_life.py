@@ -10,6 +10,8 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,8 @@ import torch
 from conftest import REPO, USER_DIR, fake_prepared, job_record, run_cli, tiny_train_args
 
 from diverse_fairseq import training
-from diverse_fairseq.runs import save_dir as save_dirs
+from diverse_fairseq.runs.checkpoint_file import trained_updates
+from diverse_fairseq.runs.identity import write_args
 from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.tables import runner
 from diverse_fairseq.tables.config import RunConfig
@@ -86,7 +89,7 @@ def test_ctrl_c_during_training_ends_with_one_line_and_resumes(toy_bin, tmp_path
     found = INTERRUPTED.fullmatch(last)
     assert found, last
     reached, saved, checkpoint, resume = int(found[1]), int(found[2]), Path(found[3]), found[4]
-    assert reached >= 3 and 2 <= saved <= reached and save_dirs.trained_updates(checkpoint) == saved
+    assert reached >= 3 and 2 <= saved <= reached and trained_updates(checkpoint) == saved
     assert resume.startswith(f"SAVE_DIR={checkpoint.parent} ") and " scripts/train.sh toy tiny " in resume
     # the command resumes that run: the same directory, no option changed (its dry run, in this process, says so)
     words = shlex.split(resume)
@@ -139,6 +142,47 @@ def test_ctrl_c_in_a_table_names_each_interrupted_row_and_the_command(tmp_path, 
                      f"({checkpoint}); resume with: make table-naacl19_t3 SCALE=demo SEEDS=1"]
 
 
+ONE_ROW = """
+table: one
+title: "one row"
+baseline: base
+rows:
+  - {id: base, label: "Transformer", family: transformer}
+"""
+
+
+def test_ctrl_c_in_a_table_run_by_the_worker_pool_twice(toy_bin, tmp_path):
+    """JOBS=2 (the worker pool, two seeds): Ctrl-C (SIGINT to the process group) once the first job has started,
+    and again while the jobs stop: exit 130, no traceback from the runner or its workers, and last a line for each
+    job handed out (the second seed's only if Ctrl-C came after it was)."""
+    table = tmp_path / "one.yaml"
+    table.write_text(ONE_ROW)
+    env = _env(JOBS="2", PROGRESS_INTERVAL="1")
+    cmd = [sys.executable, "-m", "diverse_fairseq.tables", str(table), "--dataset", "toy", "--scale", "demo",
+           "--data-bin", str(toy_bin), "--out", str(tmp_path / "results"), "--seeds", "2",
+           "--train-args", shlex.join([*SMALL, "--max-update", "1000"])]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if ": started;" in line:
+                os.killpg(proc.pid, signal.SIGINT)
+                time.sleep(0.5)
+                os.killpg(proc.pid, signal.SIGINT)  # a second Ctrl-C while the workers stop
+                break
+        seen.append(proc.communicate(timeout=60)[0])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = "".join(seen)
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    interrupted = [line for line in out.splitlines() if re.match(r"\[one\] row base seed \d: interrupted ", line)]
+    assert "[one] row base seed 1: interrupted " in out and out.strip().splitlines()[-len(interrupted):] == interrupted
+
+
 # ------------------------------------------------------------------------------ damaged checkpoint_last.pt
 @pytest.fixture
 def env(tmp_path):
@@ -151,7 +195,7 @@ def _damaged_run(env, where: Path, others=(("checkpoint_best.pt", 4), ("checkpoi
     checkpoint_last.pt and the intact ``others``."""
     p = plan(training.request_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where)), gpus=0))
     where.mkdir(parents=True)
-    save_dirs.write_args(where, p.identity, p.command)
+    write_args(where, p.identity, p.command)
     _checkpoint(where / "checkpoint_last.pt", 6)
     data = (where / "checkpoint_last.pt").read_bytes()
     (where / "checkpoint_last.pt").write_bytes(data[: len(data) // 2])
@@ -176,7 +220,7 @@ def test_a_truncated_checkpoint_last_is_refused_before_training_with_the_fix(env
 
     subprocess.run(f"mv {last} {last}.damaged && cp {where}/checkpoint_best.pt {last}", shell=True, check=True)
     refuse_damaged_last(where, "rerun")
-    assert save_dirs.trained_updates(last) == 4
+    assert trained_updates(last) == 4
 
 
 def test_a_damaged_checkpoint_last_without_an_intact_one_is_moved_aside(env, tmp_path):

@@ -1,5 +1,5 @@
 """One save directory per training variant (a readable name plus a hash of the effective options), the options
-stored in it, and the refusal to resume a directory trained with other options (diverse_fairseq.runs.save_dir)."""
+stored in it, and the refusal to resume a directory trained with other options (diverse_fairseq.runs.identity)."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import pytest
 from conftest import fake_prepared
 
 from diverse_fairseq.runs import plan as run_plan
-from diverse_fairseq.runs import save_dir as save_dirs
+from diverse_fairseq.runs.identity import write_args
 from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.training import request_from_env, run_from_env
 
@@ -91,7 +91,7 @@ def fake_trained(env, extra, where):
     """A save directory as a finished (or interrupted) run with ``extra`` leaves it."""
     p = plan_of(env, extra, SAVE_DIR=str(where))
     where.mkdir(parents=True)
-    save_dirs.write_args(where, p.identity, p.command)
+    write_args(where, p.identity, p.command)
     _checkpoint(where / "checkpoint_last.pt")
 
 

@@ -28,8 +28,8 @@ from diverse_fairseq.runs.env_checks import parse_seeds
 from diverse_fairseq.runs.plan import TrainOptions
 from diverse_fairseq.tables import report, runner, steps
 from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs
+from diverse_fairseq.tables.cache import cache_key, key_difference
 from diverse_fairseq.tables.config import RunConfig
-from diverse_fairseq.tables.keys import cache_key, key_difference
 from diverse_fairseq.tables.progress import Progress
 from diverse_fairseq.tables.spec import Row, parse_table
 
@@ -316,7 +316,7 @@ def test_train_args_may_not_set_the_runners_log_flags(monkeypatch):
 
 
 def test_log_reader_takes_fairseq_json_records():
-    from diverse_fairseq.tables import logs
+    from diverse_fairseq.tables import progress as logs
 
     text = "\n".join([
         "2026-01-01 00:00:00 | INFO | fairseq_cli.train | {'_name': None, 'common': {'log_format': 'json'}}",

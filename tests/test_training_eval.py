@@ -119,7 +119,7 @@ def test_run_records_whether_checkpoints_were_averaged(data_bin, monkeypatch):
     from diverse_fairseq import training
     monkeypatch.setattr(training, "visible_gpus", lambda: 8)
     result = training.run_from_env("wmt14_en_de", "base", [], env={"DATA_BIN": str(data_bin), "DRY_RUN": "1"}, gpus=8)
-    # the setting's single model (checkpoint_choice): the best by validation BLEU for the THUMT base setting
+    # the setting's single model (settings.checkpoint_name): the best by validation BLEU for the THUMT base setting
     assert result.averaged == 0 and result.checkpoint.name == "checkpoint_best.pt"
 
 

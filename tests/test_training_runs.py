@@ -11,7 +11,8 @@ import torch
 from conftest import fake_prepared
 
 from diverse_fairseq import training
-from diverse_fairseq.runs import save_dir as save_dirs
+from diverse_fairseq.runs.checkpoint_file import finished, trained_updates
+from diverse_fairseq.runs.identity import ARGS_FILE, write_args
 from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.runs.settings import resolve_setting
 
@@ -29,7 +30,7 @@ def trained(env, where: Path, updates: int, extra=()):
     checkpoint_last.pt that records ``updates`` where fairseq does (optimizer_history[-1]["num_updates"])."""
     p = plan(training.request_from_env("demo", "tiny", list(extra), env=dict(env, SAVE_DIR=str(where)), gpus=0))
     where.mkdir(parents=True)
-    save_dirs.write_args(where, p.identity, p.command)
+    write_args(where, p.identity, p.command)
     torch.save({"optimizer_history": [{"num_updates": updates - 1}, {"num_updates": updates}],
                 "model": {"w": torch.zeros(2)}}, where / "checkpoint_last.pt")
 
@@ -69,12 +70,12 @@ def test_a_run_short_of_max_update_resumes(env, tmp_path, monkeypatch, capsys):
 def test_trained_updates_reads_what_fairseq_resumes_from(tmp_path):
     torch.save({"optimizer_history": [{"num_updates": 7}]}, tmp_path / "a.pt")
     (tmp_path / "b.pt").write_bytes(b"not a checkpoint")
-    assert save_dirs.trained_updates(tmp_path / "a.pt") == 7
-    assert save_dirs.trained_updates(tmp_path / "b.pt") is None  # fairseq decides what to do with it
-    assert save_dirs.finished(tmp_path, 7) is None  # no checkpoint_last.pt
+    assert trained_updates(tmp_path / "a.pt") == 7
+    assert trained_updates(tmp_path / "b.pt") is None  # fairseq decides what to do with it
+    assert finished(tmp_path, 7) is None  # no checkpoint_last.pt
     (tmp_path / "a.pt").rename(tmp_path / "checkpoint_last.pt")
-    assert save_dirs.finished(tmp_path, 7) == 7 and save_dirs.finished(tmp_path, 8) is None
-    assert save_dirs.finished(tmp_path, 0) is None  # --max-update 0: no limit in fairseq
+    assert finished(tmp_path, 7) == 7 and finished(tmp_path, 8) is None
+    assert finished(tmp_path, 0) is None  # --max-update 0: no limit in fairseq
 
 
 def test_a_variable_of_the_table_runner_is_named(env, monkeypatch, capsys):
@@ -133,7 +134,7 @@ def test_failure_messages(tmp_path):
     assert where.exists()
     other = tmp_path / "other"
     (other / "tensorboard" / "train").mkdir(parents=True)
-    (other / save_dirs.ARGS_FILE).write_text("{}")
+    (other / ARGS_FILE).write_text("{}")
     (other / "notes.txt").write_text("the user's")
     assert training.failure_message(-9, "", other) == (
         f"error: fairseq-train failed (killed by signal 9): it wrote no checkpoint, so there is nothing to resume "

@@ -88,7 +88,7 @@ def test_user_dir_helper_prints_a_directory_fairseq_imports(tmp_path):
 
 @pytest.mark.slow
 def test_json_training_log_gives_the_runners_numbers(workdir):
-    from diverse_fairseq.tables import logs
+    from diverse_fairseq.tables import progress as logs
 
     log = (workdir / "checkpoints" / "baseline" / "train.log").read_text()
     assert '"train_num_updates": "3"' in log  # fairseq's JSON records, not text lines
@@ -156,7 +156,7 @@ def test_hub_interface_translates(workdir, model):
     assert hub.translate(SENTENCES[0], beam=2, max_len_b=20) == out[0]
     net = hub.models[0]
     assert type(net) is cls
-    from diverse_fairseq.tables import logs
+    from diverse_fairseq.tables import progress as logs
 
     log = (workdir / "checkpoints" / model / "train.log").read_text()
     assert sum(p.numel() for p in net.parameters()) == logs.model_parameters(log)

@@ -13,30 +13,33 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from .lines import count_lines, map_file
 from .progress import heartbeat
+from .text import count_lines, map_file
 
 KINDS = ("subword-nmt", "sentencepiece")
-# What fairseq-generate/-interactive need to undo the segmentation (``--post-process``).
-POST_PROCESS = {"subword-nmt": "subword_nmt", "sentencepiece": "sentencepiece"}
 # sentencepiece learns from at most this many sentences. Larger corpora are sampled by _seeded_sample (with
 # SPM_SEED): sentencepiece's own sampling draws a new seed in every process (0.2.3 ignores
 # set_random_generator_seed there), so the same command would learn a different model each time
 SPM_INPUT_SENTENCES = 10_000_000
 SPM_SEED = 1
+# why a model can have fewer merges (subword-nmt) or pieces (sentencepiece) than asked for
+TOO_FEW = {"subword-nmt": "subword-nmt learned {made:,} of the {size:,} BPE merges asked for: after that no symbol "
+                          "pair occurs twice in {names}, so every word that occurs at least twice is already one "
+                          "symbol and the corpus supports no more merges",
+           "sentencepiece": "sentencepiece made a vocabulary of {made:,} of the {size:,} entries asked for: the "
+                            "corpus ({names}) supports no more pieces"}
 
 
 def model_files(kind: str, out_dir: Path, langs: Sequence[str], joint: bool) -> Dict[str, Path]:
-    """The model file used for each language."""
-    out_dir = Path(out_dir)
-    name = (lambda lang: "codes" if joint else f"codes.{lang}") if kind == "subword-nmt" else \
-        (lambda lang: "spm.model" if joint else f"spm.{lang}.model")
-    return {lang: out_dir / name(lang) for lang in langs}
+    """The model file used for each language: ``codes[.LANG]`` (subword-nmt), ``spm[.LANG].model`` (sentencepiece)."""
+    stem, suffix = ("codes", "") if kind == "subword-nmt" else ("spm", ".model")
+    return {lang: Path(out_dir) / (stem + ("" if joint else f".{lang}") + suffix) for lang in langs}
 
 
 def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joint: bool, workers: int = 1,
           log=print) -> Dict[str, Path]:
-    """Learn the segmentation model(s) from ``train_files`` ({lang: file}); returns {lang: model file}."""
+    """Learn the segmentation model(s) from ``train_files`` ({lang: file}); returns {lang: model file}. Warns, naming
+    BPE_SIZE, where the corpus supports fewer merges or pieces than ``size``."""
     if kind not in KINDS:
         raise ValueError(f"unknown BPE kind {kind!r}: use one of {', '.join(KINDS)}")
     out_dir = Path(out_dir)
@@ -50,23 +53,29 @@ def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joi
             f"{' + '.join(Path(f).name for f in files)} -> {target.name}")
         with heartbeat(f"learn {kind} {target.name}", log=log):
             if kind == "subword-nmt":
-                _learn_subword_nmt(files, target, size, workers, log=log)
+                made = _learn_subword_nmt(files, target, size, workers)
             else:
-                _learn_sentencepiece(files, target, size, workers, zh="zh" in langs, log=log)
+                made = _learn_sentencepiece(files, target, size, workers, zh="zh" in langs)
+        names = ", ".join(Path(f).name for f in files)
+        if made == 0:  # subword-nmt only: sentencepiece keeps at least the characters
+            log(f"  warning: no BPE merges can be learned from {names}: every word is a single symbol; the text is "
+                f"used unsegmented")
+        elif made < size:
+            log(f"  warning: {TOO_FEW[kind].format(made=made, size=size, names=names)}. Lower BPE_SIZE (--bpe-size) "
+                f"to {made:,} or less, e.g. make data DATASET=custom ... BPE_SIZE=N")
     return models
 
 
-def _learn_subword_nmt(files: List[Path], target: Path, size: int, workers: int, log=print):
+def _learn_subword_nmt(files: List[Path], target: Path, size: int, workers: int) -> int:
     """subword-nmt's ``learn_bpe`` in its own process, with tqdm's progress bar off through tqdm's own
     ``TQDM_DISABLE`` (tqdm reads its ``TQDM_*`` variables when it is imported, so only a fresh process can be
-    told; subword-nmt has no option for its bar). Warns when fewer merges than ``size`` could be learned."""
+    told; subword-nmt has no option for its bar). Returns the number of merges learned."""
     joined = target.with_name(target.name + ".input")
     with open(joined, "wb") as out:
         for f in files:
             with open(f, "rb") as src:
                 shutil.copyfileobj(src, out)
     tmp = target.with_name(target.name + ".tmp")
-    names = ", ".join(Path(f).name for f in files)
     cmd = [sys.executable, "-m", "subword_nmt.learn_bpe", "--input", str(joined), "--output", str(tmp),
            "--symbols", str(size), "--num-workers", str(max(1, workers))]
     try:
@@ -75,7 +84,8 @@ def _learn_subword_nmt(files: List[Path], target: Path, size: int, workers: int,
         if proc.returncode != 0:
             lines = proc.stderr.strip().splitlines()
             if not (lines and lines[-1].startswith("ValueError")):
-                raise RuntimeError(f"subword-nmt learn_bpe failed on {names} (exit {proc.returncode}):\n"
+                raise RuntimeError(f"subword-nmt learn_bpe failed on {', '.join(Path(f).name for f in files)} "
+                                   f"(exit {proc.returncode}):\n"
                                    + "\n".join(lines[-20:]))
             # max() of no pair statistics: no symbol pair occurs at all (e.g. Chinese in single characters)
             tmp.write_text("#version: 0.2\n", encoding="utf-8")
@@ -84,14 +94,6 @@ def _learn_subword_nmt(files: List[Path], target: Path, size: int, workers: int,
     finally:
         joined.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
-    if learned == 0:
-        log(f"  warning: no BPE merges can be learned from {names}: every word is a single symbol; the text is "
-            f"used unsegmented")
-    elif learned < size:
-        log(f"  warning: subword-nmt learned {learned:,} of the {size:,} BPE merges asked for: after that no symbol "
-            f"pair occurs twice in {names}, so every word that occurs at least twice is already one symbol and "
-            f"the corpus supports no more merges. Lower BPE_SIZE (--bpe-size) to {learned:,} or less, e.g. "
-            f"make data DATASET=custom ... BPE_SIZE=N")
     return learned
 
 
@@ -101,19 +103,22 @@ def count_merges(codes: Path) -> int:
         return sum(1 for line in f if line.strip() and not line.startswith("#version"))
 
 
-def _learn_sentencepiece(files: List[Path], target: Path, size: int, workers: int, zh: bool, log=print) -> int:
-    """Train the sentencepiece model; warn when its vocabulary is smaller than ``size`` (``hard_vocab_limit=False``
-    makes sentencepiece stop, without an error, where the corpus has no more pieces to offer)."""
+def _learn_sentencepiece(files: List[Path], target: Path, size: int, workers: int, zh: bool) -> int:
+    """Train the sentencepiece model; returns its vocabulary size (``hard_vocab_limit=False`` makes sentencepiece
+    stop, without an error, where the corpus has no more pieces to offer)."""
     import sentencepiece as spm
 
     prefix = str(target)[: -len(".model")]
-    tmp_prefix = prefix + ".tmp"
     sample = target.with_name(target.name + ".sample")
-    names = ", ".join(Path(f).name for f in files)
     try:
-        if _seeded_sample(files, SPM_INPUT_SENTENCES, sample):
-            files = [sample]
-        _train_spm(spm, files, tmp_prefix, size, workers, zh)
+        spm.SentencePieceTrainer.train(
+            input=",".join(str(f) for f in ([sample] if _seeded_sample(files, SPM_INPUT_SENTENCES, sample) else files)),
+            model_prefix=prefix + ".tmp", vocab_size=size, model_type="bpe",
+            # keep the raw text (placeholders, full stops, casing) exactly, so decoding restores it
+            normalization_rule_name="nmt_nfkc" if zh else "identity", character_coverage=0.9995 if zh else 1.0,
+            input_sentence_size=SPM_INPUT_SENTENCES, shuffle_input_sentence=True,
+            hard_vocab_limit=False,  # small corpora: do not fail when fewer pieces exist
+            num_threads=max(1, workers), minloglevel=2)
     except RuntimeError as e:
         if "Vocabulary size is smaller than required_chars" in str(e):
             raise SystemExit(f"error: a sentencepiece vocabulary of {size} is smaller than the number of "
@@ -121,14 +126,9 @@ def _learn_sentencepiece(files: List[Path], target: Path, size: int, workers: in
         raise
     finally:
         sample.unlink(missing_ok=True)
-    Path(tmp_prefix + ".model").replace(target)
-    Path(tmp_prefix + ".vocab").replace(prefix + ".vocab")
-    made = spm.SentencePieceProcessor(model_file=str(target)).get_piece_size()
-    if made < size:
-        log(f"  warning: sentencepiece made a vocabulary of {made:,} of the {size:,} entries asked for: "
-            f"the corpus ({names}) supports no more pieces. Lower BPE_SIZE (--bpe-size) to {made:,} or less, e.g. "
-            f"make data DATASET=custom ... BPE_SIZE=N")
-    return made
+    Path(prefix + ".tmp.model").replace(target)
+    Path(prefix + ".tmp.vocab").replace(prefix + ".vocab")
+    return spm.SentencePieceProcessor(model_file=str(target)).get_piece_size()
 
 
 def _seeded_sample(files: List[Path], limit: int, out: Path) -> bool:
@@ -150,53 +150,28 @@ def _seeded_sample(files: List[Path], limit: int, out: Path) -> bool:
     return True
 
 
-def _train_spm(spm, files, tmp_prefix, size, workers, zh):
-    spm.SentencePieceTrainer.train(
-        input=",".join(str(f) for f in files),
-        model_prefix=tmp_prefix,
-        vocab_size=size,
-        model_type="bpe",
-        # keep the raw text (placeholders, full stops, casing) exactly, so decoding restores it
-        normalization_rule_name="nmt_nfkc" if zh else "identity",
-        character_coverage=0.9995 if zh else 1.0,
-        input_sentence_size=SPM_INPUT_SENTENCES,
-        shuffle_input_sentence=True,
-        hard_vocab_limit=False,  # small corpora: do not fail when fewer pieces exist
-        num_threads=max(1, workers),
-        minloglevel=2,
-    )
+@functools.cache
+def _segmenter(kind: str, model: str):
+    if kind == "sentencepiece":
+        import sentencepiece as spm
 
+        sp = spm.SentencePieceProcessor(model_file=model)
+        return lambda s: " ".join(sp.encode(s, out_type=str))
+    if count_merges(model) == 0:  # no merges (see _learn_subword_nmt): the text stays as it is
+        return str.strip
+    from subword_nmt.apply_bpe import BPE
 
-_APPLIERS = {}
-
-
-def _apply_line(kind: str, model: str, line: str) -> str:
-    applier = _APPLIERS.get((kind, model))
-    if applier is None:
-        if kind == "subword-nmt":
-            from subword_nmt.apply_bpe import BPE
-
-            with open(model, encoding="utf-8") as codes:
-                merges = [line for line in codes if line.strip() and not line.startswith("#version")]
-                codes.seek(0)
-                bpe = BPE(codes) if merges else None
-            # no merges (see _learn_subword_nmt): the text stays as it is
-            applier = (lambda s: bpe.process_line(s).strip()) if bpe else (lambda s: s.strip())  # noqa: E731
-        else:
-            import sentencepiece as spm
-
-            sp = spm.SentencePieceProcessor(model_file=model)
-            applier = lambda s: " ".join(sp.encode(s, out_type=str))  # noqa: E731
-        _APPLIERS[(kind, model)] = applier
-    return applier(line)
+    with open(model, encoding="utf-8") as codes:
+        bpe = BPE(codes)
+    return lambda s: bpe.process_line(s).strip()
 
 
 def segment(kind: str, model: Path, line: str) -> str:
     """One line segmented with ``model`` (as :func:`apply` segments each line of a file)."""
-    return _apply_line(kind, str(model), line)
+    return _segmenter(kind, str(model))(line)
 
 
 def apply(kind: str, model: Path, src: Path, dst: Path, workers: int = 1) -> int:
     """Segment every line of ``src`` into ``dst`` with ``model``."""
-    fn = functools.partial(_apply_line, kind, str(model))
-    return map_file(fn, src, dst, workers=workers, desc=f"{kind} {Path(src).name}")
+    return map_file(functools.partial(segment, kind, str(model)), src, dst, workers=workers,
+                    desc=f"{kind} {Path(src).name}")

@@ -1,55 +1,50 @@
-"""Progress lines for the long parts of data preparation: the one place that reports how far a step has got.
+"""The resumable pipeline of data preparation and its progress lines: the one place that reports how far it has got.
 
-A pipeline step (:class:`~diverse_fairseq.data.steps.Pipeline`) announces itself with :func:`begin_step`; the
-work inside it reports through :class:`Progress` (a known amount of work: lines, pairs or bytes) or
-:func:`heartbeat` (work that tells nothing about itself: learning BPE, fairseq-preprocess). Both print plain
-lines, which read the same on a terminal and in a log file::
+:class:`Pipeline` runs named steps. A finished step leaves a stamp ``WORK/.stamps/<step>.json`` with a key made of
+its parameters and the keys of all steps before it; the next run skips it when the key matches and its outputs
+exist, else runs it (and, as their keys change, everything after it) again. Outputs are written through
+:func:`atomic_path`, so an interrupted step leaves no half file under the final name.
+
+The work inside a step reports through :class:`Progress` (a known amount of work: lines, pairs or bytes) or
+:func:`heartbeat` (work that tells nothing about itself: learning BPE, fairseq-preprocess), in plain lines that
+read the same on a terminal and in a log file::
 
     [wmt14_en_de] step 7/14 tokenize train.en: 1,200,000/4,508,785 lines (27%), 5m02s elapsed, about 13m40s left
-    [wmt14_en_de] step 1/14 download training-parallel-europarl-v7.tgz: 210.0 MiB/628.4 MiB (33%), 41s elapsed, \
-5.1 MiB/s
     [wmt14_en_de] step 9/14 learn subword-nmt: running, 20m00s elapsed
 
 A line is printed at most every :data:`interval` seconds (``PROGRESS_INTERVAL``, default 10), and a last
 one when the work ends if it took at least that long; ``PROGRESS_INTERVAL=0`` prints every update.
 """
 
+import functools
+import hashlib
+import json
+import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Callable, Dict, Iterable, Optional
+
+from ..runs import env_checks
 
 ENV = "PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 10.0
 interval = DEFAULT_INTERVAL  # seconds between two progress lines of one piece of work
 _step = ""  # "[dataset] step i/n", set by the pipeline while a step runs
+_print = functools.partial(print, flush=True)
 
 
-def parse_interval(text) -> float:
-    """``PROGRESS_INTERVAL`` as seconds (>= 0); SystemExit naming the variable otherwise."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        value = -1.0
-    if not value >= 0:
-        raise SystemExit(f"error: {ENV} (--progress-interval)={text!r} is not valid: use a number of seconds >= 0 "
-                         f"(0 prints every update; default {DEFAULT_INTERVAL:g})")
-    return value
-
-
-def set_interval(seconds: float):
+def set_interval(seconds):
+    """Set :data:`interval` (``PROGRESS_INTERVAL``: seconds >= 0); SystemExit naming the variable otherwise."""
     global interval
-    interval = float(seconds)
+    interval = env_checks.parse_float(f"{ENV} (--progress-interval)", seconds, minimum=0)
 
 
 def begin_step(label: str):
-    """Prefix the progress lines of the work that follows with ``label`` (``[dataset] step i/n``)."""
+    """Prefix the progress lines of the work that follows with ``label`` (``[dataset] step i/n``; "": none)."""
     global _step
     _step = label
-
-
-def end_step():
-    begin_step("")
 
 
 def _prefixed(what: str) -> str:
@@ -62,23 +57,18 @@ def duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f}s"
     minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 def size(n: float) -> str:
     """Bytes in binary units: ``512 B``, ``12.3 MiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-    raise AssertionError("unreachable")
-
-
-def _log_default(message: str):
-    print(message, flush=True)
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
 
 
 class Progress:
@@ -92,7 +82,7 @@ class Progress:
         self.total = total
         self.unit = unit
         self.done = self.initial = initial
-        self.log = log or _log_default
+        self.log = log or _print
         self.started = self.last = time.monotonic()
         self.shown = None  # the amount the last printed line showed
 
@@ -119,12 +109,10 @@ class Progress:
 
     def line(self, now: float, finished: bool = False) -> str:
         elapsed = now - self.started
-        if self.unit == "bytes":
-            amount = size(self.done) + (f"/{size(self.total)}" if self.total else "")
-        else:
-            amount = f"{self.done:,}" + (f"/{self.total:,}" if self.total else "") + f" {self.unit}"
-        parts = [amount + (f" ({100 * self.done / self.total:.0f}%)" if self.total else "")]
-        parts.append(f"{duration(elapsed)} elapsed")
+        amount = size if self.unit == "bytes" else "{:,}".format
+        parts = [amount(self.done) + (f"/{amount(self.total)}" if self.total else "")
+                 + ("" if self.unit == "bytes" else f" {self.unit}")
+                 + (f" ({100 * self.done / self.total:.0f}%)" if self.total else ""), f"{duration(elapsed)} elapsed"]
         rate = (self.done - self.initial) / elapsed if elapsed > 0 else 0
         if self.unit == "bytes" and rate > 0:
             parts.append(f"{size(rate)}/s")
@@ -139,7 +127,7 @@ class Progress:
 def heartbeat(what: str, log: Optional[Callable[[str], None]] = None):
     """Print ``what: running, T elapsed`` every :data:`interval` seconds while the block runs (work that
     reports no progress of its own), and ``what: done in T`` at the end when it took at least that long."""
-    log = log or _log_default
+    log = log or _print
     label = _prefixed(what)
     started = time.monotonic()
     stop = threading.Event()
@@ -159,3 +147,69 @@ def heartbeat(what: str, log: Optional[Callable[[str], None]] = None):
     if elapsed >= interval:
         log(f"{label}: done in {duration(elapsed)}")
 
+
+@contextmanager
+def atomic_path(path):
+    """Yield a temporary path next to ``path``; rename it to ``path`` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class StopPipeline(Exception):
+    """Raised after the step named by ``--stop-after`` (a deliberate, resumable stop)."""
+
+
+class Pipeline:
+    """Runs steps in order, printing ``[name] step i/n: title`` and whether each ran or was skipped."""
+
+    def __init__(self, name: str, work_dir: Path, total_steps: int, stop_after: Optional[str] = None, log=print):
+        self.name = name
+        self.stamp_dir = Path(work_dir) / ".stamps"
+        self.total = total_steps
+        self.index = 0
+        self.chain = hashlib.sha256(name.encode()).hexdigest()
+        self.stop_after = stop_after
+        self.log = log
+        self.ran = []
+        self.skipped = []
+
+    def step(self, step_id: str, title: str, outputs: Iterable[Path], params: Dict, fn: Callable[[], None]):
+        """Run ``fn`` unless step ``step_id`` already completed with the same parameters and inputs."""
+        self.index += 1
+        outputs = [Path(o) for o in outputs]
+        blob = json.dumps({"step": step_id, "params": params, "before": self.chain}, sort_keys=True, default=str)
+        key = self.chain = hashlib.sha256(blob.encode()).hexdigest()
+        label = f"[{self.name}] step {self.index}/{self.total}"
+        stamp = self.stamp_dir / f"{step_id}.json"
+        try:
+            done = all(o.exists() for o in outputs) and json.loads(stamp.read_text()).get("key") == key
+        except (OSError, ValueError):
+            done = False
+        if done:
+            self.log(f"{label}: {title} -- done already, skipped")
+            self.skipped.append(step_id)
+        else:
+            stamp.unlink(missing_ok=True)
+            self.log(f"{label}: {title}")
+            started = time.time()
+            begin_step(label)
+            try:
+                fn()
+            finally:
+                begin_step("")
+            missing = [str(o) for o in outputs if not o.exists()]
+            if missing:
+                raise RuntimeError(f"step {step_id} finished without producing {', '.join(missing)} (a bug)")
+            with atomic_path(stamp) as tmp:
+                tmp.write_text(json.dumps({"key": key, "params": params, "outputs": [str(o) for o in outputs],
+                                           "seconds": round(time.time() - started, 1)}, indent=1, default=str))
+            self.log(f"[{self.name}]   finished {step_id} in {time.time() - started:.1f}s")
+            self.ran.append(step_id)
+        if step_id == self.stop_after:
+            raise StopPipeline(f"stopped after step {step_id} as asked (--stop-after); run again to continue")

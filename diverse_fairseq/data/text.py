@@ -1,34 +1,80 @@
-"""Text processing: SGM/XML segment extraction, normalisation, Moses tokenization, cleaning.
+"""Line files and their text: reading (plain or gzip) and a parallel map with progress lines;
+SGM/XML segment extraction, normalisation, Moses tokenization, cleaning.
 
 Moses tools come from sacremoses (no Perl checkout): ``normalize-punctuation.perl`` is
-``MosesPunctNormalizer``, ``remove-non-printing-char.perl`` is :func:`remove_non_printing`,
+``MosesPunctNormalizer``, ``remove-non-printing-char.perl`` is :func:`normalize` with ``non_printing``,
 ``tokenizer.perl`` is ``MosesTokenizer`` and ``clean-corpus-n.perl`` is :func:`clean_pair`.
 Chinese is segmented into words with jieba (``zh_seg="jieba"``, optional dependency) or into
 characters with sacrebleu's Chinese tokenizer (``zh_seg="char"``).
 """
 
+import contextlib
+import functools
+import gzip
+import itertools
+import multiprocessing
 import re
-from typing import List, Optional, Tuple
+from pathlib import Path
+from typing import Callable, Iterator, List, Optional, Tuple
 
-from .lines import iter_lines
+import regex
+
+from .progress import Progress, atomic_path
+
+CHUNK_LINES = 2000
+
+
+def iter_lines(path) -> Iterator[str]:
+    """The lines of a UTF-8 file (``*.gz`` gunzipped) without line terminators (``\\n``, ``\\r\\n``) or a
+    leading BOM."""
+    opener = gzip.open if Path(path).suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="strict", newline="\n") as f:
+        for i, line in enumerate(f):
+            line = line.rstrip("\n").rstrip("\r")
+            yield line.lstrip("\ufeff") if i == 0 else line
+
+
+def count_lines(path) -> int:
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+def _apply_chunk(fn, chunk: List[str]) -> List[str]:
+    return [fn(line) for line in chunk]
+
+
+def map_file(fn: Callable[[str], str], src, dst, workers: int = 1, desc: str = "") -> int:
+    """Write ``fn(line)`` for every line of ``src`` to ``dst`` (atomically), in order, with progress lines; returns
+    the number of lines. With ``workers > 1`` a process pool maps chunks of lines: ``fn`` must then be picklable
+    (a module-level function or a ``functools.partial`` of one)."""
+    total = count_lines(src) if Path(src).suffix != ".gz" else None
+    meter = Progress(desc or Path(dst).name, total=total, unit="lines")
+    lines = iter_lines(src)
+    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
+    parallel = workers > 1 and (total is None or total > CHUNK_LINES)
+    with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as out, \
+            multiprocessing.get_context("fork").Pool(workers) if parallel else contextlib.nullcontext() as pool:
+        for result in (pool.imap if parallel else map)(functools.partial(_apply_chunk, fn), chunks):
+            for line in result:
+                out.write(line.replace("\n", " ") + "\n")
+            meter.update(len(result))
+    meter.close()
+    return meter.done
+
 
 _SEG = re.compile(r"<seg.*?>(.*)</seg>.*?")
 _SPACES = re.compile(r"\s+")
+_NON_PRINTING = regex.compile(r"\p{C}")
 
 
-# ---------------------------------------------------------------------------------------------- extraction
 def sgm_segments(path) -> List[str]:
     """The ``<seg>`` texts of a WMT ``.sgm`` or IWSLT ``.xml`` file, as sacrebleu extracts them.
 
     Lines starting with ``<seg `` are kept, the tags removed and whitespace collapsed (sacrebleu's
     ``FakeSGMLDataset``), so the references match ``sacrebleu -t ...`` exactly.
     """
-    out = []
-    for line in iter_lines(path):
-        stripped = line.strip()
-        if stripped.startswith("<seg "):
-            out.append(_SPACES.sub(" ", _SEG.sub(r"\1", stripped)).strip())
-    return out
+    lines = (line.strip() for line in iter_lines(path))
+    return [_SPACES.sub(" ", _SEG.sub(r"\1", line)).strip() for line in lines if line.startswith("<seg ")]
 
 
 IWSLT_DROP = ("<url>", "<talkid>", "<keywords>")
@@ -47,44 +93,26 @@ def iwslt_train_lines(path) -> List[str]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------- normalisation
-_NON_PRINTING = None
+@functools.cache
+def _moses(tool: str, lang: str):
+    """sacremoses' ``tool`` (``MosesPunctNormalizer``, ``MosesTokenizer``, ``MosesDetokenizer``) for ``lang``."""
+    import sacremoses
 
-
-def remove_non_printing(line: str) -> str:
-    """Replace Unicode "other" characters (``\\p{C}``: controls, format, unassigned) by spaces."""
-    global _NON_PRINTING
-    if _NON_PRINTING is None:
-        import regex
-
-        _NON_PRINTING = regex.compile(r"\p{C}")
-    return _NON_PRINTING.sub(" ", line)
-
-
-_NORMALIZERS = {}
+    return getattr(sacremoses, tool)(lang=lang)
 
 
 def normalize(line: str, lang: str, punct: bool = False, non_printing: bool = False, apostrophe: bool = False) -> str:
-    """Apply the selected normalisations: Moses punctuation normalisation, non-printing character
-    removal, and the ``’`` → ``'`` replacement fairseq applies to XML/SGM dev and test sets."""
+    """Apply the selected normalisations: Moses punctuation normalisation, non-printing character removal
+    (Unicode "other" characters, ``\\p{C}``, become spaces), and the ``’`` → ``'`` replacement fairseq applies to
+    XML/SGM dev and test sets."""
     if apostrophe:
         line = line.replace("\u2019", "'")
     if punct:
-        norm = _NORMALIZERS.get(lang)
-        if norm is None:
-            from sacremoses import MosesPunctNormalizer
-
-            norm = _NORMALIZERS[lang] = MosesPunctNormalizer(lang=lang)
-        line = norm.normalize(line)
-    if non_printing:
-        line = remove_non_printing(line)
-    return line
+        line = _moses("MosesPunctNormalizer", lang).normalize(line)
+    return _NON_PRINTING.sub(" ", line) if non_printing else line
 
 
-# ---------------------------------------------------------------------------------------------- tokenization
-_TOKENIZERS = {}
-
-
+@functools.cache
 def _zh_segmenter(mode: str):
     if mode == "jieba":
         try:
@@ -108,33 +136,16 @@ def tokenize(line: str, lang: str, aggressive_dash: bool = False, lowercase: boo
              zh_seg: str = "jieba") -> str:
     """Moses-tokenize one line (escaping ``& < > ' "`` as tokenizer.perl does); Chinese is segmented
     first. ``lowercase`` lowercases *after* tokenization, as fairseq's IWSLT recipe does."""
-    key = (lang, zh_seg if lang == "zh" else None)
-    tok = _TOKENIZERS.get(key)
-    if tok is None:
-        from sacremoses import MosesTokenizer
-
-        moses = MosesTokenizer(lang=lang)
-        if lang == "zh":
-            seg = _zh_segmenter(zh_seg)
-            tok = lambda s, a: moses.tokenize(seg(s), aggressive_dash_splits=a, return_str=True, escape=True)  # noqa: E731
-        else:
-            tok = lambda s, a: moses.tokenize(s, aggressive_dash_splits=a, return_str=True, escape=True)  # noqa: E731
-        _TOKENIZERS[key] = tok
-    out = tok(line, aggressive_dash)
+    if lang == "zh":
+        line = _zh_segmenter(zh_seg)(line)
+    out = _moses("MosesTokenizer", lang).tokenize(line, aggressive_dash_splits=aggressive_dash, return_str=True,
+                                                  escape=True)
     return out.lower() if lowercase else out
-
-
-_DETOKENIZERS = {}
 
 
 def detokenize(line: str, lang: str) -> str:
     """Undo :func:`tokenize` for ``lang`` (Moses detokenizer, unescaping entities)."""
-    detok = _DETOKENIZERS.get(lang)
-    if detok is None:
-        from sacremoses import MosesDetokenizer
-
-        detok = _DETOKENIZERS[lang] = MosesDetokenizer(lang=lang)
-    return detok.detokenize(line.split(), return_str=True, unescape=True)
+    return _moses("MosesDetokenizer", lang).detokenize(line.split(), return_str=True, unescape=True)
 
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
@@ -145,18 +156,13 @@ def compound_split(line: str) -> str:
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
 
 
-# ---------------------------------------------------------------------------------------------- cleaning
 def clean_pair(src: str, tgt: str, min_len: int, max_len: int, ratio: float) -> Optional[Tuple[str, str]]:
     """``clean-corpus-n.perl`` on one pair: collapse whitespace, then drop the pair (return None) when a
     side is shorter than ``min_len`` or longer than ``max_len`` tokens, or their length ratio exceeds
     ``ratio``. Returns the whitespace-normalised pair when it is kept."""
-    src = _SPACES.sub(" ", src).strip()
-    tgt = _SPACES.sub(" ", tgt).strip()
-    ns = len(src.split(" ")) if src else 0
-    nt = len(tgt.split(" ")) if tgt else 0
-    if ns < min_len or nt < min_len or ns > max_len or nt > max_len:
-        return None
-    if ns == 0 or nt == 0 or ns / nt > ratio or nt / ns > ratio:
+    src, tgt = _SPACES.sub(" ", src).strip(), _SPACES.sub(" ", tgt).strip()
+    ns, nt = len(src.split()), len(tgt.split())
+    if not (min_len <= ns <= max_len and min_len <= nt <= max_len and ns and nt) or max(ns / nt, nt / ns) > ratio:
         return None
     return src, tgt
 

@@ -1,59 +1,49 @@
-"""Read a fairseq checkpoint file, and check it against a dataset, with one clear error per way it can be wrong.
+"""Read a fairseq checkpoint file with one clear error per way it can be wrong, and check it against a dataset.
 
-Used by the evaluation (:mod:`diverse_fairseq.evaluate`, before it starts ``fairseq-generate``) and the analysis
-(:mod:`diverse_fairseq.analysis.loading`). torch's own errors do not say what is wrong with the file: an empty
-file gives a bare ``EOFError``, a file that is not a checkpoint gets the advice to load it with
-``weights_only=False`` (which would run whatever code the file holds), and a checkpoint of another dataset
-fails deep in ``load_state_dict`` with a ``size mismatch`` dump. :func:`read_checkpoint` and
-:func:`check_dataset` turn each of these into a ``SystemExit`` that names the file and what to do:
-
-* *truncated*: empty, or a torch archive (zip) or pickle that ends early (an interrupted save or copy);
-* *not a checkpoint*: anything else torch cannot read, a torch file that is not a fairseq checkpoint, or one
-  that holds Python objects outside the allowlist that :mod:`diverse_fairseq` gives torch's safe loader;
-* *another dataset*: a checkpoint whose embedding tables do not have one row per symbol of the dataset's
-  dictionaries (``trained on a dictionary of N symbols, this dataset has M``), or of other languages.
+torch's own errors do not say what is wrong: an empty file gives a bare ``EOFError``, a file that is not a
+checkpoint the advice to load it with ``weights_only=False`` (which would run whatever code the file holds), a
+checkpoint of another dataset a ``size mismatch`` dump. :func:`read_checkpoint` and :func:`check_dataset` say
+instead that the file is *truncated*, *not a checkpoint* (or holds Python objects outside the package's
+allowlist), or of *another dataset* (another dictionary size or language pair). Training reads the update count
+of ``checkpoint_last.pt`` (:func:`trained_updates`) and refuses a damaged one (:func:`refuse_damaged_last`).
 """
 
 import pickle
+import struct
 from pathlib import Path
 from typing import Dict, Optional
 
-ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip archive
-PICKLE_MAGIC = b"\x80"  # the legacy format starts with a pickle protocol opcode
-ANOTHER = ("use another checkpoint of the run (checkpoint_best.pt, checkpoint_last.pt or checkpointN.pt in {dir}) "
-           "or copy the file again")
+import torch
+from fairseq import checkpoint_utils
+from fairseq.data import Dictionary
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip archive; the legacy one starts with b"\x80"
 
 
 class UnreadableCheckpoint(SystemExit):
     """The SystemExit of :func:`read_checkpoint` for a file it cannot read; ``what`` says why without the advice
-    (``truncated (1,024 bytes; its zip archive has no end)``, ``not a checkpoint (...)``), for callers that give
-    their own (:func:`refuse_damaged_last`)."""
+    (``truncated (1,024 bytes; its zip archive has no end)``), for callers that give their own."""
 
-    def __init__(self, message: str, what: str):
-        super().__init__(message)
+    def __init__(self, path: Path, what: str, advice: str):
+        super().__init__(f"error: {path} is {what}{advice}")
         self.what = what
 
 
 def _truncated(path: Path, size: int, why: str) -> SystemExit:
-    what = f"truncated ({size:,} bytes; {why})"
-    return UnreadableCheckpoint(f"error: {path} is {what}: its save or copy did not finish; "
-                                + ANOTHER.format(dir=path.parent), what)
+    return UnreadableCheckpoint(path, f"truncated ({size:,} bytes; {why})", ": its save or copy did not finish; use "
+                                f"another checkpoint of the run (checkpoint_best.pt, checkpoint_last.pt or "
+                                f"checkpointN.pt in {path.parent}) or copy the file again")
 
 
 def _not_a_checkpoint(path: Path, why: str) -> SystemExit:
-    what = f"not a checkpoint ({why})"
-    return UnreadableCheckpoint(f"error: {path} is {what}; give a .pt file written by fairseq-train, e.g. "
-                                f"checkpoint_best.pt of a save dir", what)
+    return UnreadableCheckpoint(path, f"not a checkpoint ({why})", "; give a .pt file written by fairseq-train, e.g. "
+                                "checkpoint_best.pt of a save dir")
 
 
 def read_checkpoint(path) -> Dict:
     """The state of checkpoint ``path`` as :func:`fairseq.checkpoint_utils.load_checkpoint_to_cpu` returns it
     (loaded by torch's ``weights_only`` loader, upgraded to the current format); SystemExit saying whether
     the file is missing, truncated or not a checkpoint."""
-    from fairseq import checkpoint_utils
-
-    import diverse_fairseq  # noqa: F401  (the allowlist of the classes fairseq pickles into checkpoints)
-
     path = Path(path)
     if not path.is_file():
         raise SystemExit(f"error: checkpoint {path} not found" + (" (it is a folder: name a .pt file in it)"
@@ -63,40 +53,34 @@ def read_checkpoint(path) -> Dict:
         raise _truncated(path, 0, "the file is empty")
     with open(path, "rb") as f:
         magic = f.read(len(ZIP_MAGIC))
-    torch_file = magic.startswith(ZIP_MAGIC) or magic.startswith(PICKLE_MAGIC)
+    torch_file = magic.startswith((ZIP_MAGIC, b"\x80"))
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
     except pickle.UnpicklingError as e:
-        unsafe = "Unsupported global" in str(e) or "weights_only" in str(e)
         detail = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), "")
-        if torch_file and unsafe:
+        if torch_file and ("Unsupported global" in str(e) or "weights_only" in str(e)):
             raise _not_a_checkpoint(path, "it holds Python objects that fairseq checkpoints do not, which loading "
                                           "would have to execute" + (f": {detail}" if detail else "")) from None
         raise _not_a_checkpoint(path, "torch cannot read it") from None
     except EOFError:
-        if torch_file:
-            raise _truncated(path, size, "it ends in the middle of the data") from None
-        raise _not_a_checkpoint(path, "torch cannot read it") from None
+        raise (_truncated(path, size, "it ends in the middle of the data") if torch_file
+               else _not_a_checkpoint(path, "torch cannot read it")) from None
     except RuntimeError as e:
         if magic.startswith(ZIP_MAGIC) and ("zip archive" in str(e) or "PytorchStreamReader" in str(e)):
             raise _truncated(path, size, "its zip archive has no end") from None
         raise _not_a_checkpoint(path, f"torch cannot read it: {str(e).splitlines()[0][:200]}") from None
-    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as e:
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, struct.error) as e:
         what = "a torch file without fairseq's checkpoint fields" if torch_file else "torch cannot read it"
         raise _not_a_checkpoint(path, f"{what}: {type(e).__name__} {e}") from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) or \
-            (state.get("cfg") is None and state.get("args") is None):
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) or state.get("cfg") is None:
         raise _not_a_checkpoint(path, "a torch file without fairseq's model weights and configuration")
     return state
 
 
 def stored_task(state: Dict) -> Dict[str, Optional[str]]:
-    """The ``data``, ``source_lang`` and ``target_lang`` that the checkpoint's training was given."""
-    args = state.get("args")
-    if args is not None:  # argparse-era checkpoint
-        return {key: getattr(args, key, None) for key in ("data", "source_lang", "target_lang")}
-    task = state["cfg"]["task"]
-    return {key: task.get(key) for key in ("data", "source_lang", "target_lang")}
+    """The ``data``, ``source_lang`` and ``target_lang`` that the checkpoint's training was given (its configuration's
+    task: :func:`read_checkpoint` has upgraded an argparse-era checkpoint's ``args`` to one)."""
+    return {key: state["cfg"]["task"].get(key) for key in ("data", "source_lang", "target_lang")}
 
 
 def stored_data_dir(state: Dict, checkpoint) -> Path:
@@ -121,8 +105,6 @@ def stored_data_dir(state: Dict, checkpoint) -> Path:
 def check_dataset(state: Dict, checkpoint, data_dir, src: str, tgt: str):
     """SystemExit unless the checkpoint translates ``src`` → ``tgt`` with the dictionaries of ``data_dir``
     (``dict.SRC.txt``, ``dict.TGT.txt``): one embedding row per symbol on each side."""
-    from fairseq.data import Dictionary
-
     data_dir = Path(data_dir)
     stored = stored_task(state)
     trained_on = f" (it was trained on {stored['data']})" if stored.get("data") else ""
@@ -145,18 +127,35 @@ def check_dataset(state: Dict, checkpoint, data_dir, src: str, tgt: str):
                 f"trained on (the same preparation: BPE model and dictionary): give that dataset")
 
 
+def trained_updates(checkpoint: Path) -> Optional[int]:
+    """The number of updates a fairseq checkpoint was saved at (``optimizer_history[-1]["num_updates"]``, what
+    fairseq resumes from), or ``None`` when the file cannot be read as a checkpoint. Memory-mapped, without
+    loading the tensors: a fraction of a second even for a big model."""
+    try:
+        state = torch.load(str(checkpoint), map_location="cpu", weights_only=True, mmap=True)
+        return int(state["optimizer_history"][-1]["num_updates"])
+    except Exception:  # noqa: BLE001 - a truncated or foreign file: the caller lets fairseq decide
+        return None
+
+
+def finished(save_dir: Path, max_update: Optional[int]) -> Optional[int]:
+    """The number of updates of ``save_dir/checkpoint_last.pt`` when it has reached ``max_update`` (the run is
+    finished: fairseq would resume it and train one more update before its stop check), else ``None``.
+    ``max_update`` None or 0 means no limit (fairseq's default), so a run is never finished by it."""
+    last = Path(save_dir) / "checkpoint_last.pt"
+    if not max_update or not last.exists():
+        return None
+    updates = trained_updates(last)
+    return updates if updates is not None and updates >= max_update else None
+
+
 def refuse_damaged_last(save_dir, rerun: str = "run the same command again") -> None:
     """SystemExit, before training, when ``save_dir/checkpoint_last.pt`` (what fairseq-train resumes from) cannot
-    be read, naming the fix: resume from the intact checkpoint with the most updates (``checkpoint_best.pt`` or an
-    interval checkpoint) by copying it to ``checkpoint_last.pt``, or move the damaged file aside to start afresh.
-    ``rerun`` says what to run afterwards (the same command: train.sh's or the table runner's). fairseq itself
-    would say "resuming", crash in torch's zip reader and leave the file as it is, so the same command would fail
-    again.
-
-    The update counts are read memory-mapped (:func:`diverse_fairseq.runs.save_dir.trained_updates`); the full read
-    that says what is wrong (:func:`read_checkpoint`) only runs on a file that fails that cheap read."""
-    from .save_dir import trained_updates
-
+    be read, naming the fix: copy the intact checkpoint with the most updates (``checkpoint_best.pt`` or an
+    interval checkpoint) to ``checkpoint_last.pt``, or move the damaged file aside to start afresh; ``rerun`` says
+    what to run afterwards. fairseq itself would say "resuming", crash in torch's zip reader and leave the file as
+    it is, so the same command would fail again. Only a file that fails the cheap :func:`trained_updates` gets the
+    full read that says what is wrong (:func:`read_checkpoint`)."""
     save_dir = Path(save_dir)
     last = save_dir / "checkpoint_last.pt"
     if not last.is_file() or trained_updates(last) is not None:
@@ -166,19 +165,14 @@ def refuse_damaged_last(save_dir, rerun: str = "run the same command again") -> 
         return  # readable after all (e.g. no optimizer history): fairseq decides
     except UnreadableCheckpoint as e:
         what = e.what
-    aside = last.with_name(last.name + ".damaged")
-    intact = []
-    for candidate in save_dir.glob("checkpoint*.pt"):
-        if candidate.name != last.name and not candidate.name.startswith(("checkpoint_avg", "crash")):
-            updates = trained_updates(candidate)
-            if updates is not None:
-                intact.append((updates, candidate.name == "checkpoint_best.pt", candidate))
-    move = f"mv {last} {aside}"
+    intact = [(updates, c.name == "checkpoint_best.pt", c) for c in save_dir.glob("checkpoint*.pt")
+              if c != last and not c.name.startswith(("checkpoint_avg", "crash"))
+              and (updates := trained_updates(c)) is not None]
+    move = f"mv {last} {last}.damaged"
     if intact:
         updates, _, best = max(intact)
         fix = (f"resume from {best.name} (update {updates}, intact): {move} && cp {best} {last}, then {rerun} to "
-               f"resume; "
-               f"or, to train afresh in {save_dir}, only {move}")
+               f"resume; or, to train afresh in {save_dir}, only {move}")
     else:
         fix = f"no other checkpoint there is intact: move it aside ({move}) and {rerun} to train afresh"
     raise SystemExit(f"error: {last} is {what}, so fairseq-train cannot resume from it (its save or copy did not "

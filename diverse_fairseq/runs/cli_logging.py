@@ -1,18 +1,9 @@
-"""Logging set-up shared by the package's command-line tools (``python -m diverse_fairseq.tables``,
-``python -m diverse_fairseq.analyze``), and the hydra noise of every fairseq command that loads the package.
+"""Logging of the package's command-line tools, and hydra's noise kept out of every fairseq command.
 
-:func:`quiet_hydra` runs when :mod:`diverse_fairseq` is imported, which fairseq's command-line tools do while
-parsing ``--user-dir diverse_fairseq``, before they turn their arguments into a hydra configuration
-(``fairseq.dataclass.utils.convert_namespace_to_omegaconf``). That conversion prints, before every train,
-generate and interactive command:
-
-* six deprecation warnings of hydra-core 1.3 about the API that fairseq 0.12 calls (``hydra.experimental``'s
-  ``initialize``/``compose``, no ``version_base``, ``strict=False``, ``# @package _group_`` headers, schema
-  matching); nothing a user of fairseq can change;
-* ``DEBUG:hydra.core.utils:Setting JobRuntime:...`` lines: importing ``fairseq.models`` runs
-  ``logging.basicConfig(level=logging.DEBUG)`` in ``fairseq/models/wav2vec/wav2vec2_classification.py`` (line 25
-  of fairseq-fixed 0.12.3.1), so in fairseq-generate and fairseq-interactive, which configure logging only
-  after that import, hydra's debug records are printed.
+:func:`quiet_hydra` runs when fairseq's tools import :mod:`diverse_fairseq` (``--user-dir``), before they build
+their hydra configuration, which printed hydra-core 1.3's deprecation warnings about fairseq 0.12's calls, and
+``DEBUG:hydra`` lines: importing ``fairseq.models`` runs ``logging.basicConfig(level=logging.DEBUG)``
+(``fairseq/models/wav2vec/wav2vec2_classification.py`` line 25, fairseq-fixed 0.12.3.1).
 """
 
 import logging
@@ -22,8 +13,7 @@ import warnings
 #: libraries whose DEBUG/INFO chatter (matplotlib's font search, hydra's config loading) is noise here
 NOISY_LOGGERS = ("matplotlib", "PIL", "hydra")
 
-#: the starts of the deprecation warnings that hydra-core 1.3 gives for fairseq 0.12's use of it (matched after
-#: leading white space, as :func:`warnings.filterwarnings` matches a message's start)
+#: the starts of hydra-core 1.3's deprecation warnings for fairseq 0.12's use of it (after leading white space)
 HYDRA_DEPRECATIONS = (
     r"hydra\.experimental\.\w+\(\) is no longer experimental",
     r"The version_base parameter is not specified",
@@ -34,21 +24,15 @@ HYDRA_DEPRECATIONS = (
 
 
 def quiet_hydra() -> None:
-    """Keep hydra's deprecation warnings about fairseq's calls and its DEBUG records out of the output: the
-    warnings are ignored by their text (other warnings, hydra's included, still show), the ``hydra`` logger is
-    set to WARNING (its warnings and errors still show). Idempotent."""
-    pattern = r"\s*(?:" + "|".join(HYDRA_DEPRECATIONS) + ")"
-    if not any(f[0] == "ignore" and getattr(f[1], "pattern", None) == pattern for f in warnings.filters):
-        warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+    """Ignore those warnings by their text (other warnings, hydra's included, still show) and set the ``hydra``
+    logger to WARNING. Idempotent: :func:`warnings.filterwarnings` replaces an equal filter."""
+    warnings.filterwarnings("ignore", message=r"\s*(?:" + "|".join(HYDRA_DEPRECATIONS) + ")", category=UserWarning)
     logging.getLogger("hydra").setLevel(logging.WARNING)
 
 
 def setup_cli_logging(level: int = logging.INFO) -> None:
-    """Log to stderr at ``level`` in fairseq's format, with the noisy libraries at WARNING.
-
-    ``force=True``: importing fairseq leaves the root logger at DEBUG, so without it every matplotlib font
-    lookup of the analysis pictures would be printed.
-    """
+    """Log to stderr at ``level`` in fairseq's format, with the noisy libraries at WARNING (``force=True``:
+    importing fairseq leaves the root logger at DEBUG)."""
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=level,
                         stream=sys.stderr, force=True)
     for name in NOISY_LOGGERS:

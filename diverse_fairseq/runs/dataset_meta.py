@@ -1,9 +1,6 @@
-"""``prepare.json``, the record of how a dataset was prepared, read through one typed loader.
-
-``prepare_data`` (:mod:`diverse_fairseq.data.prepare`) writes it beside the binarized data; training (the
-language pair, the embedding sharing, fairseq's validation BLEU), evaluation (segmentation, tokenization,
-decoding defaults, references), the interactive command and the probing read it through
-:func:`load_dataset_meta`, so every field has exactly one default: the one below. Fields this version does not
+"""``prepare.json``, the record of how a dataset was prepared (written by :mod:`diverse_fairseq.data.prepare`),
+read by training, evaluation, the interactive command and the probing through one typed loader
+(:func:`load_dataset_meta`), so every field has exactly one default: the one below. Fields this version does not
 know are kept in :attr:`DatasetMeta.other` (they count in a run's identity like the known ones).
 """
 
@@ -58,17 +55,15 @@ class DatasetMeta:
         return json.loads(json.dumps({**known, **self.other}, sort_keys=True))
 
 
-_KNOWN = frozenset(f.name for f in fields(DatasetMeta)) - {"other"}
-
-
 def meta_from_dict(data: Dict, where: str = META_FILE) -> DatasetMeta:
     """A :class:`DatasetMeta` of a parsed ``prepare.json`` (SystemExit naming ``where`` if a required field lacks)."""
     missing = [name for name in ("source_lang", "target_lang") if name not in data]
     if missing:
         raise SystemExit(f"error: {where} lacks {', '.join(missing)}: prepare the dataset again "
                          f"(scripts/prepare_data.sh)")
-    known = {k: v for k, v in data.items() if k in _KNOWN}
-    return DatasetMeta(**known, other={k: v for k, v in data.items() if k not in _KNOWN})
+    known = {f.name for f in fields(DatasetMeta)} - {"other"}
+    return DatasetMeta(**{k: v for k, v in data.items() if k in known},
+                       other={k: v for k, v in data.items() if k not in known})
 
 
 def load_dataset_meta(data_dir) -> DatasetMeta:

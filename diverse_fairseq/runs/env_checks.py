@@ -1,15 +1,12 @@
-"""Validation of the settings that the entry points read from environment variables (or their options).
+"""The one parser per kind of value that the entry points read from environment variables (or their options).
 
-One helper per kind of value; each returns the parsed value or raises ``SystemExit`` with a message naming
-the variable (and its option, where there is one), the bad value and the accepted values, so that a typo
-stops a run before any work starts instead of being silently ignored or failing deep inside it. Used by
-:mod:`diverse_fairseq.training` (``scripts/train.sh``), :mod:`diverse_fairseq.data.prepare`,
-:mod:`diverse_fairseq.evaluate` and :mod:`diverse_fairseq.tables`.
+Each returns the parsed value or raises ``SystemExit`` naming the variable (and its option, where there is one),
+the bad value and the accepted values, so that a typo stops a run before any work starts.
 """
 
-from typing import Mapping, Optional, Sequence
-
-FLAG_VALUES = ("0", "1")
+import math
+import shlex
+from typing import List, Mapping, Optional, Sequence
 
 
 def bad(name: str, value, accepted: str) -> SystemExit:
@@ -19,8 +16,7 @@ def bad(name: str, value, accepted: str) -> SystemExit:
 
 def get(env: Mapping[str, str], name: str) -> Optional[str]:
     """``env[name]``, or ``None`` when it is unset or empty (an empty variable means "the default")."""
-    value = env.get(name)
-    return None if value is None or value == "" else value
+    return env.get(name) or None
 
 
 def parse_int(name: str, text, minimum: int = 0, maximum: Optional[int] = None) -> int:
@@ -41,9 +37,8 @@ def parse_float(name: str, text, minimum: Optional[float] = None) -> float:
     try:
         number = float(str(text).strip())
     except ValueError:
-        number = None
-    if number is None or number != number or number in (float("inf"), float("-inf")) or \
-            (minimum is not None and number < minimum):
+        number = math.nan
+    if not math.isfinite(number) or (minimum is not None and number < minimum):
         raise bad(name, text, "use a finite number" + (f" >= {minimum:g}" if minimum is not None else ""))
     return number
 
@@ -60,30 +55,33 @@ def parse_choice(name: str, text, choices: Sequence[str]) -> str:
 
 def parse_flag(name: str, text) -> bool:
     """A switch: ``1`` (on) or ``0`` (off); unset or empty is off."""
-    if text is None or text == "":
+    if text in (None, ""):
         return False
-    if str(text).strip() not in FLAG_VALUES:
+    value = str(text).strip()
+    if value not in ("0", "1"):
         raise bad(name, text, f"use {name.split(' ')[0]}=1 to turn it on, 0 or unset to leave it off")
-    return str(text).strip() == "1"
+    return value == "1"
 
 
 def parse_seeds(name: str, text) -> list:
     """A count N (seeds 1..N) or a comma-separated list of distinct positive integers."""
-    accepted = "use a count (3: seeds 1, 2, 3) or a comma-separated list of distinct positive integers (1,2,5)"
-    items = [s.strip() for s in str(text).split(",")]
-    if not all(s.isdigit() and int(s) > 0 for s in items):
-        raise bad(name, text, accepted)
-    seeds = [int(s) for s in items]
-    if len(seeds) != len(set(seeds)):
-        raise bad(name, text, accepted)
-    return list(range(1, seeds[0] + 1)) if "," not in str(text) else seeds
+    seeds = [int(s) if s.isdigit() else 0 for s in (s.strip() for s in str(text).split(","))]
+    if min(seeds) < 1 or len(seeds) != len(set(seeds)):
+        raise bad(name, text, "use a count (3: seeds 1, 2, 3) or a comma-separated list of distinct positive "
+                              "integers (1,2,5)")
+    return seeds if "," in str(text) else list(range(1, seeds[0] + 1))
 
 
 def parse_words(name: str, text) -> list:
     """Command-line flags in one variable (``TRAIN_ARGS='--lr 1e-3'``), split as the shell would."""
-    import shlex
-
     try:
         return shlex.split(text or "")
     except ValueError as e:  # an unbalanced quote
         raise bad(name, text, f"use flags quoted as on a command line ({e})") from None
+
+
+def foreign_variables(env: Mapping[str, str], instead: Mapping[str, str], reader: str) -> List[str]:
+    """Warnings for the variables of ``instead`` (``{name: what to use instead}``) set in ``env``: they belong to
+    another command, and ``reader`` (the command warning) does not read them."""
+    return [f"{name}={env[name]} is not read by {reader}: use {use}" for name, use in instead.items()
+            if get(env, name) is not None]

@@ -1,26 +1,24 @@
-"""What a training run *is*: one identity for the save-directory name, the resume check and the table cache.
-
-A run is identified by the *effective* fairseq-train option values, the way fairseq itself sees them: the
-arguments are parsed with fairseq's own parser (``options.parse_args_and_arch``, with ``--user-dir`` so that the
-plugin's criteria, optimizers and architectures add their options and defaults), and only the values that
-differ from what fairseq would use anyway for the same task, architecture, criterion, optimizer and scheduler
-count, together with those choices themselves and the prepared data (``prepare.json`` without its creation
-time, :meth:`diverse_fairseq.runs.dataset_meta.DatasetMeta.identity`). So spelling out a default changes nothing:
-``--dropout 0.1`` on an architecture whose dropout is 0.1, or ``--repulsive-method svgd --repulsive-alpha 0.01
---repulsive-stepsize 0.1`` under ``--optimizer repulsive_adam``, is the same run as leaving them out.
-
-:data:`NOT_THE_MODEL` is the one list of options that do not change the model being trained: where and how
-things are logged or saved (``--tensorboard-logdir`` included, which is added only where a writer is installed),
-how data is loaded, and how long training goes on (``--max-update``: raising it extends a run in its own
-directory; the table cache adds it to its key itself). Everything else counts, the batch options that depend on
-the number of GPUs (``--update-freq``, ``--distributed-world-size``, ``--cpu``, precision) included.
+"""What a training run *is* (:func:`run_identity`): the effective fairseq-train option values, parsed by fairseq's
+own parser with ``--user-dir`` (the plugin's options and the architecture's defaults included), kept where they
+differ from fairseq's defaults for the same task, architecture, criterion, optimizer and scheduler, with those
+choices and the prepared data. Spelling out a default (``--dropout 0.1`` where the architecture's is 0.1) is the
+same run; :data:`NOT_THE_MODEL` (logging, saving, data loading, ``--max-update``) never counts, the batch options
+that depend on the number of GPUs do. Its hash names the default save directory; ``SAVE_DIR/train_args.json``
+stores it, so that resuming a directory trained as another run is refused (:func:`check_resume`). The table cache
+keys on it too (``tables/cache.py``, which adds ``--max-update``).
 """
 
+import contextlib
 import hashlib
+import io
 import json
-from typing import Dict, List, Sequence
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from fairseq import options
 
 from .dataset_meta import DatasetMeta
+from .settings import diverse_equivalent
 
 #: bump when the identity's form changes: an identity of another version is never equal to this one's
 IDENTITY_VERSION = 2
@@ -37,57 +35,54 @@ NOT_THE_MODEL = frozenset({
 
 #: registry choices: always part of the identity (the defaults they bring are compared against)
 CHOICES = ("task", "arch", "criterion", "optimizer", "lr_scheduler", "bpe", "tokenizer", "scoring")
+ARGS_FILE = "train_args.json"
+RESUME_ENV = "RESUME_ANYWAY"
 
 
 def parse_train_args(args: Sequence[str]):
-    """fairseq-train's namespace of ``args`` (its parser, the user dir's options and the architecture's
-    defaults applied). Options fairseq-train would not accept are refused here, before anything runs:
-    SystemExit with argparse's own error line."""
-    import contextlib
-    import io
-
-    from fairseq import options
-
-    parser = options.get_training_parser()
+    """fairseq-train's namespace of ``args`` (its parser, the user dir's options and the architecture's defaults
+    applied). Options fairseq-train would not accept are refused here, before anything runs: SystemExit with
+    argparse's own error line, or, for routing-by-agreement options (``--routing-*``, NAACL 2019) on an
+    architecture without them, naming the plugin's architecture of the same sizes that accepts them."""
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
-            return options.parse_args_and_arch(parser, input_args=list(args))
+            namespace, unknown = options.parse_args_and_arch(options.get_training_parser(), input_args=list(args),
+                                                             parse_known=True)
     except SystemExit:
         last = [line for line in said.getvalue().splitlines() if line.strip()][-1:] or ["(no message)"]
         raise SystemExit(f"error: fairseq-train would not accept these options: {last[0]}") from None
+    routing = sorted({a.split("=", 1)[0] for a in unknown if a.startswith("--routing-")})
+    if routing:
+        raise SystemExit(f"error: {', '.join(routing)}: routing-by-agreement options, which --arch {namespace.arch} "
+                         f"does not accept: add --arch {diverse_equivalent(namespace.arch)} (the same sizes, with "
+                         f"the routing options)")
+    if unknown:
+        raise SystemExit("error: fairseq-train would not accept these options: error: unrecognized arguments: "
+                         + " ".join(unknown))
+    return namespace
 
 
-def _normal(value):
-    return json.loads(json.dumps(value, default=str))
-
-
-def option_values(args: Sequence[str]) -> Dict[str, object]:
-    """``{option: value}`` of the options whose effective value differs from fairseq's default for the same
-    registry choices (:data:`CHOICES`, always included), without :data:`NOT_THE_MODEL`; keys are spelled as
-    flags (``--dropout``)."""
-    effective = vars(parse_train_args(args))
+def option_values(effective: Dict[str, object]) -> Dict[str, object]:
+    """``{option: value}`` of the options of fairseq-train's parsed arguments ``effective`` (``vars`` of
+    :func:`parse_train_args`) whose value differs from fairseq's default for the same registry choices
+    (:data:`CHOICES`, always included), without :data:`NOT_THE_MODEL`; keys are spelled as flags (``--dropout``),
+    values JSON-normalised."""
     baseline_args = [str(effective.get("data") or "data")]
-    if effective.get("user_dir"):
-        baseline_args += ["--user-dir", str(effective["user_dir"])]
-    for name in CHOICES:
-        if effective.get(name) is not None:
+    for name in ("user_dir", *CHOICES):
+        if effective.get(name) not in (None, ""):
             baseline_args += [f"--{name.replace('_', '-')}", str(effective[name])]
     baseline = vars(parse_train_args(baseline_args))
-    missing = object()
-    out = {}
-    for name, value in effective.items():
-        if name in NOT_THE_MODEL or name.startswith("_"):
-            continue
-        if name in CHOICES or baseline.get(name, missing) != value:
-            out["--" + name.replace("_", "-")] = _normal(value)
+    out = {"--" + name.replace("_", "-"): json.loads(json.dumps(value, default=str))
+           for name, value in effective.items() if name not in NOT_THE_MODEL and not name.startswith("_")
+           and (name in CHOICES or name not in baseline or baseline[name] != value)}
     return dict(sorted(out.items()))
 
 
-def run_identity(args: Sequence[str], meta: DatasetMeta) -> Dict:
-    """A run's identity: the model-changing effective option values (:func:`option_values`) and the prepared
-    data. JSON-normalised, so it compares equal to a stored one."""
-    return {"version": IDENTITY_VERSION, "options": option_values(args), "data": meta.identity()}
+def run_identity(namespace, meta: DatasetMeta) -> Dict:
+    """A run's identity: the model-changing option values of fairseq-train's parsed arguments (:func:`option_values`)
+    and the prepared data. JSON-normalised, so it compares equal to a stored one."""
+    return {"version": IDENTITY_VERSION, "options": option_values(vars(namespace)), "data": meta.identity()}
 
 
 def identity_hash(identity: Dict) -> str:
@@ -101,13 +96,42 @@ def differences(old: Dict, new: Dict) -> List[str]:
     if old.get("version") != new.get("version"):
         return [f"made by another version of this package (identity version {old.get('version')}, "
                 f"now {new.get('version')})"]
-
-    def show(options, name):
-        return str(options[name]) if name in options else "(default)"
-
-    before, after = old.get("options", {}), new["options"]
-    lines = [f"{name} {show(before, name)} → {show(after, name)}" for name in sorted(set(before) | set(after))
-             if (name in before) != (name in after) or before.get(name) != after.get(name)]
+    before, after, unset = old.get("options", {}), new["options"], "(default)"
+    lines = [f"{name} {before.get(name, unset)} → {after.get(name, unset)}" for name in sorted(set(before) | set(after))
+             if before.get(name, unset) != after.get(name, unset)]
     if old.get("data") != new["data"]:
         lines.append("the prepared data (prepare.json of DATA_BIN/DATASET)")
     return lines
+
+
+def check_resume(save_dir: Path, identity: Dict, resume_anyway: bool = False) -> Optional[str]:
+    """Refuse (``SystemExit``) to resume ``save_dir`` when it was trained as another run (another
+    :func:`run_identity`), unless ``resume_anyway`` (``RESUME_ANYWAY=1``); return a warning to print, or ``None``.
+    Called before training, also by a dry run."""
+    if not (save_dir / "checkpoint_last.pt").exists():
+        return None
+    stored = save_dir / ARGS_FILE
+    if not stored.exists():
+        return (f"{save_dir} has a checkpoint_last.pt but no {ARGS_FILE} (trained by an older version): "
+                f"resuming it without checking that it was trained with the same options")
+    changed = differences(json.loads(stored.read_text(encoding="utf-8")).get("identity", {}), identity)
+    if not changed:
+        return None
+    listing = "\n  ".join(changed)
+    if resume_anyway:
+        return f"{RESUME_ENV}=1: resuming {save_dir} although these options changed:\n  {listing}"
+    raise SystemExit(
+        f"error: {save_dir}/checkpoint_last.pt was trained with other options than the ones requested; "
+        f"resuming it would continue that model. Changed (stored → requested):\n  {listing}\n"
+        f"To train the requested options from scratch, give another SAVE_DIR (or leave SAVE_DIR unset: "
+        f"every variant then gets its own directory) or delete {save_dir}; to continue the stored run with "
+        f"the new options anyway, set {RESUME_ENV}=1. Options that may change on resume: "
+        f"{', '.join(sorted('--' + name.replace('_', '-') for name in NOT_THE_MODEL))}.")
+
+
+def write_args(save_dir: Path, identity: Dict, command: List[str]) -> Path:
+    """Write ``SAVE_DIR/train_args.json``: the full command and the identity it is checked by."""
+    path = Path(save_dir) / ARGS_FILE
+    payload = {"identity": identity, "hash": identity_hash(identity), "command": list(command)}
+    path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    return path

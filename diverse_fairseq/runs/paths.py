@@ -1,23 +1,15 @@
-"""The default folders, one default each: inside the repository, whatever the current directory.
-
-``scripts/*.sh``, the table runner and the Python entry points (``python -m diverse_fairseq.training``,
-``.evaluate``, ``.data.prepare``, ``.interactive_command``) all use these when the variable is unset:
-
-- ``DATA_BIN`` (the prepared, binarized datasets): ``<repository>/data-bin``
-- ``CHECKPOINTS`` (the parent of the default save directories): ``<repository>/checkpoints``
-- ``WORK_DIR`` (downloads and intermediate files of data preparation): ``<repository>/work``
-
-A variable that is set is used as given (a relative path then is relative to the current directory).
+"""The default folders of ``scripts/*.sh``, the table runner and the Python entry points, one default each, inside
+the repository whatever the current directory: ``DATA_BIN`` (the binarized datasets), ``CHECKPOINTS`` (the parent
+of the default save directories) and ``WORK_DIR`` (downloads and intermediate files of data preparation). A
+variable that is set is used as given (a relative path then is relative to the current directory).
 """
 
 import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DATA_BIN = REPO / "data-bin"
-CHECKPOINTS = REPO / "checkpoints"
-WORK_DIR = REPO / "work"
-DEFAULTS = {"DATA_BIN": DATA_BIN, "CHECKPOINTS": CHECKPOINTS, "WORK_DIR": WORK_DIR}
+DEFAULTS = {"DATA_BIN": REPO / "data-bin", "CHECKPOINTS": REPO / "checkpoints", "WORK_DIR": REPO / "work"}
+DATA_BIN, CHECKPOINTS, WORK_DIR = DEFAULTS.values()
 
 
 def from_env(name: str, env=None) -> Path:

@@ -1,19 +1,13 @@
-"""A training run planned once: :func:`plan` turns a :class:`TrainRequest` (dataset, setting, extra options,
-seed, launch options) into a frozen :class:`Plan`, and everything downstream reads the plan: training
-(:func:`diverse_fairseq.training.run`), the save directory and its resume check, the table runner's cache key,
-its dry run, check-tables and the report.
+"""A training run planned once: :func:`plan` turns a :class:`TrainRequest` into a frozen :class:`Plan`, which
+training, the resume check, the table runner (cache key, dry run), check-tables and the report all read
+(docs/architecture.md, "What a run is, planned once").
 
-The plan holds fairseq-train's arguments and launcher, the save directory, the architecture, the number of
-updates, the checkpoint averaging, the checkpoint to evaluate, the embeddings, the decoding options, the
-prepared data's metadata (:class:`~diverse_fairseq.runs.dataset_meta.DatasetMeta`) and the run's identity
-(:func:`~diverse_fairseq.runs.identity.run_identity`).
-
-Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs
-with ``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs
-go to ``SAVE_DIR/tensorboard`` when a writer is installed (``pip install -e .[tensorboard]``); without one,
-``--tensorboard-logdir`` is left out (it is not part of the run's identity either way).
+Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs with
+``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs go to
+``SAVE_DIR/tensorboard`` where a writer is installed (``pip install -e .[tensorboard]``).
 """
 
+import importlib.util
 import json
 import math
 import sys
@@ -21,20 +15,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import torch
+
+from ..methods.length_penalty import LENGTH_PENALTIES
 from ..user_dir import USER_DIR  # the package directory, for --user-dir
-from .checkpoint_choice import checkpoint_name
 from .dataset_meta import DatasetMeta, load_dataset_meta
-from .identity import run_identity
+from .identity import identity_hash, parse_train_args, run_identity
 from .paths import CHECKPOINTS, DATA_BIN
-from .save_dir import default_save_dir, effective_options
-from .settings import LENGTH_PENALTIES, Setting, diverse_equivalent, registered_architectures, resolve_setting
+from .settings import Setting, checkpoint_name, resolve_setting
 
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """The launch options of one training besides its dataset, setting, seed and directories: what
-    ``scripts/train.sh`` reads from ``MAX_TOKENS``, ``UPDATE_FREQ``, ... (:func:`options_from_env`); None: the
-    setting's value (or, for ``precision``, fp16 on GPUs and fp32 on the CPU)."""
+    """The launch options of one training (``scripts/train.sh``'s ``MAX_TOKENS``, ``UPDATE_FREQ``, ...:
+    :func:`diverse_fairseq.training.options_from_env`); None: the setting's value (``precision``: fp16 on GPUs,
+    fp32 on the CPU)."""
 
     max_tokens: Optional[int] = None
     update_freq: Optional[int] = None
@@ -56,8 +51,8 @@ class TrainOptions:
 
 @dataclass(frozen=True)
 class TrainRequest:
-    """One training: what :func:`plan` plans and :func:`run` trains. The table runner
-    builds it directly; ``scripts/train.sh`` from the environment (:func:`request_from_env`)."""
+    """One training: what :func:`plan` plans and :func:`diverse_fairseq.training.run` trains (``scripts/train.sh``
+    builds it from the environment, the table runner directly)."""
 
     dataset: str
     setting: str  # a setting name or a registered architecture (:func:`resolve_setting`)
@@ -67,18 +62,29 @@ class TrainRequest:
     data_bin: Path = DATA_BIN
     gpus: Optional[int] = None  # GPUs per node: None every visible one, 0 the CPU, N the first N visible
     options: TrainOptions = TrainOptions()
-    # a Python script started in place of ``-m fairseq_cli.train`` with the same arguments: a per-run hook that
-    # watches training (e.g. scripts/experiments/kernel_probe.py); it is not part of the command's identity
+    # a script started in place of ``-m fairseq_cli.train`` with the same arguments, a hook that watches training
+    # (e.g. scripts/experiments/kernel_probe.py); not part of the run's identity
     entry: Optional[str] = None
 
 
 def visible_gpus() -> int:
-    try:
-        import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:  # pragma: no cover
-        return 0
+
+def select_gpus(requested: Optional[int], env, visible: int):
+    """(GPUs to train on, environment for the training processes) for ``requested`` GPUs (None: all visible):
+    ``CUDA_VISIBLE_DEVICES`` becomes the first ``requested`` entries of the current one (0..N-1 when unset), so
+    that fairseq (whose default world size is the number of visible devices), torchrun and SLURM's fairseq
+    launch all see exactly those devices. More than ``visible`` is an error."""
+    if requested is None:
+        return visible, {}
+    current = env.get("CUDA_VISIBLE_DEVICES")
+    if requested > visible:
+        shown = f"CUDA_VISIBLE_DEVICES={current}" if current is not None else "CUDA_VISIBLE_DEVICES unset"
+        raise SystemExit(f"error: GPUS={requested} but only {visible} GPU(s) are visible ({shown}): use GPUS={visible} "
+                         f"or fewer (GPUS=0 trains on the CPU), or leave GPUS unset to use every visible GPU")
+    ids = [d.strip() for d in current.split(",") if d.strip()] if current else [str(i) for i in range(visible)]
+    return requested, {"CUDA_VISIBLE_DEVICES": ",".join(ids[:requested])}
 
 
 def update_freq(batch_tokens: int, world: int, max_tokens: int) -> int:
@@ -90,28 +96,21 @@ PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
 
 
 def tensorboard_available() -> bool:
-    """Whether fairseq's ``--tensorboard-logdir`` can write: it uses ``torch.utils.tensorboard`` (needs the
-    ``tensorboard`` package) or else ``tensorboardX``; with neither it only warns and writes nothing."""
-    import importlib.util
-
+    """Whether fairseq's ``--tensorboard-logdir`` can write (it needs ``tensorboard`` or ``tensorboardX``)."""
     return any(importlib.util.find_spec(name) is not None for name in ("tensorboardX", "tensorboard"))
 
 
-def embedding_args(embeddings: str, joined_dictionary: bool) -> List[str]:
-    """fairseq-train's embedding-sharing flags: ``untied`` none; ``shared`` fairseq's standard model (one matrix
-    for source, target and output on a joined dictionary, else the target's shared with the output)."""
-    if embeddings == "untied":
-        return []
-    return ["--share-all-embeddings" if joined_dictionary else "--share-decoder-input-output-embed"]
-
-
-def model_args(s: Setting) -> List[str]:
-    """The setting's layer-norm placement and dropout types beyond ``--dropout`` (nothing for fairseq's defaults)."""
-    args = ["--encoder-normalize-before", "--decoder-normalize-before"] if s.normalize_before else []
-    if s.attention_dropout is not None:
-        args += ["--attention-dropout", str(s.attention_dropout)]
-    if s.activation_dropout is not None:
-        args += ["--activation-dropout", str(s.activation_dropout)]
+def model_args(s: Setting, embeddings: str, joined_dictionary: bool) -> List[str]:
+    """The setting's embedding sharing (``shared``: fairseq's, one matrix for source, target and output on a joined
+    dictionary, else the target's with the output; ``untied``: none), layer-norm placement and dropout types
+    beyond ``--dropout`` (nothing for fairseq's defaults)."""
+    args = [] if embeddings == "untied" else [
+        "--share-all-embeddings" if joined_dictionary else "--share-decoder-input-output-embed"]
+    if s.normalize_before:
+        args += ["--encoder-normalize-before", "--decoder-normalize-before"]
+    for flag, value in (("--attention-dropout", s.attention_dropout), ("--activation-dropout", s.activation_dropout)):
+        if value is not None:
+            args += [flag, str(value)]
     return args
 
 
@@ -121,68 +120,44 @@ def task_args(length_penalty: str) -> List[str]:
     (:mod:`diverse_fairseq.methods.length_penalty`)."""
     if length_penalty not in LENGTH_PENALTIES:
         raise ValueError(f"length penalty {length_penalty!r}: use one of {', '.join(LENGTH_PENALTIES)}")
-    if length_penalty == "fairseq":
-        return ["--task", "translation"]
-    return ["--task", "translation_length_penalty", "--length-penalty", length_penalty]
-
-
-def decoding(meta: DatasetMeta, s: Optional[Setting] = None) -> "Decoding":
-    """How setting ``s`` decodes the prepared data: the recipe's beam and length penalty value, the setting's
-    penalty form (fairseq's or GNMT's) and its length limit where it has one, else the recipe's (without ``s``:
-    fairseq's penalty, the recipe's limit). The validation BLEU and the test evaluation both use it."""
-    a = s.max_len_a if s is not None and s.max_len_a is not None else meta.max_len_a
-    b = s.max_len_b if s is not None and s.max_len_b is not None else meta.max_len_b
-    return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty if s else "fairseq",
-                    max_len_a=a, max_len_b=b)
-
-
-def eval_bleu_args(meta: DatasetMeta, s: Optional[Setting] = None) -> List[str]:
-    """fairseq's validation BLEU (``--eval-bleu``) for choosing the best checkpoint, fitted to the prepared data
-    (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
-    segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
-    text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
-    d = decoding(meta, s)  # the penalty form is a task option (task_args), not part of --eval-bleu-args
-    generation = {"beam": d.beam, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
-    post = meta.post_process
-    args = ["--eval-bleu", "--eval-bleu-args", json.dumps(generation),
-            "--eval-bleu-remove-bpe", "@@ " if post == "subword_nmt" else post]
-    if meta.moses_tokenized:
-        args += ["--eval-bleu-detok", "moses", "--eval-bleu-detok-args",
-                 json.dumps({"target_lang": meta.target_lang})]
-    else:
-        args += ["--eval-bleu-detok", "space"]
-    return args + ["--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
-
-
-def check_model_options(args: List[str]):
-    """Refuse (SystemExit) model options that the chosen architecture does not accept, naming the architecture
-    that does, before fairseq-train would stop with "unrecognized arguments": the routing-by-agreement options
-    (``--routing-*``, NAACL 2019) exist on the plugin's ``diverse_transformer*`` models only."""
-    import argparse
-
-    arch = effective_options(args).get("--arch")
-    model = registered_architectures().get(arch)
-    routing = sorted({a.split("=", 1)[0] for a in args if a.startswith("--routing-")})
-    if not routing or model is None:
-        return
-    parser = argparse.ArgumentParser(add_help=False)
-    model.add_args(parser)
-    unknown = [flag for flag in routing if flag not in parser._option_string_actions]
-    if unknown:
-        raise SystemExit(f"error: {', '.join(unknown)}: routing-by-agreement options, which --arch {arch} does not "
-                         f"accept: add --arch {diverse_equivalent(arch)} (the same sizes, with the routing options)")
+    plugin = ["--task", "translation_length_penalty", "--length-penalty", length_penalty]
+    return ["--task", "translation"] if length_penalty == "fairseq" else plugin
 
 
 @dataclass(frozen=True)
 class Decoding:
     """How a run's validation BLEU and test set are decoded: the beam, the length penalty (value and form:
-    ``fairseq`` or ``gnmt``) and the length limit ``max_len_a * |x| + max_len_b``."""
+    ``fairseq`` or ``gnmt``) and the length limit ``max_len_a * |x| + max_len_b`` (:func:`decoding`)."""
 
     beam: int
     lenpen: float
     length_penalty: str
     max_len_a: float
     max_len_b: int
+
+
+def decoding(meta: DatasetMeta, s: Setting) -> Decoding:
+    """How setting ``s`` decodes the prepared data: the recipe's beam and length penalty value, the setting's
+    penalty form (fairseq's or GNMT's) and its length limit where it has one, else the recipe's. The validation
+    BLEU and the test evaluation both use it."""
+    return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty,
+                    max_len_a=meta.max_len_a if s.max_len_a is None else s.max_len_a,
+                    max_len_b=meta.max_len_b if s.max_len_b is None else s.max_len_b)
+
+
+def eval_bleu_args(meta: DatasetMeta, s: Setting) -> List[str]:
+    """fairseq's validation BLEU (``--eval-bleu``) for choosing the best checkpoint, fitted to the prepared data
+    (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
+    segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
+    text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
+    d = decoding(meta, s)  # the penalty form is a task option (task_args), not part of --eval-bleu-args
+    generation = {name: getattr(d, name) for name in ("beam", "lenpen", "max_len_a", "max_len_b")}
+    post = meta.post_process
+    detok = ["moses", "--eval-bleu-detok-args", json.dumps({"target_lang": meta.target_lang})] \
+        if meta.moses_tokenized else ["space"]
+    return ["--eval-bleu", "--eval-bleu-args", json.dumps(generation),
+            "--eval-bleu-remove-bpe", "@@ " if post == "subword_nmt" else post, "--eval-bleu-detok", *detok,
+            "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
 @dataclass(frozen=True)
@@ -204,9 +179,6 @@ class Plan:
     update_freq: int = 1
     max_update: int = 0
     average: int = 0  # checkpoints averaged after training (0: a single model)
-    embeddings: str = "shared"
-    # the setting's (checkpoint_choice.METRICS): None checkpoint_last.pt; "bleu" / "loss" checkpoint_best.pt by
-    # that validation metric
     best_checkpoint_metric: Optional[str] = None
     rank0: bool = True  # this process is on the first node (it averages)
 
@@ -219,8 +191,7 @@ class Plan:
         return self.world * self.max_tokens * self.update_freq
 
     @property
-    def update_based(self) -> bool:
-        """Checkpoints every N updates (else one per epoch): what averaging counts."""
+    def update_based(self) -> bool:  # checkpoints every N updates (else one per epoch): what averaging counts
         return bool(self.setting.save_interval_updates)
 
     @property
@@ -229,41 +200,29 @@ class Plan:
 
     @property
     def embedding_sharing(self) -> str:
-        """``all`` (one matrix for source, target and output), ``decoder`` (target input with output) or ``none``,
-        as the arguments (the setting's and the extra options) ask fairseq."""
+        """``all``, ``decoder`` (target input with output) or ``none``, as the arguments ask fairseq."""
         return ("all" if "--share-all-embeddings" in self.args else
                 "decoder" if "--share-decoder-input-output-embed" in self.args else "none")
 
     @property
     def single_checkpoint(self) -> Path:
-        """The checkpoint a single model is evaluated from: the best by the setting's metric where it names one,
-        else the last."""
         return self.checkpoint(0)
 
-    @property
-    def average_file(self) -> Optional[Path]:
-        return self.checkpoint(self.average) if self.average else None
-
     def checkpoint(self, averaged: int) -> Path:
-        """The checkpoint to evaluate when ``averaged`` checkpoints went into an average (0: none): the run's
-        file of :func:`diverse_fairseq.runs.checkpoint_choice.checkpoint_name`, the one rule for it."""
+        """The checkpoint to evaluate when ``averaged`` checkpoints went into an average (0: none): the one place
+        that decides it for a run (:func:`diverse_fairseq.runs.settings.checkpoint_name`)."""
         return self.save_dir / checkpoint_name(self.best_checkpoint_metric, averaged)
 
     @property
     def decoding(self) -> Decoding:
-        """The run's decoding: the recipe's beam and penalty value, the setting's penalty form and length limit
-        (:func:`decoding`)."""
         return decoding(self.meta, self.setting)
 
 
 def plan(request: TrainRequest) -> Plan:
-    """The :class:`Plan` of ``request``.
-
-    The save directory is ``request.save_dir`` when given (or a ``--save-dir`` among the extra options), else
-    ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>`` (:mod:`diverse_fairseq.runs.save_dir`).
-    The launcher runs ``-m fairseq_cli.train`` (or ``request.entry``) with the arguments: torchrun when
-    ``options.nnodes`` is set, else this Python. Model options the architecture lacks (``--routing-*``
-    without a routing architecture) are refused here, before anything runs."""
+    """The :class:`Plan` of ``request``. The save directory is ``request.save_dir``, else a ``--save-dir`` among the
+    extra options, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>``. The launcher runs
+    ``-m fairseq_cli.train`` (or ``request.entry``): through torchrun when ``options.nnodes`` is set. Options
+    fairseq-train would refuse (:func:`~diverse_fairseq.runs.identity.parse_train_args`) are refused here."""
     o, dataset, setting_or_arch, extra = request.options, request.dataset, request.setting, list(request.extra)
     gpus = visible_gpus() if request.gpus is None else request.gpus
     key, s, arch = resolve_setting(setting_or_arch)
@@ -274,14 +233,12 @@ def plan(request: TrainRequest) -> Plan:
     max_tokens = o.max_tokens or s.max_tokens
     freq = o.update_freq or update_freq(s.batch_tokens, world, max_tokens)
     max_update = o.max_update or s.max_update
-    embeddings = o.embeddings or s.embeddings
     placeholder = "\0SAVE_DIR\0"  # replaced below: the default save directory depends on the identity
     args = [
         str(data), "--user-dir", USER_DIR, *task_args(s.length_penalty),
         "--source-lang", meta.source_lang, "--target-lang", meta.target_lang,
         "--arch", arch, *s.extra,
-        *embedding_args(embeddings, meta.joined_dictionary),
-        *model_args(s),
+        *model_args(s, o.embeddings or s.embeddings, meta.joined_dictionary),
         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", f"{s.adam_eps:g}", "--clip-norm", "0.0",
         "--lr", str(s.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
         "--warmup-init-lr", "1e-07", "--dropout", str(s.dropout), "--weight-decay", str(s.weight_decay),
@@ -325,17 +282,14 @@ def plan(request: TrainRequest) -> Plan:
     elif nnodes > 1:  # SLURM: fairseq derives ranks and the master from the SLURM variables
         args += ["--distributed-world-size", str(world),
                  "--distributed-port", str(o.master_port or 12000 + o.slurm_job_id % 20000)]
-    check_model_options(args + extra)  # e.g. --routing-* without a routing architecture: before anything runs
-    identity = run_identity([a.replace(placeholder, "<save-dir>") for a in args + extra], meta)
-    explicit = request.save_dir or effective_options(extra).get("--save-dir")
-    if explicit:
-        save_dir = Path(explicit)
-    else:
-        save_dir = default_save_dir(Path(o.checkpoints), f"{dataset}_{setting_or_arch}", identity)
+    # the final options (the extra ones override ours), refused here if fairseq-train would refuse them
+    final = parse_train_args([a.replace(placeholder, "<save-dir>") for a in args + extra])
+    identity = run_identity(final, meta)
+    explicit = request.save_dir or (final.save_dir if final.save_dir != "<save-dir>" else None)
+    save_dir = Path(explicit or Path(o.checkpoints) / f"{dataset}_{setting_or_arch}-{identity_hash(identity)}")
     args = [a.replace(placeholder, str(save_dir)) for a in args] + extra
-    max_update = int(effective_options(args).get("--max-update") or 0)  # the extra options may override it
-    return Plan(request=request, setting_name=key, setting=s, arch=effective_options(args).get("--arch") or arch,
-                args=tuple(args), launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity,
-                gpus=gpus, nodes=nnodes, max_tokens=max_tokens, update_freq=freq, max_update=max_update,
-                average=average, embeddings=embeddings, best_checkpoint_metric=best_metric,
+    return Plan(request=request, setting_name=key, setting=s, arch=final.arch, args=tuple(args),
+                launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity, gpus=gpus, nodes=nnodes,
+                max_tokens=max_tokens, update_freq=freq, max_update=final.max_update or 0, average=average,
+                best_checkpoint_metric=best_metric,
                 rank0=o.node_rank == 0 and o.slurm_node_id == 0)

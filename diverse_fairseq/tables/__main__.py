@@ -9,8 +9,10 @@ are checked before any work starts; a bad one stops the run with a message namin
 """
 
 import argparse
+import json
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -19,61 +21,54 @@ from .. import training
 from ..data.recipes import RECIPES
 from ..runs import env_checks, paths
 from ..runs.cli_logging import setup_cli_logging
-from ..runs.settings import SETTINGS
+from .cache import RUNNER_FLAGS
 from .config import RunConfig
-from .keys import RUNNER_FLAGS
 from .report import summarise, write_report
 from .runner import TableInterrupted, interrupted_lines, run_table
 from .spec import REPO, TableSpecError, load_table
 
 SCALES = ("demo", "paper")
 SUBSETS = ("valid", "test")
+#: the options besides the table and --data-bin: (flag, the environment variable that is its default, the
+#: variable's default, help)
+OPTIONS = (
+    ("--dataset", "DATASET", None, "dataset to run on; default: the table's paper dataset at scale paper, demo at "
+                                   "scale demo"),
+    ("--scale", "SCALE", "demo", "demo or paper, exactly"),
+    ("--seeds", "SEEDS", "1", "a count N (seeds 1..N) or a comma-separated list of positive seeds"),
+    ("--gpus", "GPUS", "0", "GPUs per run, 0 = CPU"),
+    ("--threads", "THREADS", "1", "CPU threads of every training/decoding job (OMP_NUM_THREADS, MKL_NUM_THREADS, "
+                                  "torch): fixed, so that a seed gives the same numbers on any machine"),
+    ("--jobs", "JOBS", None, "row/seed jobs run at once, each with its log in <out>/logs/; default: the CPU cores (at "
+                             "most the number of jobs), 1 with GPUS > 0"),
+    ("--out", "RESULTS", None, "results directory (default results/<table>)"),
+    ("--train-args", "TRAIN_ARGS", "", "extra fairseq-train flags for every row, e.g. '--max-update 100'"),
+    ("--probing-data", "PROBING_DATA", None, "folder of SentEval's probing files, for tables with probing tasks; "
+                                             "missing files are downloaded there (default work/senteval_probing)"),
+    ("--generate-args", "GENERATE_ARGS", "", "extra fairseq-generate flags for every row, e.g. '--beam 1'"),
+    ("--rows", "ROWS", "", "comma-separated row ids to run (default: all); a chosen row's baseline runs too"),
+    ("--subsets", "SUBSETS", "test", "comma-separated subsets to decode, valid and/or test; the first is the "
+                                     "report's BLEU (default test)"),
+    ("--train-hook", "TRAIN_HOOK", None, "a Python script started in place of 'python -m fairseq_cli.train' with the "
+                                         "same arguments, to watch each training, e.g. "
+                                         "scripts/experiments/kernel_probe.py (records the SVGD kernel); not part of "
+                                         "the cache key, so a finished run is reused without it"),
+    ("--allow-unverified-data", "ALLOW_UNVERIFIED_DATA", "", "1: run a paper-scale table on data that prepare.json "
+     "records as not the published data (skipped or partial CWMT, a corpus count that differs from the published "
+     "one); SentEval stand-ins are still refused"),
+    ("--progress-interval", "PROGRESS_INTERVAL", "30", "seconds between two progress lines of a training row "
+     "(update, losses, time left), printed only when fairseq has logged since the last one; 0: every record it "
+     "logs (default 30)"),
+    ("--dry-run", "DRY_RUN", "", "1: print every row's training and evaluation commands, run and write nothing"),
+)
 
 
 def build_parser():
-    env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.tables", description=__doc__)
     p.add_argument("table", help="a table id from configs/tables/ (e.g. demo, emnlp18_t1) or a YAML path")
-    p.add_argument("--dataset", default=env("DATASET"), help="dataset to run on [DATASET]; default: the "
-                   "table's paper dataset at scale paper, demo at scale demo")
-    p.add_argument("--scale", default=env("SCALE", "demo"), help="demo or paper, exactly [SCALE]")
-    p.add_argument("--seeds", default=env("SEEDS", "1"),
-                   help="a count N (seeds 1..N) or a comma-separated list of positive seeds [SEEDS]")
-    p.add_argument("--gpus", default=env("GPUS", "0"), help="GPUs per run, 0 = CPU [GPUS]")
-    p.add_argument("--threads", default=env("THREADS", "1"),
-                   help="CPU threads of every training/decoding job (OMP_NUM_THREADS, MKL_NUM_THREADS, torch): "
-                        "fixed, so that a seed gives the same numbers on any machine [THREADS]")
-    p.add_argument("--jobs", default=env("JOBS"),
-                   help="row/seed jobs run at once, each with its log in <out>/logs/ [JOBS]; default: the CPU "
-                        "cores (at most the number of jobs), 1 with GPUS > 0")
-    p.add_argument("--out", default=env("RESULTS"), help="results directory (default results/<table>)")
     p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
-    p.add_argument("--train-args", default=env("TRAIN_ARGS", ""),
-                   help="extra fairseq-train flags for every row, e.g. '--max-update 100' [TRAIN_ARGS]")
-    p.add_argument("--probing-data", default=env("PROBING_DATA"),
-                   help="folder of SentEval's probing files, for tables with probing tasks; missing files are "
-                        "downloaded there [PROBING_DATA] (default work/senteval_probing)")
-    p.add_argument("--generate-args", default=env("GENERATE_ARGS", ""),
-                   help="extra fairseq-generate flags for every row, e.g. '--beam 1' [GENERATE_ARGS]")
-    p.add_argument("--rows", default=env("ROWS", ""),
-                   help="comma-separated row ids to run (default: all); a chosen row's baseline runs too [ROWS]")
-    p.add_argument("--subsets", default=env("SUBSETS", "test"),
-                   help="comma-separated subsets to decode, valid and/or test; the first is the report's BLEU "
-                        "[SUBSETS] (default test)")
-    p.add_argument("--train-hook", default=env("TRAIN_HOOK"),
-                   help="a Python script started in place of 'python -m fairseq_cli.train' with the same arguments, "
-                        "to watch each training, e.g. scripts/experiments/kernel_probe.py (records the SVGD kernel); "
-                        "not part of the cache key, so a finished run is reused without it [TRAIN_HOOK]")
-    p.add_argument("--allow-unverified-data", default=env("ALLOW_UNVERIFIED_DATA", ""),
-                   help="1: run a paper-scale table on data that prepare.json records as not the published data "
-                        "(skipped or partial CWMT, a corpus count that differs from the published one); "
-                        "SentEval stand-ins are still refused [ALLOW_UNVERIFIED_DATA]")
-    p.add_argument("--progress-interval", default=env("PROGRESS_INTERVAL", "30"),
-                   help="seconds between two progress lines of a training row (update, losses, time left), "
-                        "printed only when fairseq has logged since the last one; 0: every record it logs "
-                        "[PROGRESS_INTERVAL] (default 30)")
-    p.add_argument("--dry-run", default=env("DRY_RUN", ""),
-                   help="1: print every row's training and evaluation commands, run and write nothing [DRY_RUN]")
+    for flag, variable, default, text in OPTIONS:
+        p.add_argument(flag, default=os.environ.get(variable, default), help=f"{text} [{variable}]")
     return p
 
 
@@ -97,10 +92,6 @@ def foreign_variable_warnings(env) -> List[str]:
     is ignored (nothing the runner calls reads the environment for it), and the warning names the runner's own."""
     return [f"{name}={env[name]} is not read by the table runner (ignored): use {instead}"
             for name, instead in FOREIGN_VARIABLES.items() if env_checks.get(env, name) is not None]
-
-
-def parse_scale(text) -> str:
-    return env_checks.parse_choice("SCALE (--scale)", text, SCALES)
 
 
 def default_jobs(jobs: int, gpus: int) -> int:
@@ -151,7 +142,8 @@ def select_rows(table, text: str):
 def check_settings(args) -> dict:
     """The validated run settings; raises SystemExit naming the first bad variable."""
     parse_int = env_checks.parse_int
-    settings = {"scale": parse_scale(args.scale), "seeds": env_checks.parse_seeds("SEEDS (--seeds)", args.seeds),
+    settings = {"scale": env_checks.parse_choice("SCALE (--scale)", args.scale, SCALES),
+                "seeds": env_checks.parse_seeds("SEEDS (--seeds)", args.seeds),
                 "gpus": parse_int("GPUS (--gpus)", args.gpus, 0),
                 "threads": parse_int("THREADS (--threads)", args.threads, 1),
                 "jobs": None if args.jobs in (None, "") else parse_int("JOBS (--jobs)", args.jobs, 1),
@@ -192,18 +184,6 @@ def resume_command(argv: List[str], env) -> str:
     return prefix + shlex.join(["python", "-m", "diverse_fairseq.tables", *argv])
 
 
-def ensure_demo_data(data: Path):
-    """The demo corpus ships with the repository: prepare (segment and binarize) it, or check that it is.
-
-    ``prepare_data`` skips every step whose output is complete and up to date, so this is quick after the
-    first run and redoes only what a changed corpus or recipe needs.
-    """
-    from ..data.prepare import parse_options, prepare
-
-    # the data preparation's own variables (DEMO_DIR, BPE_SIZE, WORK_DIR, ...) apply, as with make data
-    prepare(parse_options(["demo", "--data-bin", str(data.parent)]))
-
-
 def data_problems(meta: dict) -> List[str]:
     """Why a prepared dataset (its prepare.json) is not the published data, in words; empty when it is, or when
     its recipe records nothing about its corpora."""
@@ -211,27 +191,21 @@ def data_problems(meta: dict) -> List[str]:
     stand_in = [] if expectations == "published" else [
         f"its files were checked against the stand-in manifest {expectations.get('manifest')!r} (EXPECT), not the "
         f"published sizes, checksums and counts"]
-    record = meta.get("training_data")
-    if record is None:
-        recipe = RECIPES.get(meta.get("dataset"))
-        if recipe is not None and recipe.corpora_file:  # a recipe that records its corpora, prepared before it did
-            return stand_in + ["prepared by an older version that did not check the corpora' counts (no training_data)"]
-        return stand_in
+    record, recipe = meta.get("training_data"), RECIPES.get(meta.get("dataset"))
+    if record is None:  # a recipe that records its corpora, prepared before it did
+        older = recipe is not None and recipe.corpora_file
+        return stand_in + (["prepared by an older version that did not check the corpora' counts (no training_data)"]
+                           if older else [])
     return stand_in + ([] if record.get("verified", True) else list(record.get("problems") or ["not verified"]))
 
 
 def check_paper_data(data: Path, allow: bool):
     """Before a paper-scale table runs: refuse data prepared from other than the published corpora (a skipped
     or partial CWMT, a count that differs from the published one) unless ALLOW_UNVERIFIED_DATA=1."""
-    import json
-
-    meta_path = data / "prepare.json"
-    if not meta_path.is_file():
-        return  # not prepared yet: the runner says how to prepare it
-    problems = data_problems(json.loads(meta_path.read_text(encoding="utf-8")))
-    if not problems:
+    meta = data / "prepare.json"  # not prepared yet: the runner says how to prepare it
+    what = "; ".join(data_problems(json.loads(meta.read_text(encoding="utf-8"))) if meta.is_file() else [])
+    if not what:
         return
-    what = "; ".join(problems)
     if allow:
         print(f"[tables] warning: {data} is not the papers' data ({what}); running anyway (ALLOW_UNVERIFIED_DATA=1)"
               f": the results are not comparable with the papers'", flush=True)
@@ -242,18 +216,24 @@ def check_paper_data(data: Path, allow: bool):
                      f"with ALLOW_UNVERIFIED_DATA=1 (--allow-unverified-data 1).")
 
 
-def ensure_probing_data(tasks: List[str], folder: Optional[str], scale: str = "paper") -> Path:
-    """The folder with the table's SentEval probing files, downloading those missing (before any training).
+def probing_dir(folder: Optional[str]) -> Path:
+    """Where the SentEval probing files are: ``folder``, else the default; with a mirror
+    (``DIVERSE_FAIRSEQ_MIRROR``), a cache of that mirror's own, never the one that real runs read."""
+    from ..data import senteval
+    from ..data.download import MIRROR_ENV
 
-    With a mirror (``DIVERSE_FAIRSEQ_MIRROR``) and no ``folder``, the files go to a cache of that mirror's own,
-    never to the one that real runs read. At scale paper every file must have SentEval's published size
+    return (Path(folder) if folder else senteval.default_dir(os.environ.get(MIRROR_ENV) or None)).resolve()
+
+
+def ensure_probing_data(tasks: List[str], folder: Optional[str], scale: str = "paper") -> Path:
+    """The folder with the table's SentEval probing files (:func:`probing_dir`), downloading those missing (before
+    any training). At scale paper every file must have SentEval's published size
     (:func:`diverse_fairseq.data.senteval.check_sizes`); at scale demo a mirror's stand-ins are accepted with a
     warning."""
     from ..data import senteval
     from ..data.download import MIRROR_ENV, DownloadError
 
-    mirror = os.environ.get(MIRROR_ENV) or None
-    path = (Path(folder) if folder else senteval.default_dir(mirror)).resolve()
+    mirror, path = os.environ.get(MIRROR_ENV) or None, probing_dir(folder)
     try:
         senteval.download(senteval.parse_tasks(tasks), path, mirror=mirror,
                           require_published=scale == "paper" or not mirror)
@@ -262,38 +242,10 @@ def ensure_probing_data(tasks: List[str], folder: Optional[str], scale: str = "p
     return path
 
 
-def _results_dir(args, table_id: str) -> Path:
-    return Path(args.out or REPO / "results" / table_id).resolve()
-
-
-def results_dir(argv: Optional[List[str]] = None) -> Path:
+def results_dir(argv: Optional[List[str]] = None, args=None, table_id: Optional[str] = None) -> Path:
     """Where ``main(argv)`` writes its report: ``--out`` / RESULTS, else ``results/<table>``."""
-    args = build_parser().parse_args(argv)
-    return _results_dir(args, load_table(args.table).table)
-
-
-def dry_run(table, run: RunConfig, args):
-    """``DRY_RUN=1``: print what a run would do (the data preparation and probing downloads it needs, each job's
-    commands) without running or writing anything, then exit with status 0 (also ending ``make figure-*``)."""
-    from ..data import senteval
-
-    data = run.data_bin / run.dataset
-    if table.probing:
-        run.probing_tasks = table.probing
-        mirror = os.environ.get("DIVERSE_FAIRSEQ_MIRROR") or None
-        run.probing_dir = (Path(args.probing_data) if args.probing_data else senteval.default_dir(mirror)).resolve()
-        print(f"[{table.table}] probing tasks {', '.join(table.probing)}: files in {run.probing_dir} (a real run "
-              f"downloads the missing ones first)", flush=True)
-    if not (data / "prepare.json").exists():
-        prepare = "bash scripts/prepare_data.sh demo" if run.dataset == "demo" else f"make data DATASET={run.dataset}"
-        print(f"[{table.table}] DRY_RUN=1: {data} is not prepared, and the training commands depend on it "
-              f"(languages, dictionaries); {'a real run prepares it first' if run.dataset == 'demo' else 'prepare it'}"
-              f" ({prepare}), then run the dry run again to see them. Rows: "
-              + "; ".join(f"{row.id} ({row.arch(SETTINGS[run.setting(row)].arch)} {shlex.join(row.args)})"
-                          for row in table.rows), flush=True)
-    else:
-        run_table(table, run)
-    raise SystemExit(0)
+    args = args or build_parser().parse_args(argv)
+    return Path(args.out or REPO / "results" / (table_id or load_table(args.table).table)).resolve()
 
 
 def main(argv: Optional[List[str]] = None):
@@ -313,27 +265,29 @@ def main(argv: Optional[List[str]] = None):
                                  f"name of a dataset prepared in {args.data_bin}")
     except TableSpecError as e:
         raise SystemExit(f"error: {e}")
-    out = _results_dir(args, table.table)
+    out = results_dir(args=args, table_id=table.table)
     n_jobs = len(table.rows) * len(settings["seeds"])
-    run = RunConfig(dataset=dataset, scale=scale, seeds=settings["seeds"], gpus=settings["gpus"],
-                    out_dir=out / f"{dataset}-{scale}", data_bin=Path(args.data_bin).resolve(),
-                    train_args=settings["train_args"], generate_args=settings["generate_args"],
-                    threads=settings["threads"], jobs=min(settings["jobs"] or default_jobs(n_jobs, settings["gpus"]),
-                                                          n_jobs), dry_run=settings["dry_run"],
-                    train_options=settings["train_options"], train_hook=settings["train_hook"],
-                    subsets=settings["subsets"], progress_interval=settings["progress_interval"])
+    jobs = min(settings.pop("jobs") or default_jobs(n_jobs, settings["gpus"]), n_jobs)
+    allow_unverified_data = settings.pop("allow_unverified_data")
+    run = RunConfig(dataset=dataset, out_dir=out / f"{dataset}-{scale}", data_bin=Path(args.data_bin).resolve(),
+                    jobs=jobs, probing_tasks=table.probing,
+                    probing_dir=probing_dir(args.probing_data) if table.probing else None, **settings)
     if scale == "paper":
-        check_paper_data(run.data_bin / dataset, settings["allow_unverified_data"])
+        check_paper_data(run.data_bin / dataset, allow_unverified_data)
     if run.dry_run:
-        dry_run(table, run, args)  # ends the process (exit 0)
+        run_table(table, run)
+        raise SystemExit(0)  # also ending make figure-*
     if table.probing:
-        run.probing_tasks, run.probing_dir = table.probing, ensure_probing_data(table.probing, args.probing_data,
-                                                                                 scale)
-    if dataset == "demo":
-        ensure_demo_data(run.data_bin / dataset)
+        ensure_probing_data(table.probing, args.probing_data, scale)
+    if dataset == "demo":  # the demo corpus ships with the repository: prepare it, or check that it is (quick when
+        # it is up to date); the data preparation's own variables (DEMO_DIR, BPE_SIZE, WORK_DIR, ...) apply
+        from ..data.prepare import parse_options, prepare
+
+        prepare(parse_options(["demo", "--data-bin", str(run.data_bin)]))
     try:
         results = run_table(table, run)
     except TableInterrupted as e:  # Ctrl-C: one line per interrupted row, then the shell's status for SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C would cut the lines or the exit short
         resume = resume_command(sys.argv[1:] if argv is None else argv, os.environ)
         for line in interrupted_lines(table, run, e.jobs, resume):
             print(line, file=sys.stderr, flush=True)

@@ -1,32 +1,20 @@
 """``make check-tables``: every row of every table builds, and at demo scale trains one step, without data.
 
-For each table (``configs/tables/*.yaml``), row and scale (``demo``, ``paper``) this
+For each table (``configs/tables/*.yaml``), row and scale (``demo``, ``paper``) this builds the plan the table
+runner would train (:func:`row_plan`, through :func:`diverse_fairseq.tables.steps.job_plan`): at demo scale on
+the CPU, at paper scale as on the papers' 8 GPUs, in fp16 where CUDA is available and fp32 elsewhere (fairseq's
+fp16 optimizer keeps its fp32 master copy on a CUDA device). It parses its arguments with fairseq-train's parser
+and builds task, model, criterion, optimizer and learning-rate schedule with fairseq's own builders on synthetic
+dictionaries of the sizes the dataset recipe assumes (``Recipe.assumed_vocab``, docs/paper-settings.md), and
+checks the setting's number of layers. At demo scale it then trains one step on a synthetic batch. At paper scale
+it compares the parameters with the paper's (the row's ``paper: {params: ...}``, in millions) and fails a row
+more than :data:`PARAM_TOLERANCE` off, unless the row's ``params_gap`` says why the paper's count cannot be built
+(printed as ``GAP``); where a dataset has been prepared (``DATA_BIN/<dataset>``), it also prints the count on those
+real dictionaries, not judged.
 
-1. builds the fairseq-train arguments the table runner would pass (:func:`row_plan`: the runner's setting
-   for the scale, the row's architecture, its flags with the layer mapping of :mod:`.scale`, through
-   :func:`diverse_fairseq.tables.steps.job_plan`), at demo scale on the CPU as ``make table-<id> SCALE=demo``
-   runs it, at paper scale as on the papers' 8 GPUs: with ``--fp16`` where CUDA is available, in fp32
-   elsewhere (fairseq's fp16 optimizer keeps its fp32 master copy on a CUDA device);
-2. parses them with fairseq-train's parser and builds task, model, criterion, optimizer and learning-rate
-   schedule with fairseq's own builders (``tasks.setup_task`` and a ``Trainer``) on a synthetic dictionary as
-   large as the dataset recipe's BPE vocabulary (so the parameter counts are close to the real ones), and
-   checks that the model has the setting's number of layers;
-3. at demo scale, runs one training step (forward, backward, optimizer step) on a synthetic batch;
-4. at paper scale, compares the model's parameters with the paper's (the row's ``paper: {params: ...}``, in
-   millions) and fails a row more than :data:`PARAM_TOLERANCE` (2%) off: a paper-scale row must train the
-   paper's model. The dictionaries have the sizes the recipe assumes (``Recipe.assumed_vocab``,
-   docs/paper-settings.md), so the counts are those of the real data up to the vocabulary. A row whose
-   paper prints a count that its own model cannot have says why in its ``params_gap`` field: it is printed as
-   ``GAP`` with that reason instead of failing.
-5. at paper scale, where a dataset has been prepared (``make data``: ``DATA_BIN/<dataset>/dict.*.txt`` and
-   ``prepare.json``, ``--data-bin``, default ``data-bin/``), also counts the parameters of the row's model on those
-   real dictionaries and prints them beside the paper's (:func:`real_dictionaries`); this count is printed, not
-   judged: the status stays that of the recipe's assumed sizes.
-
-It prints one line per table/row/scale (``ok``, ``GAP`` or ``FAIL`` with the reason, and the parameters; at paper
-scale also how the row's setting decodes: beam, length penalty form and value, length limit) and exits
-non-zero when any line failed, naming every failure again at the end. Identical argument lists (the same
-model in several tables) are built once.
+One line per table/row/scale (``ok``, ``GAP`` or ``FAIL`` with the reason, the parameters; at paper scale how the
+row decodes), then every failure again; the exit status is non-zero when any line failed. The same run (the same
+identity, e.g. one model in several tables) is built once.
 
     python -m diverse_fairseq.tables.check [--scale demo|paper] [--paper-gpus 8] [TABLE ...]
     make check-tables [SCALE=demo|paper]
@@ -50,7 +38,6 @@ from ..runs import env_checks, paths
 from ..runs.cli_logging import setup_cli_logging
 from ..runs.dataset_meta import load_dataset_meta
 from ..runs.plan import Plan, TrainOptions
-from ..runs.settings import SETTINGS
 from . import scale as scale_mod
 from .config import RunConfig
 from .spec import TABLE_DIR, Row, Table, load_table
@@ -132,16 +119,24 @@ def judge_parameters(built: int, row) -> Tuple[str, str]:
     return "FAIL", text
 
 
+def _task(args: List[str]):
+    """(cfg, task) of fairseq-train ``args``, as fairseq-train sets them up."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parsed, unknown = options.parse_args_and_arch(options.get_training_parser(), list(args), parse_known=True)
+    if unknown:
+        raise SystemExit(f"fairseq-train: unrecognized arguments: {' '.join(unknown)}")
+    cfg = convert_namespace_to_omegaconf(parsed)
+    return cfg, tasks.setup_task(cfg.task)
+
+
 def count_parameters(args: List[str]) -> int:
     """Parameters of the model fairseq-train ``args`` build, built on the meta device (no memory, no
     initialisation cost): the count :func:`build_and_step` reports, in a fraction of its time."""
     import torch
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    parsed = options.parse_args_and_arch(options.get_training_parser(), list(args))
-    cfg = convert_namespace_to_omegaconf(parsed)
-    task = tasks.setup_task(cfg.task)
+    cfg, task = _task(args)
     with torch.device("meta"):
         model = task.build_model(cfg.model)
     return sum(p.numel() for p in model.parameters())
@@ -179,19 +174,13 @@ def _synthetic_batch(task, batch: int = 4, src_len: int = 7, tgt_len: int = 6) -
 def build_and_step(args: List[str], layers: int, step: bool) -> Result:
     """Build task, model, criterion and optimizer from fairseq-train ``args``; with ``step``, train one step."""
     import torch
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
     threads = torch.get_num_threads()
     if step:  # a tiny model: one thread is several times faster on a busy machine than threads that wait
         torch.set_num_threads(1)
     try:
-        parsed, unknown = options.parse_args_and_arch(options.get_training_parser(), list(args), parse_known=True)
-        if unknown:
-            return Result(False, f"fairseq-train: unrecognized arguments: {' '.join(unknown)}")
-        cfg = convert_namespace_to_omegaconf(parsed)
-        task = tasks.setup_task(cfg.task)
+        cfg, task = _task(args)
         torch.manual_seed(1)
         model = task.build_model(cfg.model)
         depth = (len(model.encoder.layers), len(model.decoder.layers))
@@ -231,20 +220,15 @@ def real_dictionaries(data_bin: Optional[Path], dataset: str) -> Optional[Dict[s
     """``{lang: entries}`` (the 4 special symbols included, as fairseq loads them) of a prepared dataset's
     dictionaries under ``data_bin``, or None where it has none: no ``prepare.json``, a dictionary missing, or
     data that :func:`write_synthetic_data` made."""
-    if data_bin is None:
-        return None
-    data = Path(data_bin) / dataset
-    if not (data / "prepare.json").is_file():
+    data = Path(data_bin or ".") / dataset
+    if data_bin is None or not (data / "prepare.json").is_file():
         return None
     meta = load_dataset_meta(data)
-    langs = (meta.source_lang, meta.target_lang)
-    if meta.synthetic or not all((data / f"dict.{lang}.txt").is_file() for lang in langs):
+    files = {lang: data / f"dict.{lang}.txt" for lang in (meta.source_lang, meta.target_lang)}
+    if meta.synthetic or not all(f.is_file() for f in files.values()):
         return None
-    sizes = {}
-    for lang in langs:
-        with open(data / f"dict.{lang}.txt", encoding="utf-8") as f:
-            sizes[lang] = sum(1 for _ in f) + 4  # fairseq adds <s>, <pad>, </s>, <unk> to the file's entries
-    return sizes
+    # fairseq adds <s>, <pad>, </s>, <unk> to the file's entries
+    return {lang: len(f.read_text(encoding="utf-8").splitlines()) + 4 for lang, f in files.items()}
 
 
 def real_data_note(row: Row, dataset: str, data_bin: Path, gpus: int, precision: Optional[str],
@@ -260,12 +244,6 @@ def real_data_note(row: Row, dataset: str, data_bin: Path, gpus: int, precision:
     vocab = " / ".join(f"{lang} {n:,}" for lang, n in sizes.items())
     _, text = compare_parameters(counted[args], row.paper.get("params"))
     return f"; real dictionaries of {Path(data_bin) / dataset} ({vocab} entries): {text.split(': ')[0]}"
-
-
-def _mapped_note(row: Row, setting: str) -> str:
-    """The row's layer flags that the scale rule changed, e.g. ``--routing-encoder-layers 3,4,5→1``."""
-    changes = scale_mod.changes(row.args, scale_mod.row_args(row.args, setting))
-    return f" [layers mapped: {'; '.join(changes)}]" if changes else ""
 
 
 def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Optional[str] = None,
@@ -292,21 +270,19 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                         continue
                     start, note = time.perf_counter(), ""
                     try:
-                        setting = RunConfig(name, scale, [1], gpus, Path(tmp)).setting(row)
-                        note = _mapped_note(row, setting)
                         write_synthetic_data(data_bin, name)
                         job = row_plan(row, name, scale, data_bin, gpus, None if scale == "demo" else paper_precision)
-                        args = list(job.args)
-                        if scale == "paper":
-                            note += decoding_note(job)
                     except (Exception, SystemExit) as e:  # noqa: BLE001 -- reported with its type
                         result = Result(False, f"{type(e).__name__}: {e}")
                     else:
+                        changes = scale_mod.changes(row.args, scale_mod.row_args(row.args, job.setting_name))
+                        note = (f" [layers mapped: {'; '.join(changes)}]" if changes else "") + (
+                            decoding_note(job) if scale == "paper" else "")
                         key = (scale, json.dumps(job.identity, sort_keys=True))  # the same run: built once
                         if key in done:
                             note = f" (the command of {done[key][1]}){note}"
                         else:
-                            done[key] = (build_and_step(args, SETTINGS[setting].layers, step=scale == "demo"),
+                            done[key] = (build_and_step(list(job.args), job.setting.layers, step=scale == "demo"),
                                          f"{table.table}:{row.id}")
                             gc.collect()  # a paper-scale model and its optimizer: up to a few GB
                         result = done[key][0]

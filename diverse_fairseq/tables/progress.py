@@ -1,15 +1,178 @@
-"""The runner's progress lines: one when a job starts (with its log), one when it ends, with the progress (row i
-of n, seed, elapsed time, estimated time remaining), and while it trains a line every ``run.progress_interval``
-seconds with the update, the losses and the time left of its training (:mod:`.live`)."""
+"""fairseq-train's JSON log (``train.log``), read for a run's record and for the runner's progress lines.
 
+With ``--log-format json`` fairseq writes each progress record as a JSON object on its own line (after a
+``date | INFO | train | `` prefix on the console): the periodic ``train_inner`` records (``{"loss": "7.7",
+"num_updates": "3", "wall": "20", ...}``) and the end-of-epoch summaries, whose keys carry the subset's name
+(``{"train_loss": "7.715", "train_num_updates": "3", ...}``, ``{"valid_loss": ...}``); see fairseq_cli/train.py
+and fairseq/logging/progress_bar.py. Text logs (``--log-format simple``) are not read: a finished run's numbers
+are kept in its ``train.json``, and a resumed run is finished by a process that writes JSON.
+
+:class:`Progress` prints a line when a job starts (with its log) and one when it ends (row i of n, seed, elapsed
+time, estimated time remaining), and while it trains (:class:`LogWatcher`) :func:`progress_line`, e.g.::
+
+    update 450/800 (56%), train loss 6.213, valid loss 6.02, BLEU 3.41 (update 400); about 0:02:05 left
+"""
+
+import json
+import re
 import threading
 import time
-from typing import Dict, Optional
+from pathlib import Path
+from typing import Callable, Dict, Iterator, Optional
 
 from .config import RunConfig
-from .live import LogWatcher, clock
 from .records import JobRecord
 from .spec import Row, Table
+
+_PARAMS = re.compile(r"num\. shared model params: ([\d,]+) \(num\. trained: ([\d,]+)\)")
+_MAX_UPDATE = re.compile(r"'max_update': (\d+)")  # in the configuration fairseq_cli.train logs at start-up
+
+
+def model_parameters(log: str) -> Optional[int]:
+    """Trained parameters as fairseq_cli.train prints them at start-up (the last start-up of the log)."""
+    found = _PARAMS.findall(log)
+    return int(found[-1][1].replace(",", "")) if found else None
+
+
+def records(log: str) -> Iterator[Dict]:
+    """Every JSON object that a line of ``log`` holds, after an optional fairseq logging prefix."""
+    for line in log.splitlines():
+        start = line.find("{")
+        if start < 0 or not line.rstrip().endswith("}"):
+            continue
+        try:
+            record = json.loads(line[start:])
+        except ValueError:
+            continue  # a line that only looks like JSON (fairseq's start-up configuration dump is a Python dict)
+        if isinstance(record, dict):
+            yield record
+
+
+def number(value) -> Optional[float]:
+    """``value`` as a float (fairseq's JSON logs hold numbers as strings), or None."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def last_summary(log: str, subset: str) -> Dict[str, float]:
+    """The last end-of-epoch summary of ``subset`` (``train`` or ``valid``) as a name → number dict, with the
+    subset prefix removed (``train_num_updates`` → ``num_updates``); {} if the log has none."""
+    if subset not in ("train", "valid"):
+        raise ValueError(f"subset={subset!r} is not valid: use 'train' or 'valid'")
+    prefix = subset + "_"
+    last = next((r for r in reversed(list(records(log))) if prefix + "loss" in r), {})
+    return {k[len(prefix):]: number(v) for k, v in last.items() if k.startswith(prefix) and number(v) is not None}
+
+
+def clock(seconds: float) -> str:
+    """``h:mm:ss``."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(log: str) -> Optional[str]:
+    """The progress of the training whose JSON log is ``log``; None until its first update record.
+
+    ``max_update`` comes from the last start-up's configuration; the update reached and the train loss from the
+    ``train_inner`` records, or from an epoch's summary (the epoch's mean loss) when it reached further; the
+    validation from the last ``valid_*`` record. The time left is the updates still to do at the rate measured on
+    fairseq's own clock of the training (``wall``: validations and checkpoints included) since the first record
+    after the last start-up, so that loading and the first batches do not count; with a single record,
+    ``num_updates / wall`` (fairseq keeps ``wall`` in the checkpoint, so after a resume both count the whole run)."""
+    max_update, first = 0, None  # first: (updates, wall) of the first record since the last start-up
+    updates = loss = wall = None
+    valid = None  # (updates, loss, bleu)
+    for line in log.splitlines():
+        found = _MAX_UPDATE.search(line)
+        if found:  # fairseq_cli.train started (again)
+            max_update, first = int(found.group(1)), None
+            continue
+        record = next(records(line), {})
+        if "valid_loss" in record:
+            valid = (number(record.get("valid_num_updates")), number(record["valid_loss"]),
+                     number(record.get("valid_bleu")))
+        # a train_inner record, or the end of an epoch
+        prefix = "" if "loss" in record and "num_updates" in record else "train_" if "train_loss" in record else None
+        if prefix is None:
+            continue
+        reached = number(record.get(prefix + "num_updates"))
+        if prefix and updates is not None and (reached is None or reached <= updates):
+            continue  # an epoch's summary at the last logged update: its loss is the epoch's mean, keep the last
+        updates, loss, wall = reached, number(record.get(prefix + "loss")), number(record.get(prefix + "wall"))
+        if first is None and updates is not None and wall is not None:
+            first = (updates, wall)
+    if updates is None:
+        return None
+    done = int(updates)
+    parts = [f"update {done}/{max_update} ({100 * done // max_update}%)" if max_update else f"update {done}"]
+    if loss is not None:
+        parts.append(f"train loss {loss:.3f}")
+    if valid is not None and valid[1] is not None:
+        bleu = f", BLEU {valid[2]:.2f}" if valid[2] is not None else ""
+        at = f" (update {int(valid[0])})" if valid[0] is not None else ""
+        parts.append(f"valid loss {valid[1]:.3f}{bleu}{at}")
+    line = ", ".join(parts)
+    if max_update and done >= max_update:
+        return line + "; training done"
+    if not max_update or wall is None:
+        return line
+    if first is not None and updates > first[0] and wall > first[1]:
+        rate = (updates - first[0]) / (wall - first[1])  # since the first record: start-up and warm-up left out
+    elif done > 0 and wall > 0:
+        rate = done / wall
+    else:
+        return line
+    return line + f"; about {clock((max_update - done) / rate)} left"
+
+
+class LogWatcher(threading.Thread):
+    """A daemon thread that emits :func:`progress_line` of the log at ``path`` every ``interval`` seconds (at least
+    0.5; 0: each record fairseq logs) until :meth:`stop`, which waits for it.
+
+    :class:`Progress` starts one per running job, in this process and in the worker pool alike (the log is a
+    file, whichever process writes it). Nothing is emitted before the first update record, nor twice for the same
+    line (so never more often than fairseq logs), nor for the log as it was when the watcher started (a finished
+    run that is reused, an interrupted one before it resumes)."""
+
+    def __init__(self, path: Path, interval: float, emit: Callable[[str], None]):
+        super().__init__(name=f"watch {path}", daemon=True)
+        self.path, self.interval, self.emit = Path(path), float(interval), emit
+        self.last: Optional[str] = None
+        self._at_start = self._identity()
+        self._done = threading.Event()
+
+    def _identity(self):
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        return stat.st_ino, stat.st_size
+
+    def poll(self):
+        """Read the log once; emit its line if it is new."""
+        now = self._identity()
+        if now is None or (self._at_start is not None and now[0] == self._at_start[0]
+                           and now[1] <= self._at_start[1]):
+            return  # not written yet, or not since the watcher started
+        try:
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+        except OSError:  # moved aside meanwhile
+            return
+        line = progress_line(text)
+        if line is not None and line != self.last:
+            self.last = line
+            self.emit(line)
+
+    def run(self):
+        while not self._done.wait(max(self.interval, 0.5)):
+            self.poll()
+
+    def stop(self):
+        self._done.set()
+        if self.is_alive():
+            self.join()
 
 
 class Progress:
@@ -52,10 +215,11 @@ class Progress:
         self.started[(row.id, seed)] = time.time()
         train_log = self.run.run_dir(row, seed) / "train.log"
         log = f"log: {self.run.log_path(row, seed)}" if self.run.jobs > 1 else f"training log: {train_log}"
-        self._line(f"{self._where(row, seed)}: started", after=f"; {log}")
         where = self._where(row, seed)
-        self.watchers[(row.id, seed)] = LogWatcher(train_log, self.run.progress_interval,
-                                                   lambda line: self._print(f"{where}: {line}")).start()
+        self._line(f"{where}: started", after=f"; {log}")
+        watcher = self.watchers[(row.id, seed)] = LogWatcher(train_log, self.run.progress_interval,
+                                                             lambda line: self._print(f"{where}: {line}"))
+        watcher.start()
 
     def stop_watching(self):
         """Stop every running job's log watcher (Ctrl-C: the jobs end without :meth:`end`)."""

@@ -20,13 +20,13 @@ class TrainRecord:
     arch: str
     setting: str
     train_args: List[str]  # fairseq-train's arguments, whatever the launcher (python -m, torchrun)
-    key: Dict  # the cache key (keys.cache_key)
+    key: Dict  # the cache key (cache.cache_key)
     trained_at: str
     threads: int
     checkpoint: str  # the checkpoint to evaluate (runs.plan.Plan.checkpoint)
     args: List[str]  # the row's flags, mapped to the setting's depth (scale.py)
     averaged_checkpoints: int  # checkpoints averaged into the evaluated model (0: a single model)
-    best_checkpoint_metric: Optional[str]  # the setting's (checkpoint_choice.METRICS): which single model
+    best_checkpoint_metric: Optional[str]  # the setting's (settings.METRICS): which single model
     embeddings: str  # embedding sharing: "all" (--share-all-embeddings), "decoder" (target with output), "none"
     parameters: Optional[int]
     updates: int

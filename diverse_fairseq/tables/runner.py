@@ -1,29 +1,29 @@
 """Train, evaluate and measure every row of a table, resuming whatever is already finished.
 
-The orchestration: :func:`run_table` finds the rows that train the same model at this scale
-(:func:`same_model_rows`), runs each remaining row and seed (one *job*: ``steps.run_job``, train, evaluate,
-measure) one after the other in this process with its output on the console (``jobs = 1``) or ``jobs`` at once
-in worker processes (``pool.py``), prints a line when a job starts and one when it ends (``progress.py``), and
-returns every row's per-seed records. ``DRY_RUN=1`` prints the commands instead (:func:`dry_run_table`).
-
-The jobs' modules: ``config.py`` (:class:`RunConfig`: what one invocation runs and where it writes),
-``steps.py`` (the steps of a job), ``keys.py`` (the cache key of a training run), ``cache.py`` (the cache helper
-of the four cached steps, the checkpoint identity), ``pool.py`` (the worker processes and CPU threads),
-``progress.py`` (the progress line).
+:func:`run_table` runs each row and seed (one *job*: ``steps.run_job``) but those of rows that train an earlier
+row's model (:func:`same_model_rows`), one after the other in this process with its output on the console
+(``jobs = 1``) or ``jobs`` at once in worker processes (:func:`run_parallel`), with a line when a job starts and
+one when it ends (``progress.py``). Every job runs with ``threads`` CPU threads (``OMP_NUM_THREADS`` /
+``MKL_NUM_THREADS`` of fairseq-train and fairseq-generate, ``torch.set_num_threads`` in process), so a seed gives
+the same numbers on any machine. ``DRY_RUN=1`` prints the commands instead (:func:`dry_run_table`).
 """
 
 import json
+import multiprocessing
+import os
 import shlex
+import signal
 import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
 from .. import training
 from ..evaluate import command_line
-from .cache import lookup
+from ..runs.settings import SETTINGS
+from .cache import cache_key, lookup
 from .config import RunConfig
-from .keys import cache_key
-from .pool import limit_threads, run_parallel
 from .progress import Progress
 from .records import JobRecord
 from .spec import Row, Table
@@ -52,19 +52,15 @@ def interrupted_lines(table: Table, run: RunConfig, jobs, resume: str) -> List[s
     return out
 
 
-def run_table(table: Table, run: RunConfig) -> Dict[str, List[JobRecord]]:
-    """Train and evaluate every row and seed (``run.jobs`` at once); return ``{row id: [per-seed record]}``."""
+def run_table(table: Table, run: RunConfig) -> Optional[Dict[str, List[JobRecord]]]:
+    """Train and evaluate every row and seed (``run.jobs`` at once); return ``{row id: [per-seed record]}``
+    (None after a dry run)."""
+    if run.dry_run:
+        return dry_run_table(table, run)
     data = run.data_bin / run.dataset
     if not (data / "prepare.json").exists():
         raise SystemExit(f"error: no prepared dataset in {data}. Prepare it first: make data DATASET={run.dataset}")
-    same_as = same_model_rows(table, run)
-    todo = [(row, seed) for row in table.rows if row.id not in same_as for seed in run.seeds]
-    for row_id, first in same_as.items():
-        print(f"[{table.table}] row {row_id} trains the same model as row {first} at this scale "
-              f"(the same run identity and cache key): it gets {first}'s runs", flush=True)
-    if run.dry_run:
-        dry_run_table(table, run, todo)
-        return None
+    same_as, todo = _jobs(table, run)
     progress = Progress(table, run, len(todo))
     print(f"[{table.table}] {len(table.rows)} rows x {len(run.seeds)} seed(s) = {len(todo)} jobs, {run.jobs} at a "
           f"time, {run.threads} CPU thread(s) each", flush=True)
@@ -92,10 +88,129 @@ def run_table(table: Table, run: RunConfig) -> Dict[str, List[JobRecord]]:
             for row in table.rows}
 
 
-def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
-    """``DRY_RUN=1``: print each job's training and evaluation commands (and whether a finished run would be
-    reused); nothing is trained, evaluated or written."""
+def limit_threads(threads: int):
+    """Pin this process (in-process torch) and the subprocesses it starts to ``threads`` CPU threads."""
+    import torch
+
+    os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    torch.set_num_threads(threads)
+
+
+#: in a worker process: the pool's stop event (set by the runner at Ctrl-C), given by :func:`_worker_init`
+_STOP = None
+
+
+def _worker_init(threads: int, stop):
+    from ..runs.cli_logging import setup_cli_logging
+
+    global _STOP
+    _STOP = stop
+    limit_threads(threads)
+    setup_cli_logging()
+
+
+def _worker_job(row: Row, run: RunConfig, seed: int) -> JobRecord:
+    """``run_job`` in a worker process, its output (and its subprocesses') appended to the job's log.
+
+    A worker starts with Ctrl-C ignored (:func:`run_parallel`), so that one while it starts up or waits for a
+    job prints no traceback; during a job Ctrl-C stops it (and its fairseq-train, which the worker starts with
+    Python's default handler), and a job handed out after Ctrl-C does not start."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    log_path = run.log_path(row, seed)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        if _STOP.is_set():
+            raise KeyboardInterrupt
+        with open(log_path, "a", encoding="utf-8") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            print(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {row.id} seed {seed}", flush=True)
+            return run_job(row, run, seed)
+    except SystemExit as e:  # a failed fairseq-train/-generate: an ordinary error for the parent
+        raise RuntimeError(str(e)) from None
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in enumerate(saved, 1):
+            os.dup2(copy, fd)
+            os.close(copy)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_parallel(todo: List[Tuple[Row, int]], run: RunConfig,
+                 progress: Progress) -> Tuple[Dict[Tuple[str, int], JobRecord], List[Tuple[Row, int]]]:
+    """Run the ``(row, seed)`` jobs of ``todo``, ``run.jobs`` at a time in (spawned) worker processes, each with its
+    output in ``<out>/logs/<row>-seed<N>.log``, reporting each start and end to ``progress``; ``({(row id,
+    seed): record}, [(row, seed) of the failed jobs]``). Ctrl-C reaches the workers and their fairseq-train too:
+    they stop, and :class:`TableInterrupted` names the running jobs; this process ignores Ctrl-C from then on (a
+    second one would interrupt the shutdown, or the interpreter's exit), as the CLI ends right after."""
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    records, failed = {}, []
+    queue, running = list(todo), {}
+    pool = ProcessPoolExecutor(run.jobs, mp_context=context, initializer=_worker_init, initargs=(run.threads, stop))
+    try:
+        while queue or running:
+            while queue and len(running) < run.jobs:
+                row, seed = queue.pop(0)
+                previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by a worker this starts
+                try:
+                    running[pool.submit(_worker_job, row, run, seed)] = (row, seed)
+                finally:
+                    signal.signal(signal.SIGINT, previous)
+                progress.begin(row, seed)
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                row, seed = running[future]  # still running for Ctrl-C until its result is taken
+                try:
+                    records[row.id, seed] = future.result()  # a worker's Ctrl-C: training.Interrupted
+                    progress.end(row, seed, records[row.id, seed])
+                except Exception as e:  # noqa: BLE001 - reported by the runner with the job's log
+                    failed.append((row, seed))
+                    progress.end(row, seed, error=str(e) or type(e).__name__)
+                del running[future]
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from now on: a second Ctrl-C while the jobs stop, or later
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise TableInterrupted([(row, seed, None) for row, seed in running.values()]) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return records, failed
+
+
+def _jobs(table: Table, run: RunConfig) -> Tuple[Dict[str, str], List[Tuple[Row, int]]]:
+    """:func:`same_model_rows` (each named in a line) and the ``(row, seed)`` jobs of the other rows."""
+    same_as = same_model_rows(table, run)
+    for row_id, first in same_as.items():
+        print(f"[{table.table}] row {row_id} trains the same model as row {first} at this scale "
+              f"(the same run identity and cache key): it gets {first}'s runs", flush=True)
+    return same_as, [(row, seed) for row in table.rows if row.id not in same_as for seed in run.seeds]
+
+
+def dry_run_table(table: Table, run: RunConfig):
+    """``DRY_RUN=1``: print what a run would do (the data preparation and probing downloads it needs, each job's
+    training and evaluation commands, whether a finished run would be reused); nothing is run or written."""
+    data = run.data_bin / run.dataset
+    if run.probing_tasks:
+        print(f"[{table.table}] probing tasks {', '.join(run.probing_tasks)}: files in {run.probing_dir} (a real run "
+              f"downloads the missing ones first)", flush=True)
+    if not (data / "prepare.json").exists():
+        demo = run.dataset == "demo"
+        prepare = "bash scripts/prepare_data.sh demo" if demo else f"make data DATASET={run.dataset}"
+        print(f"[{table.table}] DRY_RUN=1: {data} is not prepared, and the training commands depend on it "
+              f"(languages, dictionaries); {'a real run prepares it first' if demo else 'prepare it'} ({prepare}), "
+              f"then run the dry run again to see them. Rows: "
+              + "; ".join(f"{row.id} ({row.arch(SETTINGS[run.setting(row)].arch)} {shlex.join(row.args)})"
+                          for row in table.rows), flush=True)
+        return
+    _, todo = _jobs(table, run)
     print(f"[{table.table}] DRY_RUN=1: the commands of {len(todo)} job(s); nothing is run or written", flush=True)
+    threads = "".join(f"{k}={v} " for k, v in run.thread_env().items())
+    device = "CUDA_VISIBLE_DEVICES='' " if run.gpus == 0 else ""
     for row, seed in todo:
         job = job_plan(row, run, seed)
         run_dir = run.run_dir(row, seed)
@@ -105,32 +220,25 @@ def dry_run_table(table: Table, run: RunConfig, todo: List[tuple]):
             state = "interrupted: training would resume it, or start afresh if its options changed"
         else:
             state = "would be trained"
-        checkpoint = job.checkpoint(averaged=job.average)
-        eval_cmds = [[sys.executable, "-m", "diverse_fairseq.evaluate",
-                      *command_line(eval_request(run, row, seed, str(checkpoint), subset))] for subset in run.subsets]
-        threads = "".join(f"{k}={v} " for k, v in run.thread_env().items())
-        device = "CUDA_VISIBLE_DEVICES='' " if run.gpus == 0 else ""
+        checkpoint = str(job.checkpoint(averaged=job.average))
+        evaluations = "".join(
+            f"\n    evaluate: {threads}" + shlex.join([sys.executable, "-m", "diverse_fairseq.evaluate", *command_line(
+                eval_request(run, row, seed, checkpoint, subset))]) for subset in run.subsets)
         print(f"  {row.id} seed {seed} ({job.arch}, {job.setting_name}; {state}):\n"
-              f"    train:    {threads}{device}{shlex.join(job.command)}"
-              + "".join(f"\n    evaluate: {threads}{shlex.join(cmd)}" for cmd in eval_cmds), flush=True)
+              f"    train:    {threads}{device}{shlex.join(job.command)}{evaluations}", flush=True)
     print(f"[{table.table}] then head-diversity scores{' and probing' if run.probing_tasks else ''} of each "
           f"checkpoint, and the report in {run.out_dir.parent}", flush=True)
 
 
 def same_model_rows(table: Table, run: RunConfig) -> Dict[str, str]:
     """``{row id: id of the first earlier row}`` for rows whose run is an earlier row's: the same cache key
-    (:func:`~diverse_fairseq.tables.keys.cache_key` of the first seed's plan: the run identity over the effective
-    option values, the updates, the averaging, the setting and the data), the key that decides reuse.
+    (:func:`~diverse_fairseq.tables.cache.cache_key` of the first seed's plan), the key that decides reuse.
 
     At demo scale several paper layer lists map to one demo layer (``scale.py``), so e.g. NAACL 2019 Table 3's
     rows [1-3], [1,2] and [1] are one model; so is a row that only spells out a default. It is trained once and
     its runs stand for every such row. The identity holds the prepared data's metadata: the data must exist."""
+    keys = {row.id: json.dumps(cache_key(job_plan(row, run, run.seeds[0])), sort_keys=True) for row in table.rows}
     first: Dict[str, str] = {}
-    out = {}
-    for row in table.rows:
-        key = json.dumps(cache_key(job_plan(row, run, run.seeds[0])), sort_keys=True)
-        if key in first:
-            out[row.id] = first[key]
-        else:
-            first[key] = row.id
-    return out
+    for row_id, key in keys.items():
+        first.setdefault(key, row_id)
+    return {row_id: first[key] for row_id, key in keys.items() if first[key] != row_id}

@@ -100,12 +100,6 @@ def _require(mapping, key, kind, where):
     return value
 
 
-def _string_list(value, where):
-    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
-        raise TableSpecError(f"{where} must be a list of command-line strings, got {value!r}")
-    return [str(v) for v in value]
-
-
 def _one_line(row, where, name: str = "description") -> str:
     if name not in row:
         return ""
@@ -121,6 +115,33 @@ def _check_unknown(mapping, allowed, where):
         raise TableSpecError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
 
 
+def _check_repeats(values, field_name: str, what: str, source):
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise TableSpecError(f"{source}: field '{field_name}' repeats the {what} {', '.join(repeated)}")
+
+
+def _parse_row(r, figure_x, where) -> Row:
+    _check_unknown(r if isinstance(r, dict) else {}, ROW_FIELDS, where)
+    family = _require(r, "family", str, where)
+    if family not in FAMILIES:
+        raise TableSpecError(f"{where}: field 'family' must be one of {', '.join(FAMILIES)}, got {family!r}")
+    setting = r.get("setting")
+    if setting is not None and setting not in SETTING_NAMES:
+        raise TableSpecError(f"{where}: field 'setting' must be one of {', '.join(SETTING_NAMES)}, got {setting!r}")
+    paper = r.get("paper", {}) or {}
+    if not isinstance(paper, dict) or not all(isinstance(v, (int, float)) for v in paper.values()):
+        raise TableSpecError(f"{where}: field 'paper' must map names to numbers, got {paper!r}")
+    args = r.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(v, (str, int, float)) for v in args):
+        raise TableSpecError(f"{where}: field 'args' must be a list of command-line strings, got {args!r}")
+    return Row(id=_require(r, "id", str, where), label=_require(r, "label", str, where), family=family,
+               args=[str(v) for v in args], paper={k: float(v) for k, v in paper.items()}, setting=setting,
+               baseline=_require(r, "baseline", str, where) if "baseline" in r else None,
+               description=_one_line(r, where), figure=_figure_point(r, figure_x, where),
+               params_gap=_one_line(r, where, "params_gap"))
+
+
 def parse_table(data, source="<table>") -> Table:
     """Validate a table description (already loaded from YAML) and return it as a ``Table``."""
     if not isinstance(data, dict):
@@ -130,53 +151,19 @@ def parse_table(data, source="<table>") -> Table:
     rows_data = _require(data, "rows", list, source)
     if not rows_data:
         raise TableSpecError(f"{source}: field 'rows' is empty")
-    rows = []
-    for i, r in enumerate(rows_data):
-        where = f"{source}: rows[{i}]"
-        _check_unknown(r if isinstance(r, dict) else {}, ROW_FIELDS, where)
-        family = _require(r, "family", str, where)
-        if family not in FAMILIES:
-            raise TableSpecError(f"{where}: field 'family' must be one of {', '.join(FAMILIES)}, got {family!r}")
-        setting = r.get("setting")
-        if setting is not None and setting not in SETTING_NAMES:
-            raise TableSpecError(f"{where}: field 'setting' must be one of {', '.join(SETTING_NAMES)}, got {setting!r}")
-        paper = r.get("paper", {}) or {}
-        if not isinstance(paper, dict) or not all(isinstance(v, (int, float)) for v in paper.values()):
-            raise TableSpecError(f"{where}: field 'paper' must map names to numbers, got {paper!r}")
-        rows.append(Row(
-            id=_require(r, "id", str, where),
-            label=_require(r, "label", str, where),
-            family=family,
-            args=_string_list(r.get("args", []), f"{where}: field 'args'"),
-            paper={k: float(v) for k, v in paper.items()},
-            setting=r.get("setting"),
-            baseline=_require(r, "baseline", str, where) if "baseline" in r else None,
-            description=_one_line(r, where),
-            figure=_figure_point(r, figure_x, where),
-            params_gap=_one_line(r, where, "params_gap"),
-        ))
-    points = [(r.figure["series"], r.figure["x"]) for r in rows if r.figure]
-    repeated = sorted({f"{s} at x = {x:g}" for s, x in points if points.count((s, x)) > 1})
-    if repeated:
-        raise TableSpecError(f"{source}: field 'figure' repeats the point(s) {', '.join(repeated)}")
+    rows = [_parse_row(r, figure_x, f"{source}: rows[{i}]") for i, r in enumerate(rows_data)]
+    _check_repeats([f"{r.figure['series']} at x = {r.figure['x']:g}" for r in rows if r.figure], "figure",
+                   "point(s)", source)
     ids = [r.id for r in rows]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise TableSpecError(f"{source}: field 'rows' repeats the id(s) {', '.join(duplicates)}")
+    _check_repeats(ids, "rows", "id(s)", source)
     baseline = _require(data, "baseline", str, source)
     if baseline not in ids:
         raise TableSpecError(f"{source}: field 'baseline' names {baseline!r}, which is not a row id ({', '.join(ids)})")
     _resolve_baselines(rows, baseline, source)
-    return Table(
-        table=_require(data, "table", str, source),
-        title=_require(data, "title", str, source),
-        baseline=baseline,
-        rows=rows,
-        paper_dataset=data.get("paper_dataset"),
-        figure_x=figure_x,
-        source=Path(source) if source != "<table>" else None,
-        probing=_probing_tasks(data.get("probing"), source),
-    )
+    return Table(table=_require(data, "table", str, source), title=_require(data, "title", str, source),
+                 baseline=baseline, rows=rows, paper_dataset=data.get("paper_dataset"), figure_x=figure_x,
+                 source=Path(source) if source != "<table>" else None,
+                 probing=_probing_tasks(data.get("probing"), source))
 
 
 def _probing_tasks(value, source) -> List[str]:

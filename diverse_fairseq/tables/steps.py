@@ -1,21 +1,13 @@
-"""The steps of one row and seed (one *job*), each cached beside its run (``cache.py``):
+"""The steps of one row and seed (one *job*), each cached beside its run (``cache.py``); :func:`run_job` runs them
+in this order and returns the per-seed record:
 
-1. :func:`train_row` trains with :func:`diverse_fairseq.training.run` (``fairseq-train --user-dir
-   diverse_fairseq`` with the dataset's setting) into ``<out>/runs/<row>/seed<N>/``; fairseq resumes from
-   ``checkpoint_last.pt`` there, and a finished run leaves ``train.json`` and is reused next time. It records
-   parameters and training steps/s from fairseq's log (``--log-format json``, read by
-   :mod:`diverse_fairseq.tables.logs`; the runner passes ``--log-file`` and ``--log-format json`` itself).
-   When a row's YAML, the setting or the data change (the key of ``keys.py``), the old run directory is
-   **moved aside** to ``seed<N>.stale-<time>/`` (nothing is deleted) and the row is trained afresh; a run
-   interrupted under the same key resumes from its last checkpoint.
-2. :func:`evaluate_row` evaluates the run's checkpoint (the average of the last checkpoints where training made
-   one, else the setting's single model, :mod:`diverse_fairseq.runs.checkpoint_choice`: ``checkpoint_best.pt`` by
-   validation BLEU for the THUMT papers' settings, by validation loss for the EMNLP 2020 authors' fairseq
-   settings, ``checkpoint_last.pt`` at demo scale) with :mod:`diverse_fairseq.evaluate` (sacrebleu and tokenized BLEU,
-   decoding speed; reused while ``eval/key.json`` matches);
+1. :func:`train_row` trains with :func:`diverse_fairseq.training.run` into ``<out>/runs/<row>/seed<N>/`` (fairseq
+   resumes from ``checkpoint_last.pt`` there) and records the numbers of its JSON log (``progress.py``). A changed
+   row, setting or data (another cache key) moves the old run aside to ``seed<N>.stale-<time>/`` (nothing is
+   deleted) and trains afresh; a run interrupted under the same key resumes.
+2. :func:`evaluate_row` decodes and scores the plan's checkpoint (the average where training made one, else the
+   setting's single model, :mod:`diverse_fairseq.runs.settings`) with :mod:`diverse_fairseq.evaluate`;
 3. :func:`disagreement_scores` and, for tables that ask for it, :func:`probing_scores` measure the checkpoint.
-
-:func:`run_job` runs them in this order and returns the per-seed record.
 """
 
 import json
@@ -32,10 +24,10 @@ from ..evaluate import EvalRequest, evaluate
 from ..runs.dataset_meta import load_dataset_meta
 from ..runs.plan import Plan, TrainRequest, decoding, plan
 from ..runs.settings import SETTINGS
-from . import logs, scale
-from .cache import cache_version, checkpoint_identity, lookup, store, whole_file
+from . import scale
+from .cache import LOG_FORMAT_ARGS, cache_key, cache_version, cached, checkpoint_identity, key_difference, lookup, store
 from .config import RunConfig
-from .keys import LOG_FORMAT_ARGS, cache_key, key_difference
+from .progress import last_summary, model_parameters
 from .records import EvalRecord, JobRecord, TrainRecord, from_json, to_json
 from .spec import Row
 
@@ -63,19 +55,14 @@ def _move_aside(run_dir: Path, why: str, tag: str):
 
 
 def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
-    """Train one row/seed (or reuse its finished run); return its training record and whether it was reused
-    (training finished in an earlier invocation).
+    """Train one row/seed (or reuse its finished run); return its training record and whether it was reused.
 
     A finished run (``train.json``) or an interrupted one (``key.json``) is reused or resumed only when its
     cache key equals this run's; otherwise its directory is moved aside and the row is trained afresh."""
-    run_dir = run.run_dir(row, seed)
-    record_path, key_path = run_dir / "train.json", run_dir / "key.json"
-    tag = f"{row.id} seed {seed}"
+    run_dir, tag = run.run_dir(row, seed), f"{row.id} seed {seed}"
     job = job_plan(row, run, seed)
-    row_args = scale.row_args(row.args, job.setting_name)
-    log_file = run_dir / "train.log"
-    key = cache_key(job)
-    finished = lookup(record_path, key)
+    row_args, key = scale.row_args(row.args, job.setting_name), cache_key(job)
+    finished = lookup(run_dir / "train.json", key)
     if finished.hit:
         record = from_json(TrainRecord, finished.data)
         print(f"  [{tag}] training finished earlier ({record.trained_at}); reusing {run_dir}", flush=True)
@@ -84,37 +71,35 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     if finished.data is not None:
         _move_aside(run_dir, key_difference(finished.key, key), tag)
     elif run_dir.exists() and any(run_dir.iterdir()):
-        interrupted = lookup(key_path, key, stored_key=whole_file)
+        interrupted = lookup(run_dir / "key.json", key, stored_key=dict)
         if not interrupted.hit:
             _move_aside(run_dir, key_difference(interrupted.key, key), tag)
         else:
             print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
-    store(key_path, key)
+    store(run_dir / "key.json", key)
     print(f"  [{tag}] training {job.arch} ({job.setting_name}): {shlex.join(row_args + run.train_args)}", flush=True)
     # the training processes' environment: this one's, pinned to run.threads CPU threads
     result = training.run(job.request, env=dict(os.environ, PYTHONUNBUFFERED="1", **run.thread_env()))
-    log = log_file.read_text(encoding="utf-8", errors="replace")
-    train, valid = logs.last_summary(log, "train"), logs.last_summary(log, "valid")
+    log = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
+    train, valid = last_summary(log, "train"), last_summary(log, "valid")
     record = TrainRecord(
         row=row.id, seed=seed, arch=job.arch, setting=job.setting_name, train_args=list(result.plan.args), key=key,
         trained_at=time.strftime("%Y-%m-%d %H:%M:%S"), threads=run.threads, checkpoint=str(result.checkpoint),
         args=row_args, averaged_checkpoints=result.averaged, best_checkpoint_metric=job.best_checkpoint_metric,
         embeddings=result.plan.embedding_sharing,
-        parameters=logs.model_parameters(log), updates=int(train.get("num_updates", 0)),
+        parameters=model_parameters(log), updates=int(train.get("num_updates", 0)),
         train_steps_per_second=train.get("ups"), train_loss=train.get("loss"), valid_loss=valid.get("loss"),
         valid_nll_loss=valid.get("nll_loss"))
-    store(record_path, to_json(record))
+    store(run_dir / "train.json", to_json(record))
     return record, False
 
 
 def eval_request(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: str) -> EvalRequest:
-    """The evaluation of ``subset`` with ``checkpoint`` into :meth:`RunConfig.eval_dir`: what the table says
-    (its subsets, the row's setting's decoding (:func:`diverse_fairseq.runs.plan.decoding`, as its plan: GNMT's
-    length penalty and |x| + 50 tokens for the THUMT papers' settings), its ``GENERATE_ARGS``, its devices and
-    precision) and nothing of the environment: ``SUBSET``,
-    ``BEAM``, ``LENPEN``, ``BATCH_SIZE`` and ``CPU`` are scripts/evaluate.sh's, not the table's
-    (``__main__`` warns that it ignores them). ``PRECISION`` is the table's own (it trains with it): fp16 and
-    bf16 decode in that precision on a GPU."""
+    """The evaluation of ``subset`` with ``checkpoint`` into :meth:`RunConfig.eval_dir`: what the table says (its
+    subsets, the row's setting's decoding as in its plan, :func:`diverse_fairseq.runs.plan.decoding`, its
+    ``GENERATE_ARGS``, devices and precision: fp16 and bf16 decode in that precision on a GPU) and nothing of the
+    environment: ``SUBSET``, ``BEAM``, ``LENPEN``, ``BATCH_SIZE`` and ``CPU`` are scripts/evaluate.sh's (``__main__``
+    warns that it ignores them)."""
     precision = run.train_options.precision or ("fp16" if run.gpus else "fp32")
     data = run.data_bin / run.dataset
     d = decoding(load_dataset_meta(data), SETTINGS[run.setting(row)])
@@ -139,7 +124,7 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: s
     :meth:`RunConfig.eval_dir` while key.json there matches :func:`evaluation_key`)."""
     request = eval_request(run, row, seed, checkpoint, subset)
     out, key = request.out, evaluation_key(request)
-    if (out / "results.json").exists() and lookup(out / "key.json", key, stored_key=whole_file).hit:
+    if (out / "results.json").exists() and lookup(out / "key.json", key, stored_key=dict).hit:
         results = json.loads((out / "results.json").read_text())
     else:
         print(f"  [{row.id} seed {seed}] evaluating {checkpoint} on {subset}", flush=True)
@@ -159,35 +144,31 @@ def disagreement_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) ->
     "layers": [{"layer": 1, "heads", "sub", "pos", "out", "offdiag_cos", ...}, ...]}}``, the per-type numbers
     being Table 4's and the per-layer ones Table 5's. Only the scores are computed (teacher-forced passes in
     batches of 4096 tokens without the output projection; no NLL, pictures or head ablation: a few seconds
-    for the demo model's 1,000 validation sentences on one CPU thread), cached in
-    ``analysis/disagreement.json``; a cache on another scale, of part of the set or of another checkpoint
-    (:func:`checkpoint_identity`) is recomputed. A model with a
-    single head per attention module has no head pairs to score: None (the cache records why).
+    for the demo model's 1,000 validation sentences on one CPU thread), cached in ``analysis/disagreement.json``
+    with their key among them (the scale, the whole set, :func:`checkpoint_identity`): a cache on another scale,
+    of part of the set or of another checkpoint is recomputed. A model with a single head per attention module
+    has no head pairs to score: None (the cache records why).
     """
     from ..analysis.scores import SCALE, TooFewHeads
 
-    path = run.run_dir(row, seed) / "analysis" / "disagreement.json"
-    identity = checkpoint_identity(checkpoint)
-    # the key is kept among the scores: the scale, the whole set (no sentence limit) and the checkpoint
-    key = {"scale": SCALE, "max_sentences": None, "checkpoint_identity": identity}
-    found = lookup(path, key, stored_key=lambda payload: {name: payload.get(name) for name in key})
-    if found.hit:
-        payload = found.data
-    else:
+    key = {"scale": SCALE, "max_sentences": None, "checkpoint_identity": checkpoint_identity(checkpoint)}
+
+    def compute():
         from ..analysis.pipeline import Options, score_checkpoint
 
         print(f"  [{row.id} seed {seed}] head-diversity scores", flush=True)
-        device = "cuda" if run.gpus else "cpu"
         opts = Options(data=str(run.data_bin / run.dataset), max_sentences=None, max_tokens=4096,
-                       ablation=False, progress=False, device=device)
+                       ablation=False, progress=False, device="cuda" if run.gpus else "cpu")
         try:
             payload = score_checkpoint(checkpoint, opts, label=row.id)
-            print(f"  [{row.id} seed {seed}] head-diversity scores of {payload['sentences']} sentences in "
-                  f"{payload['seconds']:.1f}s", flush=True)
         except TooFewHeads as e:
-            payload = {"scale": SCALE, "max_sentences": None, "by_type": None, "skipped": str(e)}
-        payload["checkpoint_identity"] = identity
-        store(path, payload)
+            return dict(key, by_type=None, skipped=str(e))
+        print(f"  [{row.id} seed {seed}] head-diversity scores of {payload['sentences']} sentences in "
+              f"{payload['seconds']:.1f}s", flush=True)
+        return dict(payload, checkpoint_identity=key["checkpoint_identity"])
+
+    payload = cached(run.run_dir(row, seed) / "analysis" / "disagreement.json", key, compute,
+                     stored_key=lambda payload: {name: payload.get(name) for name in key})
     if payload["by_type"] is None:
         print(f"  [{row.id} seed {seed}] no head-diversity scores: {payload['skipped']}", flush=True)
         return None
@@ -206,19 +187,15 @@ def probing_scores(row: Row, run: RunConfig, seed: int, checkpoint: str) -> Dict
     from ..data.senteval import parse_tasks
 
     tasks, settings = parse_tasks(run.probing_tasks), ProbeSettings(seed=seed)
-    path = run.run_dir(row, seed) / "analysis" / "probing.json"
     key = dict(probing_key(checkpoint, tasks, run.probing_dir, settings),
                checkpoint_identity=checkpoint_identity(checkpoint))
-    found = lookup(path, key)
-    if found.hit:
-        payload = found.data
-    else:
+
+    def compute():
         print(f"  [{row.id} seed {seed}] probing tasks {', '.join(t.name for t in tasks)}", flush=True)
-        payload = probe_checkpoint(checkpoint, tasks, run.probing_dir, settings, data=str(run.data_bin / run.dataset),
-                                   device="cuda" if run.gpus else "cpu")
-        payload["key"] = key
-        store(path, payload)
-    return payload["tasks"]
+        return dict(probe_checkpoint(checkpoint, tasks, run.probing_dir, settings, device="cuda" if run.gpus else
+                                     "cpu", data=str(run.data_bin / run.dataset)), key=key)
+
+    return cached(run.run_dir(row, seed) / "analysis" / "probing.json", key, compute)["tasks"]
 
 
 def run_job(row: Row, run: RunConfig, seed: int) -> JobRecord:

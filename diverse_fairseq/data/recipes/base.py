@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..download import Source, published_md5
-from ..lines import iter_lines
-from ..steps import atomic_path
+from ..progress import atomic_path
+from ..text import iter_lines
 
 SPLITS = ("train", "valid", "test")
 

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Dict, List
 
-from ..lines import iter_lines
+from ..text import iter_lines
 from .base import SPLITS, Context, Recipe, corpus_files, write_raw
 
 DEFAULT_SIZE = 10000

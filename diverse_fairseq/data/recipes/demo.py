@@ -9,7 +9,7 @@ such as ``%s`` that Moses tokenization would split), so that decoding with
 import hashlib
 from pathlib import Path
 
-from ..lines import iter_lines
+from ..text import iter_lines
 from .base import SPLITS, Context, Recipe, corpus_files, write_raw
 
 DEFAULT_DIR = Path(__file__).resolve().parents[3] / "data" / "demo"

@@ -24,8 +24,7 @@ from typing import Dict, List, Optional
 
 from ..archive import extract
 from ..download import Source
-from ..lines import iter_lines
-from ..text import sgm_segments
+from ..text import iter_lines, sgm_segments
 from .base import NEWS_COMMENTARY_V12, WMT17_DEV, WMT_SETTINGS, Archive, Context, Recipe, sacrebleu_source, write_raw
 
 UN_BASE = "https://stuncorpusprod.blob.core.windows.net/corpusfiles/"
