@@ -9,6 +9,7 @@ The code is in :mod:`diverse_fairseq.analysis`.
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -33,13 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sentence-id", type=int, help="index in the split of the sentence for the attention "
                    "heatmaps (default: the first with 5-20 tokens on both sides)")
     p.add_argument("--seed", type=int, default=1, help="seed for t-SNE and everything random (default 1)")
-    p.add_argument("--no-ablation", action="store_true", help="skip head importance by ablation")
+    p.add_argument("--no-ablation", dest="ablation", action="store_false", help="skip head importance by ablation")
     p.add_argument("--ablation-bleu", action="store_true",
                    help="also measure the BLEU drop per masked head (beam search; slow)")
     p.add_argument("--bleu-sentences", type=int, default=100, help="sentences for --ablation-bleu (default 100)")
     p.add_argument("--beam", type=int, default=4, help="beam size for --ablation-bleu (default 4)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     return p
 
 
@@ -50,12 +51,9 @@ def main(argv=None) -> int:
 
     from diverse_fairseq.analysis.pipeline import Options, analyze_checkpoint, compare, unique_labels  # after logging
 
-    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
-    opts = Options(data=args.data, subset=args.subset, max_sentences=args.max_sentences or None,
-                   max_tokens=args.max_tokens, sentence_id=args.sentence_id, seed=args.seed,
-                   ablation=not args.no_ablation, ablation_bleu=args.ablation_bleu,
-                   bleu_sentences=args.bleu_sentences, beam=args.beam, device=device,
-                   progress=not args.no_progress)
+    args.max_sentences = args.max_sentences or None  # 0: all
+    opts = Options(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if f.name != "device"},
+                   device="cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     checkpoints = args.checkpoints
     labels = args.labels.split(",") if args.labels else unique_labels(checkpoints)
     if len(labels) != len(checkpoints) or len(set(labels)) != len(labels):

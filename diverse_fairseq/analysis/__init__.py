@@ -1,9 +1,5 @@
-"""Head-diversity analysis of trained translation models (``python -m diverse_fairseq.analyze``) and probing of
-their encoders (``python -m diverse_fairseq.probing``).
-
-:mod:`.scores` (EMNLP 2018 Tables 4–5), :mod:`.loading` (checkpoint and batches; a stock ``transformer`` rebuilt
-as the identical, observable ``diverse_transformer``), :mod:`.collect` (teacher-forced passes), :mod:`.ablation`
-(head importance, Michel et al. 2019; EMNLP 2020 Fig. 2), :mod:`.plots`, :mod:`.report`, :mod:`.pipeline` (all of
-it for one or several checkpoints) and :mod:`.probing` (Conneau et al. 2018). Not imported by
-``import diverse_fairseq``: training needs neither matplotlib nor scikit-learn.
+"""Head-diversity analysis of trained translation models (``python -m diverse_fairseq.analyze``: :mod:`.pipeline`
+over :mod:`.loading`, :mod:`.collect`, :mod:`.scores`, :mod:`.ablation`, :mod:`.plots`, :mod:`.report`) and probing
+of their encoders (``python -m diverse_fairseq.probing``: :mod:`.probing`). Not imported by ``import
+diverse_fairseq``: training needs neither matplotlib nor scikit-learn.
 """

@@ -93,13 +93,6 @@ class LayerReplay:
             for layers, j, layer in reversed(originals):
                 layers[j] = layer
 
-    def first_affected(self, site: AttentionSite) -> Dict[str, int]:
-        """Layers per stack that a mask on ``site`` cannot change: all below it (the whole encoder for a
-        decoder-side site)."""
-        if site.attention_type == "enc_self":
-            return {"encoder": site.layer}
-        return {"encoder": len(self.stacks["encoder"]), "decoder": site.layer}
-
 
 @torch.no_grad()
 def mean_nll(model, batches: List[Dict], pad: int) -> float:
@@ -151,7 +144,10 @@ def head_importance(model, task, sites: Sequence[AttentionSite], batches: List[D
         jobs = [(site, h) for site in sites for h in range(site.num_heads)]
         for site, head in tqdm(jobs, desc="ablation", unit="head", disable=not progress):
             seen.mask_head(site, head)
-            with layers.replaying(layers.first_affected(site)) if replay else contextlib.nullcontext():
+            # the layers a mask on ``site`` cannot change: all below it (the whole encoder for a decoder-side site)
+            below = {"encoder": site.layer} if site.attention_type == "enc_self" else \
+                {"encoder": len(model.encoder.layers), "decoder": site.layer}
+            with layers.replaying(below) if replay else contextlib.nullcontext():
                 nll = mean_nll(model, batches, pad)
             entry = HeadImportance(site.attention_type, site.layer, head, nll, nll - result.base_nll)
             if bleu_batches is not None:

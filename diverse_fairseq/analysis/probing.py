@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -97,17 +98,10 @@ def sentence_features(model, tokens: Sequence[torch.Tensor], pad: int, eos: int,
 
     model.eval()
     encoder = model.encoder
-    order = sorted(range(len(tokens)), key=lambda i: (len(tokens[i]), i))
-    batches, current = [], []
-    for i in order:
-        if current and len(tokens[i]) * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
+    order = np.array(sorted(range(len(tokens)), key=lambda i: (len(tokens[i]), i)), dtype=np.int64)
+    longest = max(map(len, tokens), default=1)  # batch_by_size refuses a sentence longer than max_tokens
     features = None
-    for batch in batches:
+    for batch in data_utils.batch_by_size(order, lambda i: len(tokens[i]), max_tokens=max(max_tokens, longest)):
         src = data_utils.collate_tokens([tokens[i] for i in batch], pad, eos, left_pad=left_pad).to(device)
         lengths = torch.tensor([len(tokens[i]) for i in batch], device=device)
         out = encoder(src, src_lengths=lengths)

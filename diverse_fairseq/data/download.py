@@ -1,9 +1,5 @@
-"""Download files with resume, verification, atomic rename and a mirror override.
-
-Bytes go to ``NAME.part`` first (kept between runs so that an interrupted download resumes with an HTTP ``Range``
-request) and are renamed to ``NAME`` only once :mod:`.verify` accepted them; a location that answers an HTML page or
-a wrong file is given up and the next one is tried. A file found under its final name (placed by hand) is verified
-before use.
+"""Download files with resume (``NAME.part``, an HTTP ``Range`` request), verification (:mod:`.verify`), atomic
+rename and a mirror override (:func:`fetch`).
 
 Mirrors: ``--mirror BASE`` or the environment variable ``DIVERSE_FAIRSEQ_MIRROR`` replaces the real addresses.
 ``BASE`` is a URL (``https://mirror.example.org/nmt``) or a local directory (read through ``file://`` URLs, by the

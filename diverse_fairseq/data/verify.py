@@ -128,24 +128,23 @@ def _record_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
 
-def _record(path: Path, expected: Expected) -> list:
+def _record(path: Path, expected: Expected) -> dict:
     """What a ``.verified`` record must match: the file's size and modification time, the expectations."""
     st = path.stat()
-    return [st.st_size, st.st_mtime_ns, json.dumps([expected.size, expected.sha256, expected.md5], sort_keys=True)]
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "expected": json.dumps([expected.size, expected.sha256, expected.md5], sort_keys=True)}
 
 
 def mark_verified(path: Path, expected: Expected, sha256: str):
     """Write ``NAME.verified`` so that the next run trusts ``path`` without hashing it again."""
-    size, mtime_ns, key = _record(path, expected)
-    _record_path(path).write_text(json.dumps({"size": size, "mtime_ns": mtime_ns, "sha256": sha256,
-                                              "expected": key}) + "\n")
+    _record_path(path).write_text(json.dumps({**_record(path, expected), "sha256": sha256}) + "\n")
 
 
 def verified_sha256(path: Path, expected: Expected) -> Optional[str]:
     """The sha256 recorded for ``path`` when its record matches the file and the expectations, else None."""
     try:
         record = json.loads(_record_path(path).read_text())
-        matches = [record.get("size"), record.get("mtime_ns"), record.get("expected")] == _record(path, expected)
+        matches = {key: record.get(key) for key in ("size", "mtime_ns", "expected")} == _record(path, expected)
     except (OSError, ValueError):
         return None
     return record.get("sha256") if matches else None

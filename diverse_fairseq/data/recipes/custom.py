@@ -7,23 +7,17 @@ of ``SPLIT.TGT`` (each file may also be gzipped, ``train.xx.gz``)::
 
     train.xx  train.yy  valid.xx  valid.yy  test.xx  test.yy
 
-The layout is checked before anything is done: a missing file, an empty one, a file that is not UTF-8 or two sides
-of a split with different line counts stop the command with a message naming the file; so does an empty line in
-valid or test (naming the line). Windows line ends (CR LF) are accepted with a warning that counts them, and
-training pairs with an empty side are counted in a warning and dropped. The text then goes through the same steps as
-the paper datasets: training pairs longer than 250 tokens or with a length ratio above 9 are removed (valid and test
-stay whole, so that they align with their references), then either Moses tokenization (sacremoses) and subword-nmt
-BPE (``BPE=subword-nmt``, the default), or sentencepiece on the raw text (``BPE=sentencepiece``); ``BPE_SIZE``
-merges or vocabulary entries (default 10000); one joint BPE model and one dictionary for both languages unless
-``SEPARATE_VOCAB=1`` (different scripts, e.g. zh-en). The output is named ``custom_SRC_TGT`` unless ``DATASET_NAME``
-gives another name.
+The layout is checked before anything is done (:func:`check`), then the text goes through the paper datasets'
+steps; docs/usage.md#your-own-corpus describes both and the options (``BPE``, ``BPE_SIZE``, ``SEPARATE_VOCAB``,
+``DATASET_NAME``).
 """
 
+import collections
 import dataclasses
 import gzip
 import re
 from pathlib import Path
-from typing import Dict, List, NamedTuple
+from typing import Dict, List
 
 from ..text import iter_lines
 from .base import SPLITS, Context, Recipe, corpus_files, write_raw
@@ -75,18 +69,12 @@ def files(ctx: Context) -> Dict[tuple, Path]:
                         f"CORPUS_DIR must hold {layout}; add the file or point CORPUS_DIR at the folder that has it")
 
 
-class FileStats(NamedTuple):
-    """What :func:`_scan` found in one corpus file: its lines, those ending in a Windows line end (CR LF), and the
-    1-based numbers of those holding nothing but whitespace."""
-
-    lines: int
-    crlf: int
-    empty: List[int]
+#: what :func:`_scan` found in a corpus file: its lines, those ending in CR LF, the 1-based numbers of the empty ones
+FileStats = collections.namedtuple("FileStats", "lines crlf empty")
 
 
 def _scan(path: Path) -> FileStats:
-    """Count the lines of ``path``, its CRLF line ends and its empty lines; SystemExit naming the file and line
-    when it is not UTF-8."""
+    """SystemExit naming the file and line when ``path`` is not UTF-8."""
     n = crlf = 0
     empty = []
     with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
@@ -110,9 +98,9 @@ def _lines(numbers: List[int], shown: int = 5) -> str:
 
 
 def check(ctx: Context):
-    """Validate the corpus folder before any work, as the module's docstring says. An empty line in valid or test
-    would be scored as if it were a sentence; a training pair with an empty side is dropped by the length cleaning
-    (whose minimum is one token)."""
+    """Validate the corpus folder before any work: SystemExit for a missing, empty or non-UTF-8 file, sides of
+    different lengths, an empty line in valid or test (it would be scored as if it were a sentence); warnings for
+    CR LF line ends and training pairs with an empty side (dropped by the length cleaning, whose minimum is 1)."""
     found = files(ctx)
     src, tgt = ctx.recipe.langs
     for split in SPLITS:

@@ -101,16 +101,10 @@ RECIPE = Recipe(
     # beyond the layers; split evenly (joint 32k merges give each language a similar vocabulary)
     assumed_vocab={"en": 28536, "de": 28544},
 )
-MACARON_ARCHIVES = [
-    ARCHIVES[0], ARCHIVES[1],
-    Archive("news-commentary-v12", [NEWS_COMMENTARY_V12],
-            lambda n: n.endswith(("news-commentary-v12.de-en.de", "news-commentary-v12.de-en.en"))),
-    ARCHIVES[3], ARCHIVES[4],
-]
-
-
 MACARON = dataclasses.replace(
-    RECIPE, name="wmt14_en_de_joined", archives=MACARON_ARCHIVES,
+    RECIPE, name="wmt14_en_de_joined",
+    archives=[*ARCHIVES[:2], Archive("news-commentary-v12", [NEWS_COMMENTARY_V12], lambda n: n.endswith(
+        ("news-commentary-v12.de-en.de", "news-commentary-v12.de-en.en"))), *ARCHIVES[3:]],
     # macaron-net's corpora (Europarl v7, Common Crawl, News Commentary v12, in that order: its ``CORPORA``), valid
     # from the plain-text newstest2013 files (its ``dev=dev/newstest2013``), test newstest2014 from the SGM files
     collect=functools.partial(collect_corpora, news_commentary=("news-commentary-v12", "news-commentary-v12",

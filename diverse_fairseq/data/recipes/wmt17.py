@@ -11,16 +11,9 @@ tokens of the BPE'd files it reads, so the 50 was applied in a preprocessing ste
 count subwords after BPE (``LENGTH_UNIT=subwords``, the default); ``LENGTH_UNIT=words`` counts Moses tokens
 (Chinese: segmented words) before BPE instead.
 
-Routes. The CWMT corpora were published on an FTP server behind the CWMT/NJU registration page; that server
-has answered no one since 2019 (github.com/sanxing-chen/NMT2017-ZH-EN/issues/2, 2019-08-02;
-github.com/huggingface/datasets/issues/2965, 2021-09-25). The ``wmt`` organisation on the Hugging Face Hub hosts
-the same six zips and the UN v1.0 en-zh corpus as plain HTTPS files (the addresses that Hugging Face's
-``wmt_utils.py`` of its wmt17/wmt18/wmt19 scripts lists): CWMT is downloaded from there by default, and
-``WMT17_SOURCE=hf`` takes UN v1.0 from there too instead of the UN's own (two-part) download.
-
-Verification. Each corpus' pair count is checked against the published count (:func:`check_counts`), and
-prepare.json records what was used (:func:`corpus_record`); a paper-scale table refuses data that is not verified
-(:func:`diverse_fairseq.tables.__main__.data_problems`).
+Routes (CWMT from the Hugging Face Hub, since WMT17's FTP server no longer answers; ``WMT17_SOURCE=hf``) and
+verification (:func:`check_counts`, :func:`corpus_record`; a paper-scale table refuses data that is not verified):
+docs/usage.md, "WMT17 Zh→En".
 """
 
 import hashlib
@@ -75,6 +68,9 @@ EXPECTED_PAIRS: Dict[str, int] = {
 #: limited to 50, consisting of about 20.6 M sentence pairs"
 PAPER_TRAIN_PAIRS = 20_600_000
 PAPER_SOURCE = "journal version (Neurocomputing 2021), Sec. 4.1.1: 'about 20.6 M sentence pairs'"
+#: where each corpus with a published count comes from (named when its count is wrong)
+WHERE = {"UN-v1.0": f"{UN_PARTS[0].urls[0]} (or WMT17_SOURCE=hf: {HF_UN.urls[0]})",
+         **{f"CWMT {name}": source.urls[0] for name, source in CWMT_SOURCES.items()}}
 CORPORA_FILE = "corpora.json"  # written by collect next to the raw text, copied into prepare.json
 
 ARCHIVES = [
@@ -201,19 +197,11 @@ def check_counts(found: Dict[str, int], allow_unverified: bool, log=print) -> Di
         if not allow_unverified:
             raise SystemExit(
                 f"error: {message}. Delete it (its zip/archive in downloads/, or your copy under CWMT_DIR) and run "
-                f"again to download it from {_where(name)}; or, to prepare it anyway, run again with "
-                f"ALLOW_UNVERIFIED=1 (--allow-unverified): prepare.json then records the data as unverified and "
-                f"paper-scale tables refuse it unless ALLOW_UNVERIFIED_DATA=1.")
+                f"again to download it from {WHERE.get(name, 'its public address')}; or, to prepare it anyway, run "
+                f"again with ALLOW_UNVERIFIED=1 (--allow-unverified): prepare.json then records the data as unverified "
+                f"and paper-scale tables refuse it unless ALLOW_UNVERIFIED_DATA=1.")
         log(f"  warning: {message}; kept because ALLOW_UNVERIFIED=1 (recorded as unverified)")
     return report
-
-
-def _where(name: str) -> str:
-    if name.startswith("CWMT "):
-        return CWMT_SOURCES[name[5:]].urls[0]
-    if name == "UN-v1.0":
-        return f"{UN_PARTS[0].urls[0]} (or WMT17_SOURCE=hf: {HF_UN.urls[0]})"
-    return "its public address"
 
 
 def collect(ctx: Context):
