@@ -55,8 +55,7 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound: Optio
 
 def average_last(save_dir: str, n: int, update_based: bool, output: str,
                  upper_bound: Optional[int] = None) -> List[str]:
-    """Average the last ``n`` checkpoints of ``save_dir`` (update-based ``checkpoint_E_U.pt`` or per-epoch
-    ``checkpointE.pt``) into ``output``; return the averaged files. SystemExit when there are fewer than ``n``."""
+    """Average the last ``n`` checkpoints of ``save_dir`` (:func:`last_n_checkpoints`) into ``output``; return them."""
     return average_files(last_n_checkpoints(save_dir, n, update_based, upper_bound), output)
 
 

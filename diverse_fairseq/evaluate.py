@@ -29,25 +29,21 @@ from .runs import env_checks, paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
 from .runs.paper_bleu import authors_bleu
-from .runs.plan import task_args
+from .runs.plan import PRECISIONS, task_args
 from .user_dir import USER_DIR  # the package directory, for --user-dir
-
-#: the Chinese segmentation of the tokenized BLEU where prepare.json names none (a zh target without a recorded
-#: segmenter): characters, as WMT17 Zh results are commonly scored
-ZH_TOKENIZED_BLEU = "char"
 
 _TRANSLATED = re.compile(
     r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
 
 
-def parse_generate_output(text: str) -> Dict[str, object]:
-    """Hypotheses and targets by sentence id, and the speed line, from fairseq-generate's output."""
+def parse_generate_output(text: str) -> Dict[str, Dict[int, str]]:
+    """Hypotheses and targets by sentence id from fairseq-generate's output."""
     texts = {"H": {}, "T": {}}  # lines "H-<id>\t<score>\t<text>" and "T-<id>\t<text>"
     for line in text.splitlines():
         if line[:1] in texts and line[1:2] == "-":
             columns, column = line.split("\t"), 2 if line[0] == "H" else 1
             texts[line[0]][int(columns[0][2:])] = columns[column] if len(columns) > column else ""
-    return {"hyps": texts["H"], "targets": texts["T"], "speed": parse_generate_speed(text)}
+    return {"hyps": texts["H"], "targets": texts["T"]}
 
 
 def parse_generate_speed(text: str) -> Optional[Dict[str, float]]:
@@ -95,9 +91,9 @@ def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: Lis
     """The tokenized hypothesis and reference lines for the tokenized BLEU."""
     from .data.text import compound_split, tokenize
 
-    def tok(lines):
+    def tok(lines):  # a zh target without a recorded segmenter: characters, as WMT17 Zh results are commonly scored
         return [tokenize(s, meta.target_lang, aggressive_dash=meta.aggressive_dash, lowercase=meta.lowercase,
-                         zh_seg=meta.zh_seg or ZH_TOKENIZED_BLEU) for s in lines]
+                         zh_seg=meta.zh_seg or "char") for s in lines]
 
     hyps = hyps_model if meta.moses_tokenized else tok(hyps_detok)
     ref_file = data_dir / f"{subset}.tok.{meta.target_lang}"
@@ -117,9 +113,6 @@ def run_logged(cmd: List[str], log_file: Path) -> int:
             sys.stdout.write(line)
             log.write(line)
         return proc.wait()
-
-
-EVAL_PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
 
 
 def _checked(parse, name: str, *bounds, optional: bool = False):
@@ -158,7 +151,7 @@ def build_parser():
     p.add_argument("--out", default=env("OUT"), help="output directory [OUT]")
     p.add_argument("--cpu", action="store_true", help="decode on CPU even with a GPU [CPU=1]")
     p.add_argument("--precision", default=env_checks.get(os.environ, "PRECISION"),
-                   type=_checked(env_checks.parse_choice, "PRECISION", EVAL_PRECISIONS),
+                   type=_checked(env_checks.parse_choice, "PRECISION", PRECISIONS),
                    help="decoding precision on a GPU (fp16, bf16; the others decode in fp32) [PRECISION]")
     p.add_argument("--fp16", action="store_true",
                    help="decode in fp16 on a GPU [PRECISION=fp16; bf16 decodes in bf16, the other training "
@@ -169,8 +162,7 @@ def build_parser():
 @dataclass(frozen=True)
 class EvalRequest:
     """One evaluation: what :func:`evaluate` decodes and scores. ``main`` builds it from the command line and the
-    environment (``SUBSET``, ``BEAM``, ``LENPEN``, ``LENGTH_PENALTY``, ``MAX_LEN_A``/``B``, ``BATCH_SIZE``, ``OUT``,
-    ``CPU``, ``PRECISION``); the table runner from the table alone, so none of those variables changes it."""
+    environment (:func:`build_parser`); the table runner from the table alone, so no variable changes it."""
 
     checkpoint: Path
     data_dir: Path  # a prepared dataset (with prepare.json)
@@ -222,23 +214,22 @@ def main(argv=None):
     return evaluate(parse_request(argv))
 
 
-def resolved(request: EvalRequest, meta: DatasetMeta):
-    """(beam, length penalty value, max_len_a, max_len_b): the request's where it gives them, else the recipe's
-    (``prepare.json``)."""
-    return (request.beam or meta.beam, meta.lenpen if request.lenpen is None else request.lenpen,
-            meta.max_len_a if request.max_len_a is None else request.max_len_a,
-            meta.max_len_b if request.max_len_b is None else request.max_len_b)
+def decoding(request: EvalRequest, meta: DatasetMeta) -> Dict[str, object]:
+    """beam, lenpen (the penalty's value), max_len_a, max_len_b: the request's where it gives them, else the
+    recipe's (``prepare.json``)."""
+    return {key: getattr(meta if getattr(request, key) is None else request, key)
+            for key in ("beam", "lenpen", "max_len_a", "max_len_b")}
 
 
 def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu: bool) -> List[str]:
-    """The fairseq-generate command that decodes ``request.subset`` into ``out`` as :func:`resolved` says, GNMT's
+    """The fairseq-generate command that decodes ``request.subset`` into ``out`` as :func:`decoding` says, GNMT's
     length penalty through the plugin's ``--task translation_length_penalty``."""
-    beam, lenpen, max_len_a, max_len_b = resolved(request, meta)
+    d = decoding(request, meta)
     cmd = [sys.executable, "-m", "fairseq_cli.generate", str(request.data_dir), "--path", str(request.checkpoint),
            "--user-dir", USER_DIR, *task_args(request.length_penalty), "--source-lang", meta.source_lang,
-           "--target-lang", meta.target_lang, "--gen-subset", request.subset, "--beam", str(beam),
-           "--lenpen", str(lenpen), "--batch-size", str(request.batch_size),
-           "--max-len-a", f"{max_len_a:g}", "--max-len-b", str(max_len_b),
+           "--target-lang", meta.target_lang, "--gen-subset", request.subset, "--beam", str(d["beam"]),
+           "--lenpen", str(d["lenpen"]), "--batch-size", str(request.batch_size),
+           "--max-len-a", f"{d['max_len_a']:g}", "--max-len-b", str(d["max_len_b"]),
            "--post-process", meta.post_process, "--results-path", str(out),
            # fairseq 0.12 drops the sentences of a last, partial batch when this is 8 (its default)
            "--required-batch-size-multiple", "1"]
@@ -264,10 +255,9 @@ def evaluate(request: EvalRequest) -> Dict:
     import torch
 
     on_gpu = torch.cuda.is_available() and not request.cpu
-    cmd = generate_command(request, meta, out, on_gpu)
-    beam, lenpen, max_len_a, max_len_b = resolved(request, meta)
-    print(f"[evaluate] step 1/3: decode {data_dir} {subset} with {ckpt} (beam {beam}, lenpen {lenpen} "
-          f"({request.length_penalty}), at most {max_len_a:g}·|x|+{max_len_b} tokens, "
+    cmd, d = generate_command(request, meta, out, on_gpu), decoding(request, meta)
+    print(f"[evaluate] step 1/3: decode {data_dir} {subset} with {ckpt} (beam {d['beam']}, lenpen {d['lenpen']} "
+          f"({request.length_penalty}), at most {d['max_len_a']:g}·|x|+{d['max_len_b']} tokens, "
           f"{'GPU' if on_gpu else 'CPU'})", flush=True)
     print("  " + " ".join(cmd[1:]), flush=True)
     gen_file = out / f"generate-{subset}.txt"
@@ -277,8 +267,8 @@ def evaluate(request: EvalRequest) -> Dict:
         raise SystemExit(f"error: fairseq-generate failed (exit {returncode}); its log is {log_file}")
 
     print("[evaluate] step 2/3: detokenize and collect references", flush=True)
-    parsed = parse_generate_output(gen_file.read_text(encoding="utf-8"))
-    parsed["speed"] = parse_generate_speed(log_file.read_text(encoding="utf-8", errors="replace")) or parsed["speed"]
+    generated = gen_file.read_text(encoding="utf-8")
+    parsed = parse_generate_output(generated)
     n = len(parsed["targets"]) or len(parsed["hyps"])
     hyps_model = _in_order(parsed["hyps"], n, "hypotheses")
     ref_name = meta.references.get(subset)
@@ -305,12 +295,12 @@ def evaluate(request: EvalRequest) -> Dict:
 
     print("[evaluate] step 3/3: score", flush=True)
     results = {"checkpoint": str(ckpt), "dataset": meta.dataset, "data": str(data_dir), "subset": subset,
-               "sentences": n, "beam": beam, "lenpen": lenpen, "length_penalty": request.length_penalty,
-               "max_len_a": max_len_a, "max_len_b": max_len_b, "batch_size": request.batch_size,
+               "sentences": n, **d, "length_penalty": request.length_penalty, "batch_size": request.batch_size,
                "device": "gpu" if on_gpu else "cpu", "reference": ref_kind}
     results.update(bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta))
     results.update(authors_bleu(meta.dataset, hyps_model, targets, refs_detok, tgt))
-    results["speed"] = speed = parsed["speed"]
+    results["speed"] = speed = (parse_generate_speed(log_file.read_text(encoding="utf-8", errors="replace"))
+                                or parse_generate_speed(generated))
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"BLEU (sacrebleu, detokenized) = {results['bleu']:.2f}   {results['signature']}\n"
           f"BLEU ({results['tok_bleu_kind']}) = {results['tok_bleu']:.2f}\n" +

@@ -28,6 +28,7 @@ from .evaluate import resolve_data
 from .runs import paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
+from .runs.plan import task_args
 from .user_dir import USER_DIR
 
 
@@ -64,8 +65,6 @@ def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Optional[Di
                   ) -> List[str]:
     """``fairseq-interactive`` with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
     decoding settings, with ``decoding`` (:func:`stored_decoding`) over them."""
-    from .runs.plan import task_args
-
     d = {"length_penalty": "fairseq", "max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **(decoding or {})}
     return ["fairseq-interactive", str(data_dir), "--path", str(checkpoint), "--user-dir", USER_DIR,
             *task_args(str(d["length_penalty"])), "--source-lang", meta.source_lang,

@@ -45,28 +45,23 @@ def read_lines(path, role: str = "input") -> List[str]:
         return [line.rstrip("\n") for line in f]
 
 
-def run_label(path) -> str:
-    """The name of the run behind an output file. In the layout of :mod:`diverse_fairseq.evaluate` (a
-    ``results.json`` beside the file, naming the checkpoint) it is ``<save dir>/<checkpoint name>``, e.g.
-    ``transformer_seed1/checkpoint_best``: every system's file there is called ``hyp.detok.<lang>``. Otherwise
-    it is the file's name."""
-    path = Path(path)
-    try:
-        checkpoint = json.loads((path.parent / "results.json").read_text(encoding="utf-8")).get("checkpoint")
-    except (OSError, ValueError, AttributeError):  # no results.json of evaluate's beside the file
-        checkpoint = None
-    return str(Path(Path(checkpoint).parent.name, Path(checkpoint).stem)) if checkpoint else path.name
-
-
 def system_labels(paths: Sequence) -> List[str]:
-    """One distinct label per file: :func:`run_label`, or, where two would be equal, the files' paths relative
-    to their common folder."""
-    resolved = [str(Path(p).resolve()) for p in paths]
-    labels = {r: run_label(p) for r, p in zip(resolved, paths)}  # a file named twice keeps one label
+    """One distinct label per file: in the layout of :mod:`diverse_fairseq.evaluate` (a ``results.json`` beside the
+    file, naming the checkpoint; every system's file there is ``hyp.detok.<lang>``) ``<save dir>/<checkpoint name>``,
+    e.g. ``transformer_seed1/checkpoint_best``, else the file's name; where two would be equal, the files' paths
+    relative to their common folder."""
+    labels = {}  # resolved path -> label; a file named twice keeps one label
+    for path in map(Path, paths):
+        try:
+            checkpoint = json.loads((path.parent / "results.json").read_text(encoding="utf-8")).get("checkpoint")
+        except (OSError, ValueError, AttributeError):  # no results.json of evaluate's beside the file
+            checkpoint = None
+        name = Path(Path(checkpoint).parent.name, Path(checkpoint).stem) if checkpoint else path.name
+        labels[str(path.resolve())] = str(name)
     if len(set(labels.values())) < len(labels):
-        common = os.path.commonpath(list(labels)) if len(labels) > 1 else str(Path(resolved[0]).parent)
+        common = os.path.commonpath(list(labels))
         labels = {r: os.path.relpath(r, common) for r in labels}
-    return [labels[r] for r in resolved]
+    return [labels[str(Path(p).resolve())] for p in paths]
 
 
 def _metric(tokenize: str, lowercase: bool, effective_order: bool = False):
@@ -133,22 +128,15 @@ def paired_bootstrap(baseline: Sequence[str], systems: Dict[str, Sequence[str]],
                      seed: int = DEFAULT_SEED) -> Tuple[str, Dict[str, Dict[str, float]]]:
     """sacrebleu's paired bootstrap resampling; returns (signature, {name: score, mean, ci, p_value})."""
     import logging
+    from unittest import mock
 
     from sacrebleu.significance import PairedTest
 
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)
-    old = os.environ.get("SACREBLEU_SEED")
-    os.environ["SACREBLEU_SEED"] = str(seed)
-    try:
-        named = [("baseline", list(baseline))] + [(name, list(h)) for name, h in systems.items()]
-        test = PairedTest(named, {"BLEU": _metric(tokenize, lowercase)}, [list(refs)], test_type="bs",
-                          n_samples=samples)
-        signatures, scores = test()
-    finally:
-        if old is None:
-            os.environ.pop("SACREBLEU_SEED", None)
-        else:
-            os.environ["SACREBLEU_SEED"] = old
+    named = [("baseline", list(baseline))] + [(name, list(h)) for name, h in systems.items()]
+    with mock.patch.dict(os.environ, SACREBLEU_SEED=str(seed)):  # sacrebleu reads its seed there only
+        signatures, scores = PairedTest(named, {"BLEU": _metric(tokenize, lowercase)}, [list(refs)],
+                                        test_type="bs", n_samples=samples)()
     base, results = scores["BLEU"][0].score, {}
     for name, res in zip(scores["System"], scores["BLEU"]):
         # equal BLEU: no evidence of a difference (sacrebleu would report 1/(samples+1))

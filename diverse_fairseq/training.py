@@ -110,12 +110,10 @@ class TrainResult:
 
 def run(request: TrainRequest, env=None) -> TrainResult:
     """Train the :func:`~diverse_fairseq.runs.plan.plan` of ``request`` (resuming from ``checkpoint_last.pt``), then
-    average. Refused before training: a resume of another run (another identity) and an unreadable
-    ``checkpoint_last.pt`` (:func:`refuse_damaged_last`). A finished run (``checkpoint_last.pt`` at ``--max-update``)
-    is left alone: fairseq would train one more update before its stop check, overwriting the finished model. A
-    failed fairseq-train raises SystemExit (:func:`failure_message`), Ctrl-C :class:`Interrupted` with its one line.
-    ``request.gpus`` restricts training to the first visible devices (:func:`select_gpus`); ``env`` is the training
-    processes' environment (default: this process's), no training option is read from it."""
+    average. Refused before training: a resume of another run (:func:`check_resume`) and an unreadable
+    ``checkpoint_last.pt`` (:func:`refuse_damaged_last`); a finished run is left alone (:func:`finished`). A failed
+    fairseq-train raises SystemExit (:func:`failure_message`), Ctrl-C :class:`Interrupted` with its one line. ``env``
+    is the training processes' environment (default: this process's; no option is read from it)."""
     env = dict(os.environ if env is None else env)
     gpus, device_env = select_gpus(request.gpus, env, visible_gpus())
     env.update(device_env)
@@ -305,26 +303,14 @@ def _average(p: Plan, reuse: bool = False) -> int:
         return 0
 
 
-#: variables of other commands that this one does not read: {name: what to use here instead}
-FOREIGN_VARIABLES = {
-    "SEEDS": "SEED (one seed per training; SEEDS is the table runner's: make table-<id>, python -m "
-             "diverse_fairseq.tables)",
-    "TRAIN_ARGS": "extra fairseq-train options after the setting on the command line (TRAIN_ARGS is the table "
-                  "runner's)",
-}
-
-
-def foreign_variable_warnings(env) -> List[str]:
-    """Warnings for variables set in ``env`` that belong to another command (``SEEDS=3 scripts/train.sh``
-    would otherwise silently train, or resume, seed 1), each naming the variable to use."""
-    return [f"{name}={env[name]} is not read by scripts/train.sh: use {instead}"
-            + (f"; now training with SEED={env.get('SEED') or 1}" if name == "SEEDS" else "")
-            for name, instead in FOREIGN_VARIABLES.items() if env_checks.get(env, name) is not None]
-
-
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    for warning in foreign_variable_warnings(os.environ):
+    seed = env_checks.get(os.environ, "SEED") or 1
+    for warning in env_checks.foreign_variables(os.environ, {  # ``SEEDS=3`` would otherwise silently train seed 1
+        "SEEDS": f"SEED (one seed per training; now training with SEED={seed}; SEEDS is the table runner's: make "
+                 "table-<id>, python -m diverse_fairseq.tables)",
+        "TRAIN_ARGS": "extra fairseq-train options after the setting on the command line (TRAIN_ARGS is the table "
+                      "runner's)"}, "scripts/train.sh"):
         print(f"[train] warning: {warning}", flush=True)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)

@@ -6,9 +6,8 @@
 #     architecture name; left out: the dataset's default
 #   e.g. scripts/train.sh wmt14_en_de diverse_transformer_wmt_en_de --criterion ... (project models)
 #
-# Variables (DATA_BIN CHECKPOINTS SAVE_DIR MAX_TOKENS UPDATE_FREQ MAX_UPDATE PRECISION AVERAGE EMBEDDINGS SEED
-# DRY_RUN=1 RESUME_ANYWAY=1 GPUS=N, multi-node NNODES NODE_RANK MASTER_ADDR MASTER_PORT or SLURM), the save
-# directory, resuming, Ctrl-C and failures: scripts/train.sh --help (diverse_fairseq/training.py), docs/training.md.
+# Variables (SAVE_DIR, MAX_UPDATE, GPUS, DRY_RUN=1, ...), the save directory, resuming, Ctrl-C and failures:
+# scripts/train.sh --help (diverse_fairseq/training.py), docs/training.md.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 export DATA_BIN=${DATA_BIN:-$REPO/data-bin} CHECKPOINTS=${CHECKPOINTS:-$REPO/checkpoints}

@@ -24,22 +24,20 @@ class UnreadableCheckpoint(SystemExit):
     """The SystemExit of :func:`read_checkpoint` for a file it cannot read; ``what`` says why without the advice
     (``truncated (1,024 bytes; its zip archive has no end)``), for callers that give their own."""
 
-    def __init__(self, message: str, what: str):
-        super().__init__(message)
+    def __init__(self, path: Path, what: str, advice: str):
+        super().__init__(f"error: {path} is {what}{advice}")
         self.what = what
 
 
 def _truncated(path: Path, size: int, why: str) -> SystemExit:
-    what = f"truncated ({size:,} bytes; {why})"
-    return UnreadableCheckpoint(f"error: {path} is {what}: its save or copy did not finish; use another checkpoint "
-                                f"of the run (checkpoint_best.pt, checkpoint_last.pt or checkpointN.pt in "
-                                f"{path.parent}) or copy the file again", what)
+    return UnreadableCheckpoint(path, f"truncated ({size:,} bytes; {why})", ": its save or copy did not finish; use "
+                                f"another checkpoint of the run (checkpoint_best.pt, checkpoint_last.pt or "
+                                f"checkpointN.pt in {path.parent}) or copy the file again")
 
 
 def _not_a_checkpoint(path: Path, why: str) -> SystemExit:
-    what = f"not a checkpoint ({why})"
-    return UnreadableCheckpoint(f"error: {path} is {what}; give a .pt file written by fairseq-train, e.g. "
-                                f"checkpoint_best.pt of a save dir", what)
+    return UnreadableCheckpoint(path, f"not a checkpoint ({why})", "; give a .pt file written by fairseq-train, e.g. "
+                                "checkpoint_best.pt of a save dir")
 
 
 def read_checkpoint(path) -> Dict:
@@ -74,17 +72,15 @@ def read_checkpoint(path) -> Dict:
     except (KeyError, ValueError, TypeError, AttributeError, IndexError, struct.error) as e:
         what = "a torch file without fairseq's checkpoint fields" if torch_file else "torch cannot read it"
         raise _not_a_checkpoint(path, f"{what}: {type(e).__name__} {e}") from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) or \
-            (state.get("cfg") is None and state.get("args") is None):
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) or state.get("cfg") is None:
         raise _not_a_checkpoint(path, "a torch file without fairseq's model weights and configuration")
     return state
 
 
 def stored_task(state: Dict) -> Dict[str, Optional[str]]:
-    """The ``data``, ``source_lang`` and ``target_lang`` that the checkpoint's training was given."""
-    args = state.get("args")  # an argparse-era checkpoint's, else the configuration's task
-    get = state["cfg"]["task"].get if args is None else lambda key: getattr(args, key, None)
-    return {key: get(key) for key in ("data", "source_lang", "target_lang")}
+    """The ``data``, ``source_lang`` and ``target_lang`` that the checkpoint's training was given (its configuration's
+    task: :func:`read_checkpoint` has upgraded an argparse-era checkpoint's ``args`` to one)."""
+    return {key: state["cfg"]["task"].get(key) for key in ("data", "source_lang", "target_lang")}
 
 
 def stored_data_dir(state: Dict, checkpoint) -> Path:

@@ -6,7 +6,7 @@ the bad value and the accepted values, so that a typo stops a run before any wor
 
 import math
 import shlex
-from typing import Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 
 def bad(name: str, value, accepted: str) -> SystemExit:
@@ -78,3 +78,10 @@ def parse_words(name: str, text) -> list:
         return shlex.split(text or "")
     except ValueError as e:  # an unbalanced quote
         raise bad(name, text, f"use flags quoted as on a command line ({e})") from None
+
+
+def foreign_variables(env: Mapping[str, str], instead: Mapping[str, str], reader: str) -> List[str]:
+    """Warnings for the variables of ``instead`` (``{name: what to use instead}``) set in ``env``: they belong to
+    another command, and ``reader`` (the command warning) does not read them."""
+    return [f"{name}={env[name]} is not read by {reader}: use {use}" for name, use in instead.items()
+            if get(env, name) is not None]

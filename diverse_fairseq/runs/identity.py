@@ -1,18 +1,11 @@
-"""What a training run *is*: one identity (:func:`run_identity`) for the save-directory name, the resume check
-and the table cache (``tables/keys.py``).
-
-A run is identified by the *effective* fairseq-train option values: the arguments are parsed with fairseq's own
-parser (with ``--user-dir``, so that the plugin's criteria, optimizers and architectures add their options and
-defaults), and only the values that differ from what fairseq would use anyway for the same task, architecture,
-criterion, optimizer and scheduler count, with those choices themselves and the prepared data
-(:meth:`diverse_fairseq.runs.dataset_meta.DatasetMeta.identity`). So spelling out a default (``--dropout 0.1``
-where the architecture's dropout is 0.1, ``--repulsive-method svgd`` under ``--optimizer repulsive_adam``) is the
-same run. :data:`NOT_THE_MODEL` lists the options that do not change the model: logging, saving (the
-tensorboard folder, which is added only where a writer is installed), data loading and ``--max-update``
-(raising it extends a run in its own directory; the table cache adds it to its key itself). The batch options
-that depend on the number of GPUs (``--update-freq``, ``--distributed-world-size``, ``--cpu``, precision) count.
-The identity's hash names the default save directory (two method variants never share one), and it is stored in
-``SAVE_DIR/train_args.json`` to refuse resuming a directory trained as another run (:func:`check_resume`).
+"""What a training run *is* (:func:`run_identity`): the effective fairseq-train option values, parsed by fairseq's
+own parser with ``--user-dir`` (the plugin's options and the architecture's defaults included), kept where they
+differ from fairseq's defaults for the same task, architecture, criterion, optimizer and scheduler, with those
+choices and the prepared data. Spelling out a default (``--dropout 0.1`` where the architecture's is 0.1) is the
+same run; :data:`NOT_THE_MODEL` (logging, saving, data loading, ``--max-update``) never counts, the batch options
+that depend on the number of GPUs do. Its hash names the default save directory; ``SAVE_DIR/train_args.json``
+stores it, so that resuming a directory trained as another run is refused (:func:`check_resume`). The table cache
+keys on it too (``tables/cache.py``, which adds ``--max-update``).
 """
 
 import contextlib
@@ -25,6 +18,7 @@ from typing import Dict, List, Optional, Sequence
 from fairseq import options
 
 from .dataset_meta import DatasetMeta
+from .settings import diverse_equivalent
 
 #: bump when the identity's form changes: an identity of another version is never equal to this one's
 IDENTITY_VERSION = 2
@@ -46,24 +40,34 @@ RESUME_ENV = "RESUME_ANYWAY"
 
 
 def parse_train_args(args: Sequence[str]):
-    """fairseq-train's namespace of ``args`` (its parser, the user dir's options and the architecture's
-    defaults applied). Options fairseq-train would not accept are refused here, before anything runs:
-    SystemExit with argparse's own error line."""
-    parser = options.get_training_parser()
+    """fairseq-train's namespace of ``args`` (its parser, the user dir's options and the architecture's defaults
+    applied). Options fairseq-train would not accept are refused here, before anything runs: SystemExit with
+    argparse's own error line, or, for routing-by-agreement options (``--routing-*``, NAACL 2019) on an
+    architecture without them, naming the plugin's architecture of the same sizes that accepts them."""
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
-            return options.parse_args_and_arch(parser, input_args=list(args))
+            namespace, unknown = options.parse_args_and_arch(options.get_training_parser(), input_args=list(args),
+                                                             parse_known=True)
     except SystemExit:
         last = [line for line in said.getvalue().splitlines() if line.strip()][-1:] or ["(no message)"]
         raise SystemExit(f"error: fairseq-train would not accept these options: {last[0]}") from None
+    routing = sorted({a.split("=", 1)[0] for a in unknown if a.startswith("--routing-")})
+    if routing:
+        raise SystemExit(f"error: {', '.join(routing)}: routing-by-agreement options, which --arch {namespace.arch} "
+                         f"does not accept: add --arch {diverse_equivalent(namespace.arch)} (the same sizes, with "
+                         f"the routing options)")
+    if unknown:
+        raise SystemExit("error: fairseq-train would not accept these options: error: unrecognized arguments: "
+                         + " ".join(unknown))
+    return namespace
 
 
-def option_values(args: Sequence[str]) -> Dict[str, object]:
-    """``{option: value}`` of the options whose effective value differs from fairseq's default for the same
-    registry choices (:data:`CHOICES`, always included), without :data:`NOT_THE_MODEL`; keys are spelled as
-    flags (``--dropout``), values JSON-normalised."""
-    effective = vars(parse_train_args(args))
+def option_values(effective: Dict[str, object]) -> Dict[str, object]:
+    """``{option: value}`` of the options of fairseq-train's parsed arguments ``effective`` (``vars`` of
+    :func:`parse_train_args`) whose value differs from fairseq's default for the same registry choices
+    (:data:`CHOICES`, always included), without :data:`NOT_THE_MODEL`; keys are spelled as flags (``--dropout``),
+    values JSON-normalised."""
     baseline_args = [str(effective.get("data") or "data")]
     for name in ("user_dir", *CHOICES):
         if effective.get(name) not in (None, ""):
@@ -75,10 +79,10 @@ def option_values(args: Sequence[str]) -> Dict[str, object]:
     return dict(sorted(out.items()))
 
 
-def run_identity(args: Sequence[str], meta: DatasetMeta) -> Dict:
-    """A run's identity: the model-changing effective option values (:func:`option_values`) and the prepared
-    data. JSON-normalised, so it compares equal to a stored one."""
-    return {"version": IDENTITY_VERSION, "options": option_values(args), "data": meta.identity()}
+def run_identity(namespace, meta: DatasetMeta) -> Dict:
+    """A run's identity: the model-changing option values of fairseq-train's parsed arguments (:func:`option_values`)
+    and the prepared data. JSON-normalised, so it compares equal to a stored one."""
+    return {"version": IDENTITY_VERSION, "options": option_values(vars(namespace)), "data": meta.identity()}
 
 
 def identity_hash(identity: Dict) -> str:

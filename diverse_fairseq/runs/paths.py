@@ -8,10 +8,8 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DATA_BIN = REPO / "data-bin"
-CHECKPOINTS = REPO / "checkpoints"
-WORK_DIR = REPO / "work"
-DEFAULTS = {"DATA_BIN": DATA_BIN, "CHECKPOINTS": CHECKPOINTS, "WORK_DIR": WORK_DIR}
+DEFAULTS = {"DATA_BIN": REPO / "data-bin", "CHECKPOINTS": REPO / "checkpoints", "WORK_DIR": REPO / "work"}
+DATA_BIN, CHECKPOINTS, WORK_DIR = DEFAULTS.values()
 
 
 def from_env(name: str, env=None) -> Path:

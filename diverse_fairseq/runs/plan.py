@@ -1,17 +1,12 @@
-"""A training run planned once: :func:`plan` turns a :class:`TrainRequest` (dataset, setting, extra options,
-seed, launch options) into a frozen :class:`Plan` (fairseq-train's arguments and launcher, the save directory,
-the number of updates, the averaging, the checkpoint to evaluate, the decoding, the prepared data's
-:class:`~diverse_fairseq.runs.dataset_meta.DatasetMeta` and the run's
-:func:`~diverse_fairseq.runs.identity.run_identity`), and everything downstream reads the plan: training
-(:func:`diverse_fairseq.training.run`), the resume check, the table runner's cache key, its dry run,
-check-tables and the report.
+"""A training run planned once: :func:`plan` turns a :class:`TrainRequest` into a frozen :class:`Plan`, which
+training, the resume check, the table runner (cache key, dry run), check-tables and the report all read
+(docs/architecture.md, "What a run is, planned once").
 
 Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs with
 ``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs go to
 ``SAVE_DIR/tensorboard`` where a writer is installed (``pip install -e .[tensorboard]``).
 """
 
-import argparse
 import importlib.util
 import json
 import math
@@ -21,14 +16,13 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import torch
-from fairseq.models import ARCH_MODEL_REGISTRY
 
 from ..methods.length_penalty import LENGTH_PENALTIES
 from ..user_dir import USER_DIR  # the package directory, for --user-dir
 from .dataset_meta import DatasetMeta, load_dataset_meta
-from .identity import identity_hash, run_identity
+from .identity import identity_hash, parse_train_args, run_identity
 from .paths import CHECKPOINTS, DATA_BIN
-from .settings import Setting, checkpoint_name, diverse_equivalent, resolve_setting
+from .settings import Setting, checkpoint_name, resolve_setting
 
 
 @dataclass(frozen=True)
@@ -166,43 +160,6 @@ def eval_bleu_args(meta: DatasetMeta, s: Setting) -> List[str]:
             "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
-def effective_options(args: List[str]) -> Dict[str, Optional[str]]:
-    """``{option: value}`` of a fairseq-train argument list, where a later occurrence of an option overrides an
-    earlier one (as argparse does); a switch has the value ``None``, the positional data path the key ``DATA``."""
-    options: Dict[str, Optional[str]] = {}
-    i = 0
-    while i < len(args):
-        name, eq, value = args[i].partition("=")
-        if not name.startswith("--"):
-            options["DATA"] = args[i]
-        elif eq:
-            options[name] = value
-        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-            i += 1
-            options[name] = args[i]
-        else:
-            options[name] = None
-        i += 1
-    return options
-
-
-def check_model_options(args: List[str]):
-    """Refuse (SystemExit) model options that the chosen architecture does not accept, naming the architecture
-    that does, before fairseq-train would stop with "unrecognized arguments": the routing-by-agreement options
-    (``--routing-*``, NAACL 2019) exist on the plugin's ``diverse_transformer*`` models only."""
-    arch = effective_options(args).get("--arch")
-    model = ARCH_MODEL_REGISTRY.get(arch)
-    routing = sorted({a.split("=", 1)[0] for a in args if a.startswith("--routing-")})
-    if not routing or model is None:
-        return
-    parser = argparse.ArgumentParser(add_help=False)
-    model.add_args(parser)
-    unknown = [flag for flag in routing if flag not in parser._option_string_actions]
-    if unknown:
-        raise SystemExit(f"error: {', '.join(unknown)}: routing-by-agreement options, which --arch {arch} does not "
-                         f"accept: add --arch {diverse_equivalent(arch)} (the same sizes, with the routing options)")
-
-
 @dataclass(frozen=True)
 class Plan:
     """One training run, decided once (:func:`plan`)."""
@@ -264,8 +221,8 @@ class Plan:
 def plan(request: TrainRequest) -> Plan:
     """The :class:`Plan` of ``request``. The save directory is ``request.save_dir``, else a ``--save-dir`` among the
     extra options, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>``. The launcher runs
-    ``-m fairseq_cli.train`` (or ``request.entry``): through torchrun when ``options.nnodes`` is set. Model
-    options the architecture lacks (``--routing-*`` without a routing architecture) are refused here."""
+    ``-m fairseq_cli.train`` (or ``request.entry``): through torchrun when ``options.nnodes`` is set. Options
+    fairseq-train would refuse (:func:`~diverse_fairseq.runs.identity.parse_train_args`) are refused here."""
     o, dataset, setting_or_arch, extra = request.options, request.dataset, request.setting, list(request.extra)
     gpus = visible_gpus() if request.gpus is None else request.gpus
     key, s, arch = resolve_setting(setting_or_arch)
@@ -325,14 +282,14 @@ def plan(request: TrainRequest) -> Plan:
     elif nnodes > 1:  # SLURM: fairseq derives ranks and the master from the SLURM variables
         args += ["--distributed-world-size", str(world),
                  "--distributed-port", str(o.master_port or 12000 + o.slurm_job_id % 20000)]
-    check_model_options(args + extra)  # e.g. --routing-* without a routing architecture: before anything runs
-    identity = run_identity([a.replace(placeholder, "<save-dir>") for a in args + extra], meta)
-    explicit = request.save_dir or effective_options(extra).get("--save-dir")
+    # the final options (the extra ones override ours), refused here if fairseq-train would refuse them
+    final = parse_train_args([a.replace(placeholder, "<save-dir>") for a in args + extra])
+    identity = run_identity(final, meta)
+    explicit = request.save_dir or (final.save_dir if final.save_dir != "<save-dir>" else None)
     save_dir = Path(explicit or Path(o.checkpoints) / f"{dataset}_{setting_or_arch}-{identity_hash(identity)}")
     args = [a.replace(placeholder, str(save_dir)) for a in args] + extra
-    final = effective_options(args)  # the extra options may override ours
-    return Plan(request=request, setting_name=key, setting=s, arch=final.get("--arch") or arch,
-                args=tuple(args), launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity,
-                gpus=gpus, nodes=nnodes, max_tokens=max_tokens, update_freq=freq,
-                max_update=int(final.get("--max-update") or 0), average=average, best_checkpoint_metric=best_metric,
+    return Plan(request=request, setting_name=key, setting=s, arch=final.arch, args=tuple(args),
+                launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity, gpus=gpus, nodes=nnodes,
+                max_tokens=max_tokens, update_freq=freq, max_update=final.max_update or 0, average=average,
+                best_checkpoint_metric=best_metric,
                 rank0=o.node_rank == 0 and o.slurm_node_id == 0)

@@ -1,11 +1,7 @@
-"""The training settings: each model scale's hyper-parameters (:data:`SETTINGS`), the default setting of a
-dataset, the names a user may give (a setting or a registered architecture), and which checkpoint a setting
-evaluates (:func:`checkpoint_name`).
-
-The settings take the papers' values where the papers give them and fill the rest from Vaswani et al. 2017 or
-fairseq's examples (the comments on :data:`SETTINGS` and docs/paper-settings.md say which is which). They are the
-single source of the recipes' hyper-parameters: :func:`diverse_fairseq.runs.plan.plan` turns one into
-fairseq-train's arguments, the table specs (``tables/spec.py``) are validated against :data:`SETTINGS`, and the
+"""The training settings (:data:`SETTINGS`, the single source of the recipes' hyper-parameters: the papers' values
+where they give them, else Vaswani et al. 2017's or fairseq's examples', docs/paper-settings.md says which), a
+dataset's default setting, the names a user may give (a setting or a registered architecture) and the checkpoint
+a setting evaluates (:func:`checkpoint_name`). The table specs are validated against :data:`SETTINGS`, and the
 hydra configs in ``configs/`` must give the same fairseq options (``tests/test_hydra_configs.py``).
 """
 

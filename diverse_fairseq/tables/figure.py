@@ -17,7 +17,7 @@ runs are reused), then reads the report's JSON (``results/<figure>/<dataset>.jso
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from .report import mean, pyplot, save_figure
 
@@ -77,19 +77,9 @@ def plot_figure(data: Dict, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def write_figure(results_json: Path) -> Tuple[Dict, Dict[str, Path]]:
-    """``<dataset>-figure.png`` and ``.json`` beside the report JSON ``results_json``; returns the figure's numbers
-    and the two paths."""
-    results_json = Path(results_json)
-    data = figure_data(json.loads(results_json.read_text(encoding="utf-8")))
-    stem = results_json.with_name(f"{results_json.stem}-figure")
-    paths = {"png": stem.with_suffix(".png"), "json": stem.with_suffix(".json")}
-    paths["json"].write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    plot_figure(data, paths["png"])
-    return data, paths
-
-
 def main(argv: Optional[List[str]] = None) -> bool:
+    """Run the table (or, with ``--plot-only``, take its report JSON) and write ``<dataset>-figure.png`` and
+    ``.json`` beside the report JSON."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--plot-only"] and len(argv) == 2:
         results = Path(argv[1])
@@ -99,11 +89,14 @@ def main(argv: Optional[List[str]] = None) -> bool:
 
         summary = run_table(argv)
         results = results_dir(argv) / f"{summary['dataset']}.json"
-    data, paths = write_figure(results)
+    data = figure_data(json.loads(results.read_text(encoding="utf-8")))
+    stem = results.with_name(f"{results.stem}-figure")
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    plot_figure(data, stem.with_suffix(".png"))
     for name, best in data["best_x"].items():
         print(f"{name}: " + ", ".join(f"best {key} at {data['x_label']} = {x:g}" for key, x in best.items()
                                       if x is not None))
-    print(f"written: {paths['png']} and {paths['json']}")
+    print(f"written: {stem.with_suffix('.png')} and {stem.with_suffix('.json')}")
     return True
 
 

@@ -24,14 +24,13 @@ from typing import Dict, List, Optional, Sequence
 
 from ..data.senteval import BY_NAME
 from ..runs.settings import METRICS, describe
-from ..significance import length_ratio, mark, paired_bootstrap, sign_test
+from ..significance import DEFAULT_SAMPLES, length_ratio, mark, paired_bootstrap, sign_test
 from .records import JobRecord
 from .scale import changes as layer_changes
 from .spec import Table
 
 UP, DOUBLE_UP = "↑", "⇑"  # paired bootstrap: p < 0.05, p < 0.01 (only improvements are marked)
 DAGGER, DOUBLE_DAGGER = "†", "‡"  # sign test: p < 0.05, p < 0.01
-SAMPLES = 1000
 PARAMS_NOTE = "¹"
 # the paper's numbers a table row may carry, with their column names and formats
 PAPER_COLUMNS = (("bleu", "paper BLEU", "{:.2f}"), ("params", "paper params", "{:.0f}M"),
@@ -60,8 +59,7 @@ def _cell(value: Optional[float], spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
 
-def _score(value: Optional[float]) -> str:
-    """A disagreement score: tiny ones in scientific notation."""
+def _score(value: Optional[float]) -> str:  # a disagreement score: tiny ones in scientific notation
     return _cell(value, ".1e" if value is not None and 0 < abs(value) < 1e-3 else ".3f")
 
 
@@ -70,8 +68,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List
 
 
 def concatenated(runs: List[JobRecord]):
-    """(hypotheses, references) of all seeds' test outputs (evaluate's detokenized files), one seed after the
-    other."""
+    """(hypotheses, references) of all seeds' detokenized test outputs, one seed after the other."""
     hyps, refs = [], []
     for record in runs:
         out, tgt = Path(record.eval.out), record.eval.target_lang
@@ -80,14 +77,9 @@ def concatenated(runs: List[JobRecord]):
     return hyps, refs
 
 
-def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int = SAMPLES) -> Dict[str, Dict]:
-    """Both tests of every non-baseline row against its own baseline, on the concatenated seeds.
-
-    Returns ``{row id: {"baseline", "seeds", "sentences", "delta", "bootstrap": {"p_value", "mark"},
-    "sign_test": {"better", "worse", "ties", "p_value", "mark"}, "seeds_better", "seeds_total"}}``, where
-    ``delta`` is the BLEU difference on the concatenated outputs and marks are given to improvements only;
-    ``length_ratio`` holds the row's and the baseline's hypothesis/reference length ratio (BLEU's tokens).
-    """
+def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int = DEFAULT_SAMPLES) -> Dict[str, Dict]:
+    """Both tests of every non-baseline row against its own baseline, on the concatenated seeds: ``{row id: ...}``
+    (marks for improvements only; ``length_ratio``: hypothesis/reference length in BLEU's tokens)."""
     by_baseline: Dict[str, List[str]] = {}
     for row in table.rows:
         if row.baseline != row.id:
@@ -125,15 +117,6 @@ def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int
     return marks
 
 
-def embedding_setup(record: JobRecord) -> Dict:
-    """How the run's embeddings are shared (as the plan gave fairseq-train) and its dictionary sizes (from the
-    data)."""
-    # fairseq adds 4 special symbols (<s>, <pad>, </s>, <unk>) to the entries of the file
-    sizes = {path.name.split(".")[1]: sum(1 for _ in path.open(encoding="utf-8")) + 4
-             for path in sorted(Path(record.eval.data).glob("dict.*.txt"))}
-    return {"sharing": record.train.embeddings, "dictionary_sizes": sizes}
-
-
 def _mean_scores(per_seed: Sequence[Dict]) -> Dict:
     """Mean over seeds of ``{type: {"sub", "pos", "out", "layers": [{"layer", "heads", "sub", "pos", "out"}]}}``."""
     out = {}
@@ -149,12 +132,8 @@ def _mean_scores(per_seed: Sequence[Dict]) -> Dict:
 
 
 def disagreement_entry(table: Table, row, runs: List[JobRecord]) -> Dict:
-    """What a row's summary entry stores: ``{"disagreement": mean over seeds, "paper_disagreement": {...}}``.
-
-    ``paper_disagreement`` holds the row's paper scores (Table 4/5 keys) and the dataset they are for; it is
-    kept whatever dataset ran, since the scale, unlike BLEU, can be compared across data. Empty when the runs
-    carry no scores.
-    """
+    """``{"disagreement": mean over seeds, "paper_disagreement": the row's paper scores (Table 4/5 keys) and their
+    dataset}``, the latter whatever dataset ran (the scale, unlike BLEU, compares across data); {} without scores."""
     if not runs or not all(r.disagreement for r in runs):
         return {}
     paper = {k: v for k, v in row.paper.items() if k.endswith("_score") or k.startswith("pos_score_layer")}
@@ -213,7 +192,10 @@ def summarise(table: Table, results: Dict[str, List[JobRecord]], dataset: str, s
             "evaluated_checkpoint": [describe(t.best_checkpoint_metric, t.averaged_checkpoints) for t in trains],
             "reused_seeds": [r.train.seed for r in runs if r.reused and not r.same_as],
             "trained_at": [t.trained_at for t in trains],
-            "embeddings": embedding_setup(runs[0]),
+            # how the embeddings are shared, the dictionary sizes (fairseq adds <s>, <pad>, </s>, <unk>)
+            "embeddings": {"sharing": trains[0].embeddings, "dictionary_sizes": {
+                path.name.split(".")[1]: sum(1 for _ in path.open(encoding="utf-8")) + 4
+                for path in sorted(Path(evals[0].data).glob("dict.*.txt"))}},
             "paper": row.paper,
             "layers_mapped": layer_changes(row.args, trains[0].args),  # scale.py, at demo scale
             "same_as": runs[0].same_as,  # trained once with an earlier row (runner.same_model_rows)
@@ -234,7 +216,7 @@ def summarise(table: Table, results: Dict[str, List[JobRecord]], dataset: str, s
     return summary
 
 
-def _params_differ(r: Dict) -> bool:
+def _params_differ(r: Dict) -> bool:  # in millions, rounded
     paper = r["paper"].get("params")
     return paper is not None and r["parameters"] is not None and round(r["parameters"] / 1e6) != round(paper)
 
@@ -260,9 +242,7 @@ def params_footnote(summary: Dict, rows: List[Dict]) -> str:
 
 
 def checkpoints_note(rows: List[Dict]) -> str:
-    """Which checkpoint was evaluated (:mod:`diverse_fairseq.runs.settings`): a single one (the last, or the
-    best by validation BLEU as the THUMT papers' rows, or by validation loss as the EMNLP 2020 rows, at paper
-    scale) or an average (from the train records)."""
+    """Which checkpoint was evaluated (:mod:`diverse_fairseq.runs.settings`): a single one or an average."""
     kinds = {}  # what was evaluated -> labels of the rows
     for r in rows:
         single = " / ".join(METRICS[m] for m in sorted(set(r["best_checkpoint_metric"]), key=str))
@@ -305,9 +285,8 @@ def longer_outputs_explain(sig: Dict) -> bool:
 
 
 def split_tests_note(rows: List[Dict], by_id: Dict[str, Dict]) -> str:
-    """The rows one test marks and the other does not: what each test measured (counts, p-values, the output
-    lengths), and a reason only where those numbers give one (:func:`longer_outputs_explain`); "" if the two
-    tests agree everywhere."""
+    """The rows one test marks and the other does not: what each test measured, and a reason only where those
+    numbers give one (:func:`longer_outputs_explain`); "" if the two tests agree everywhere."""
     split = [r for r in rows if r.get("significance")
              and bool(r["significance"]["bootstrap"]["mark"]) != bool(r["significance"]["sign_test"]["mark"])]
     if not split:
@@ -391,7 +370,7 @@ def to_markdown(summary: Dict) -> str:
 
     notes = [
         f"Significance of each row against its baseline (improvements only): {UP} p < 0.05, {DOUBLE_UP} p < 0.01 "
-        f"paired bootstrap resampling (Koehn 2004; sacrebleu, {SAMPLES} samples); {DAGGER} p < 0.05, "
+        f"paired bootstrap resampling (Koehn 2004; sacrebleu, {DEFAULT_SAMPLES} samples); {DAGGER} p < 0.05, "
         f"{DOUBLE_DAGGER} p < 0.01 sign test (Collins et al. 2005, the test of EMNLP 2018); both on the BLEU "
         f"column (sacrebleu, detokenized). Δ: BLEU minus the baseline's.",
         split_tests_note(rows, by_id)]
@@ -449,9 +428,9 @@ def disagreement_section(summary: Dict) -> List[str]:
     ours = {r["id"]: r["disagreement"][ATTENTION] for r in rows}
     heads = sorted({e["heads"] for o in ours.values() for e in o["layers"] if e.get("heads")})
     layers = range(1, max(len(o["layers"]) for o in ours.values()) + 1)
-    layer_prefix = PAPER_LAYER_KEY.format("")
-    paper_layers = range(1, max([int(k[len(layer_prefix):]) for p in paper.values() for k in p
-                                 if k.startswith(layer_prefix)] or [0]) + 1)
+    prefix = PAPER_LAYER_KEY.format("")
+    paper_layers = range(1, max((int(k[len(prefix):]) for p in paper.values() for k in p if k.startswith(prefix)),
+                                default=0) + 1)
     h_note = ", ".join(f"exp(−1/{h}) = {math.exp(-1 / h):.3f} at H = {h}" for h in heads)
 
     def ours_layer(row_id: str, name: str) -> List[str]:

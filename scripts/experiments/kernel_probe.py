@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 import diverse_fairseq  # noqa: E402,F401  (registers the plugin before fairseq imports the user dir)
 from diverse_fairseq.methods.repulsive import particle_adam  # noqa: E402
 from diverse_fairseq.methods.repulsive.svgd import rbf_kernel  # noqa: E402
-from diverse_fairseq.runs.plan import effective_options  # noqa: E402
+from diverse_fairseq.runs.identity import parse_train_args  # noqa: E402
 
 
 def kernel_stats(theta, grad, alpha, bandwidth, grad_scale=None):
@@ -74,7 +74,7 @@ def kernel_stats(theta, grad, alpha, bandwidth, grad_scale=None):
 
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
-    out = Path(effective_options(args).get("--save-dir") or "checkpoints")
+    out = Path(parse_train_args(args).save_dir)  # fairseq's default: checkpoints
     every = int(os.environ.get("PROBE_EVERY", "20"))
     calls = {"n": 0}
 
