@@ -41,7 +41,6 @@ from .text import clean_pair, count_lines, iter_lines, map_file, normalize, toke
 from .verify import Expectations, VerificationError, check_member_lines, reject, verified_sha256
 
 ZH_SEGS = ("jieba", "char")
-CUSTOM_ONLY = ("src", "tgt", "corpus_dir", "name", "separate_vocab")  # the options only the custom recipe reads
 
 
 def _option(env: str, help: str, default=None, metavar=None):
@@ -140,19 +139,17 @@ def _checked(options: PrepareOptions, recipe: Recipe) -> PrepareOptions:
               "workers": functools.partial(env_checks.parse_int, minimum=1),
               "zh_seg": functools.partial(env_checks.parse_choice, choices=ZH_SEGS),
               "stop_after": functools.partial(env_checks.parse_choice, choices=step_ids(recipe))}
-    parsed = {}
-    for f in fields(options):
-        if f.name in checks and getattr(options, f.name) is not None:
-            parsed[f.name] = checks[f.name](_label(f), getattr(options, f.name))
-    return replace(options, **parsed)
+    return replace(options, **{f.name: checks[f.name](_label(f), getattr(options, f.name)) for f in fields(options)
+                               if f.name in checks and getattr(options, f.name) is not None})
 
 
 class Preparer:
     """Runs one recipe's pipeline with the user's options."""
 
     def __init__(self, recipe: Recipe, args: PrepareOptions):
-        if recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored: say so
-            given = [_label(f) for f in fields(args) if f.name in CUSTOM_ONLY and getattr(args, f.name)]
+        if recipe.name not in TEMPLATES:  # the custom corpus' options ("custom: ..." in their help) would be ignored
+            given = [_label(f) for f in fields(args)[1:]
+                     if f.metadata["help"].startswith("custom:") and getattr(args, f.name)]
             if given:
                 raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} "
                                  f"has fixed languages and sources. Unset them, or prepare your corpus with "

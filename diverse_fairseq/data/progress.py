@@ -1,19 +1,16 @@
-"""The resumable pipeline of data preparation and its progress lines: the one place that reports how far it has got.
+"""The resumable pipeline of data preparation and its progress lines.
 
 :class:`Pipeline` runs named steps. A finished step leaves a stamp ``WORK/.stamps/<step>.json`` with a key made of
 its parameters and the keys of all steps before it; the next run skips it when the key matches and its outputs
 exist, else runs it (and, as their keys change, everything after it) again. Outputs are written through
 :func:`atomic_path`, so an interrupted step leaves no half file under the final name.
 
-The work inside a step reports through :class:`Progress` (a known amount of work: lines, pairs or bytes) or
-:func:`heartbeat` (work that tells nothing about itself: learning BPE, fairseq-preprocess), in plain lines that
-read the same on a terminal and in a log file::
+Inside a step, :class:`Progress` reports a known amount of work (lines, pairs, bytes) and :func:`heartbeat` work
+that tells nothing about itself (learning BPE, fairseq-preprocess), at most every :data:`interval` seconds
+(``PROGRESS_INTERVAL``, default 10; 0: every update) and once at the end when it took at least that long::
 
     [wmt14_en_de] step 7/14 tokenize train.en: 1,200,000/4,508,785 lines (27%), 5m02s elapsed, about 13m40s left
     [wmt14_en_de] step 9/14 learn subword-nmt: running, 20m00s elapsed
-
-A line is printed at most every :data:`interval` seconds (``PROGRESS_INTERVAL``, default 10), and a last
-one when the work ends if it took at least that long; ``PROGRESS_INTERVAL=0`` prints every update.
 """
 
 import functools

@@ -11,7 +11,6 @@ characters with sacrebleu's Chinese tokenizer (``zh_seg="char"``).
 import contextlib
 import functools
 import gzip
-import itertools
 import multiprocessing
 import re
 from pathlib import Path
@@ -39,25 +38,18 @@ def count_lines(path) -> int:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
 
 
-def _apply_chunk(fn, chunk: List[str]) -> List[str]:
-    return [fn(line) for line in chunk]
-
-
 def map_file(fn: Callable[[str], str], src, dst, workers: int = 1, desc: str = "") -> int:
     """Write ``fn(line)`` for every line of ``src`` to ``dst`` (atomically), in order, with progress lines; returns
     the number of lines. With ``workers > 1`` a process pool maps chunks of lines: ``fn`` must then be picklable
     (a module-level function or a ``functools.partial`` of one)."""
     total = count_lines(src) if Path(src).suffix != ".gz" else None
     meter = Progress(desc or Path(dst).name, total=total, unit="lines")
-    lines = iter_lines(src)
-    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
     parallel = workers > 1 and (total is None or total > CHUNK_LINES)
     with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as out, \
             multiprocessing.get_context("fork").Pool(workers) if parallel else contextlib.nullcontext() as pool:
-        for result in (pool.imap if parallel else map)(functools.partial(_apply_chunk, fn), chunks):
-            for line in result:
-                out.write(line.replace("\n", " ") + "\n")
-            meter.update(len(result))
+        for line in pool.imap(fn, iter_lines(src), CHUNK_LINES) if parallel else map(fn, iter_lines(src)):
+            out.write(line.replace("\n", " ") + "\n")
+            meter.update()
     meter.close()
     return meter.done
 
