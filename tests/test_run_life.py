@@ -62,26 +62,34 @@ def _checkpoint(path: Path, updates: int):
 
 
 # ------------------------------------------------------------------------------------------ Ctrl-C
-def test_ctrl_c_during_training_ends_with_one_line_and_resumes(toy_bin, tmp_path, capsys):
-    """A real tiny training (scripts/train.sh) interrupted by SIGINT to its process group, as Ctrl-C in a terminal:
-    exit 130, no traceback, the last line gives update N, the checkpoint's update M and a command that resumes."""
-    env = _env(DATA_BIN=str(toy_bin), CHECKPOINTS=str(tmp_path / "ck"), MAX_UPDATE="1000")
-    cmd = ["bash", str(REPO / "scripts" / "train.sh"), "toy", "tiny", *SMALL, "--arch", "diverse_transformer"]
+def _interrupt(cmd, env, when, ctrl_c=1, timeout=120):
+    """Run ``cmd`` in its own process group and send SIGINT to the group, as Ctrl-C in a terminal, at the first
+    output line ``when`` matches (``ctrl_c`` times, 0.5 s apart); return its exit status and whole output."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     seen = []
     try:
         for line in proc.stdout:
             seen.append(line)
-            if re.search(r"num_updates=3\b", line):  # after the checkpoint of update 2
-                os.killpg(proc.pid, signal.SIGINT)
+            if re.search(when, line):
+                for i in range(ctrl_c):
+                    time.sleep(0.5 if i else 0)
+                    os.killpg(proc.pid, signal.SIGINT)
                 break
-        seen.append(proc.stdout.read())
-        assert proc.wait(timeout=120) == 130  # the shell's status for SIGINT
+        seen.append(proc.communicate(timeout=timeout)[0])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    out = "".join(seen)
+    return proc.returncode, "".join(seen)
+
+
+def test_ctrl_c_during_training_ends_with_one_line_and_resumes(toy_bin, tmp_path, capsys):
+    """A real tiny training (scripts/train.sh) interrupted by SIGINT to its process group, as Ctrl-C in a terminal:
+    exit 130, no traceback, the last line gives update N, the checkpoint's update M and a command that resumes."""
+    env = _env(DATA_BIN=str(toy_bin), CHECKPOINTS=str(tmp_path / "ck"), MAX_UPDATE="1000")
+    cmd = ["bash", str(REPO / "scripts" / "train.sh"), "toy", "tiny", *SMALL, "--arch", "diverse_transformer"]
+    status, out = _interrupt(cmd, env, r"num_updates=3\b")  # after the checkpoint of update 2
+    assert status == 130, out[-3000:]  # the shell's status for SIGINT
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     assert not [noise for noise in HYDRA_NOISE if noise in out], out[:3000]
     assert "[train] toy tiny: diverse_transformer on the CPU" in out  # the --arch given, not the setting's
@@ -161,23 +169,8 @@ def test_ctrl_c_in_a_table_run_by_the_worker_pool_twice(toy_bin, tmp_path):
     cmd = [sys.executable, "-m", "diverse_fairseq.tables", str(table), "--dataset", "toy", "--scale", "demo",
            "--data-bin", str(toy_bin), "--out", str(tmp_path / "results"), "--seeds", "2",
            "--train-args", shlex.join([*SMALL, "--max-update", "1000"])]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    seen = []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if ": started;" in line:
-                os.killpg(proc.pid, signal.SIGINT)
-                time.sleep(0.5)
-                os.killpg(proc.pid, signal.SIGINT)  # a second Ctrl-C while the workers stop
-                break
-        seen.append(proc.communicate(timeout=60)[0])
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    out = "".join(seen)
-    assert proc.returncode == 130, out[-3000:]
+    status, out = _interrupt(cmd, env, ": started;", ctrl_c=2, timeout=60)  # the second while the workers stop
+    assert status == 130, out[-3000:]
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     interrupted = [line for line in out.splitlines() if re.match(r"\[one\] row base seed \d: interrupted ", line)]
     assert "[one] row base seed 1: interrupted " in out and out.strip().splitlines()[-len(interrupted):] == interrupted
