@@ -43,9 +43,11 @@ from .verify import Expectations, VerificationError, check_member_lines, reject,
 ZH_SEGS = ("jieba", "char")
 
 
-def _option(env: str, help: str, default=None, metavar=None):
-    """A field of :class:`PrepareOptions` with its environment variable (``VAR=on`` for a switch) and help."""
-    return field(default=default, metadata={"env": env, "help": help, "metavar": metavar})
+def _option(env: str, help: str, default=None, metavar=None, custom_only=False):
+    """A field of :class:`PrepareOptions` with its environment variable (``VAR=on`` for a switch) and help;
+    ``custom_only``: an option of the ``custom`` recipe (your own corpus), refused with any other dataset."""
+    help = f"custom: {help}" if custom_only else help
+    return field(default=default, metadata={"env": env, "help": help, "metavar": metavar, "custom_only": custom_only})
 
 
 def _label(f) -> str:
@@ -87,14 +89,14 @@ class PrepareOptions:
                                                         "BPE, default) or words (Moses tokens before BPE)")
     allow_unverified: bool = _option("ALLOW_UNVERIFIED=1", "WMT17: go on when a corpus' pair count differs from the "
                                      "published one; prepare.json records the data as unverified", False)
-    src: Optional[str] = _option("SRC", "custom: source language code, the suffix of its files")
-    tgt: Optional[str] = _option("TGT", "custom: target language code")
-    corpus_dir: Optional[str] = _option("CORPUS_DIR", "custom: folder with train/valid/test.SRC and .TGT, one "
-                                                      "sentence per line")
-    name: Optional[str] = _option("DATASET_NAME", "custom: name of the prepared dataset under DATA_BIN "
-                                                  "(default custom_SRC_TGT)")
-    separate_vocab: bool = _option("SEPARATE_VOCAB=1", "custom: one BPE model and dictionary per language instead "
-                                                       "of joint ones", False)
+    src: Optional[str] = _option("SRC", "source language code, the suffix of its files", custom_only=True)
+    tgt: Optional[str] = _option("TGT", "target language code", custom_only=True)
+    corpus_dir: Optional[str] = _option("CORPUS_DIR", "folder with train/valid/test.SRC and .TGT, one "
+                                                      "sentence per line", custom_only=True)
+    name: Optional[str] = _option("DATASET_NAME", "name of the prepared dataset under DATA_BIN "
+                                                  "(default custom_SRC_TGT)", custom_only=True)
+    separate_vocab: bool = _option("SEPARATE_VOCAB=1", "one BPE model and dictionary per language instead "
+                                                       "of joint ones", False, custom_only=True)
     stop_after: Optional[str] = _option("STOP_AFTER", "stop (resumably) after this step id, e.g. tokenize",
                                         metavar="STEP")
 
@@ -147,9 +149,8 @@ class Preparer:
     """Runs one recipe's pipeline with the user's options."""
 
     def __init__(self, recipe: Recipe, args: PrepareOptions):
-        if recipe.name not in TEMPLATES:  # the custom corpus' options ("custom: ..." in their help) would be ignored
-            given = [_label(f) for f in fields(args)[1:]
-                     if f.metadata["help"].startswith("custom:") and getattr(args, f.name)]
+        if recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored
+            given = [_label(f) for f in fields(args)[1:] if f.metadata["custom_only"] and getattr(args, f.name)]
             if given:
                 raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} "
                                  f"has fixed languages and sources. Unset them, or prepare your corpus with "
