@@ -168,8 +168,7 @@ def run_parallel(todo: List[Tuple[Row, int]], run: RunConfig,
                 del running[future]
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # from now on: a second Ctrl-C while the jobs stop, or later
-        stop.set()
-        pool.shutdown(wait=True, cancel_futures=True)
+        stop.set()  # the jobs not yet started do not start; the pool shuts down below
         raise TableInterrupted([(row, seed, None) for row, seed in running.values()]) from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
