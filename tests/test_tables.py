@@ -308,6 +308,19 @@ def test_logging_flags_and_tensorboard_are_not_part_of_the_key(prepared, monkeyp
         "changed: --dropout (default) → 0.2"
 
 
+def test_a_rows_train_command_names_each_option_once(prepared):
+    """The row's ``--arch``, its flags, TRAIN_ARGS and the runner's ``--log-format json`` replace the setting's
+    options in the planned fairseq-train argv (the last one given wins, as fairseq reads them), never add to them."""
+    run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
+                    data_bin=prepared / "data-bin", train_args=["--dropout", "0.3", "--lr=0.001"])
+    row = Row(id="r", label="R", family="diverse_transformer", args=["--dropout", "0.2", "--lr", "0.01"])
+    job = steps.job_plan(row, run, 1)
+    flags = Counter(a.split("=", 1)[0] for a in job.args if a.startswith("--"))
+    assert [flag for flag, n in flags.items() if n > 1] == []
+    assert job.args[job.args.index("--arch") + 1] == "diverse_transformer" and "--lr=0.001" in job.args
+    assert job.args[job.args.index("--log-format") + 1] == "json" and job.args[job.args.index("--dropout") + 1] == "0.3"
+
+
 def test_train_args_may_not_set_the_runners_log_flags(monkeypatch):
     monkeypatch.setenv("TRAIN_ARGS", "--max-update 5 --log-format simple")
     with pytest.raises(SystemExit, match=r"TRAIN_ARGS \(--train-args\)='--max-update 5 --log-format simple' is not "

@@ -10,10 +10,11 @@ Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept 
 import importlib.util
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -218,6 +219,20 @@ class Plan:
         return decoding(self.meta, self.setting)
 
 
+def last_wins(args: Sequence[str]) -> List[str]:
+    """``args`` with each option (a ``-flag`` or ``--flag[=value]`` and the values after it) kept only where it is
+    given last: argparse reads the same values (fairseq's parser has no repeatable option), and the command names
+    each option once."""
+    groups: List[List[str]] = []
+    for a in args:
+        if re.match(r"--?[A-Za-z]", a) or not groups:
+            groups.append([a])
+        else:
+            groups[-1].append(a)
+    last = {g[0].split("=", 1)[0]: i for i, g in enumerate(groups)}
+    return [a for i, g in enumerate(groups) if last[g[0].split("=", 1)[0]] == i for a in g]
+
+
 def plan(request: TrainRequest) -> Plan:
     """The :class:`Plan` of ``request``. The save directory is ``request.save_dir``, else a ``--save-dir`` among the
     extra options, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>``. The launcher runs
@@ -282,12 +297,13 @@ def plan(request: TrainRequest) -> Plan:
     elif nnodes > 1:  # SLURM: fairseq derives ranks and the master from the SLURM variables
         args += ["--distributed-world-size", str(world),
                  "--distributed-port", str(o.master_port or 12000 + o.slurm_job_id % 20000)]
-    # the final options (the extra ones override ours), refused here if fairseq-train would refuse them
-    final = parse_train_args([a.replace(placeholder, "<save-dir>") for a in args + extra])
+    # the final options (the extra ones replace ours), refused here if fairseq-train would refuse them
+    args = last_wins(args + extra)
+    final = parse_train_args([a.replace(placeholder, "<save-dir>") for a in args])
     identity = run_identity(final, meta)
     explicit = request.save_dir or (final.save_dir if final.save_dir != "<save-dir>" else None)
     save_dir = Path(explicit or Path(o.checkpoints) / f"{dataset}_{setting_or_arch}-{identity_hash(identity)}")
-    args = [a.replace(placeholder, str(save_dir)) for a in args] + extra
+    args = [a.replace(placeholder, str(save_dir)) for a in args]
     return Plan(request=request, setting_name=key, setting=s, arch=final.arch, args=tuple(args),
                 launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity, gpus=gpus, nodes=nnodes,
                 max_tokens=max_tokens, update_freq=freq, max_update=final.max_update or 0, average=average,
