@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -788,19 +788,19 @@ def test_paper_dry_run_decodes_each_row_as_its_paper(tmp_path, monkeypatch, caps
 
 
 def test_job_records_round_trip_through_json(tmp_path):
-    """A per-seed record is typed (issue 31): to_json/from_json give back the same record, nested records
+    """A per-seed record is typed (issue 31): asdict/from_json give back the same record, nested records
     included; evaluate's results.json is read into an EvalRecord whatever else it holds, and a record without a
     required field is refused by name."""
-    from diverse_fairseq.tables.records import EvalRecord, JobRecord, TrainRecord, from_json, to_json
+    from diverse_fairseq.tables.records import EvalRecord, JobRecord, TrainRecord, from_json
 
     record = replace(job_record(2, bleu=12.5, reused=True, disagreement={"enc_self": {"out": 0.8}},
                                 probing={"WC": {"accuracy": 50.0}}, key={"identity": {"options": {"--seed": 2}}}),
                      same_as="base")
-    stored = json.loads(json.dumps(to_json(record)))
+    stored = json.loads(json.dumps(asdict(record)))
     assert from_json(JobRecord, stored) == record
     assert isinstance(from_json(JobRecord, stored).eval, EvalRecord) and record.output_disagreement == 0.8
     results = {"bleu": 30.0, "tok_bleu": 31.0, "sentences": 5, "beam": 4, "data": "d", "speed": None}
     evaluation = from_json(EvalRecord, dict(results, out="o", target_lang="de"))
     assert (evaluation.bleu, evaluation.tok_bleu, evaluation.paper_bleu) == (30.0, 31.0, None)
     with pytest.raises(TypeError, match="missing 1 required positional argument: 'updates'"):
-        from_json(TrainRecord, {k: v for k, v in to_json(record.train).items() if k != "updates"})
+        from_json(TrainRecord, {k: v for k, v in asdict(record.train).items() if k != "updates"})

@@ -4,11 +4,6 @@ With ``--log-format json`` fairseq writes each progress record as a JSON object 
 prefix): the periodic ``train_inner`` records (``{"loss": "7.7", "num_updates": "3", "wall": "20", ...}``) and the
 end-of-epoch summaries, whose keys carry the subset's name (``{"train_loss": "7.715", ...}``, ``{"valid_loss":
 ...}``); see fairseq/logging/progress_bar.py. Text logs are not read.
-
-:class:`Progress` prints a line when a job starts and one when it ends (row i of n, seed, elapsed time, estimated
-time remaining), and while it trains (:class:`LogWatcher`) :func:`progress_line`, e.g.::
-
-    update 450/800 (56%), train loss 6.213, valid loss 6.02, BLEU 3.41 (update 400); about 0:02:05 left
 """
 
 import json
@@ -132,10 +127,10 @@ class LogWatcher(threading.Thread):
         super().__init__(name=f"watch {path}", daemon=True)
         self.path, self.interval, self.emit = Path(path), float(interval), emit
         self.last: Optional[str] = None
-        self._at_start = self._identity()
+        self._at_start = self._stat()
         self._done = threading.Event()
 
-    def _identity(self):
+    def _stat(self):
         try:
             stat = self.path.stat()
         except OSError:
@@ -144,15 +139,13 @@ class LogWatcher(threading.Thread):
 
     def poll(self):
         """Read the log once; emit its line if it is new."""
-        now = self._identity()
-        if now is None or (self._at_start is not None and now[0] == self._at_start[0]
-                           and now[1] <= self._at_start[1]):
+        now, start = self._stat(), self._at_start
+        if now is None or (start is not None and now[0] == start[0] and now[1] <= start[1]):
             return  # not written yet, or not since the watcher started
         try:
-            text = self.path.read_text(encoding="utf-8", errors="replace")
+            line = progress_line(self.path.read_text(encoding="utf-8", errors="replace"))
         except OSError:  # moved aside meanwhile
             return
-        line = progress_line(text)
         if line is not None and line != self.last:
             self.last = line
             self.emit(line)
