@@ -41,7 +41,7 @@ class Setting:
     average: int = 0  # average the last N checkpoints after training (0: no averaging, the papers' choice)
     log_interval: int = 100
     extra: List[str] = field(default_factory=list)
-    # "shared" (fairseq's sharing, plan.model_args) or "untied" (source, target and output embeddings all separate,
+    # "shared" (fairseq's sharing, see plan.plan) or "untied" (source, target and output embeddings all separate,
     # as the THUMT Transformer of the EMNLP 2018 / NAACL 2019 / journal papers); EMBEDDINGS=shared|untied overrides
     embeddings: str = "shared"
     normalize_before: bool = False  # pre-norm (layer norm before each sub-layer) in encoder and decoder

@@ -30,9 +30,8 @@ def cache_version() -> str:
 
 
 def cache_key(plan: Plan) -> Dict:
-    """What a finished run must match to be reused: the plan's identity
-    (:func:`diverse_fairseq.runs.identity.run_identity`), updates, averaging, setting, dataset and cache version;
-    JSON-normalised, so it compares equal to a stored one."""
+    """What a finished run must match to be reused: the plan's identity, updates, averaging, setting, dataset and
+    cache version; JSON-normalised, so it compares equal to a stored one."""
     key = {"identity": plan.identity, "max_update": plan.max_update, "average": plan.average,
            "setting": plan.setting_name, "dataset": plan.request.dataset, "version": cache_version()}
     return json.loads(json.dumps(key))

@@ -74,16 +74,14 @@ def progress_line(log: str) -> Optional[str]:
     (``wall`` is kept in the checkpoint, so after a resume both count the whole run)."""
     max_update, first = 0, None  # first: (updates, wall) of the first record since the last start-up
     updates = loss = wall = None
-    valid = None  # (updates, loss, bleu)
+    valid = {}  # the last validation record
     for line in log.splitlines():
         found = _MAX_UPDATE.search(line)
         if found:  # fairseq_cli.train started (again)
             max_update, first = int(found.group(1)), None
             continue
         record = next(records(line), {})
-        if "valid_loss" in record:
-            valid = (number(record.get("valid_num_updates")), number(record["valid_loss"]),
-                     number(record.get("valid_bleu")))
+        valid = record if "valid_loss" in record else valid
         # a train_inner record, or the end of an epoch
         prefix = "" if "loss" in record and "num_updates" in record else "train_" if "train_loss" in record else None
         if prefix is None:
@@ -100,10 +98,10 @@ def progress_line(log: str) -> Optional[str]:
     parts = [f"update {done}/{max_update} ({100 * done // max_update}%)" if max_update else f"update {done}"]
     if loss is not None:
         parts.append(f"train loss {loss:.3f}")
-    if valid is not None and valid[1] is not None:
-        bleu = f", BLEU {valid[2]:.2f}" if valid[2] is not None else ""
-        at = f" (update {int(valid[0])})" if valid[0] is not None else ""
-        parts.append(f"valid loss {valid[1]:.3f}{bleu}{at}")
+    valid_loss, bleu, at = (number(valid.get(name)) for name in ("valid_loss", "valid_bleu", "valid_num_updates"))
+    if valid_loss is not None:
+        parts.append(f"valid loss {valid_loss:.3f}" + (f", BLEU {bleu:.2f}" if bleu is not None else "")
+                     + (f" (update {int(at)})" if at is not None else ""))
     line = ", ".join(parts)
     if max_update and done >= max_update:
         return line + "; training done"
@@ -111,11 +109,9 @@ def progress_line(log: str) -> Optional[str]:
         return line
     if first is not None and updates > first[0] and wall > first[1]:
         rate = (updates - first[0]) / (wall - first[1])  # since the first record: start-up and warm-up left out
-    elif done > 0 and wall > 0:
-        rate = done / wall
     else:
-        return line
-    return line + f"; about {clock((max_update - done) / rate)} left"
+        rate = done / wall if done > 0 and wall > 0 else None
+    return line if rate is None else line + f"; about {clock((max_update - done) / rate)} left"
 
 
 class LogWatcher(threading.Thread):
