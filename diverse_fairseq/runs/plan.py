@@ -9,7 +9,7 @@ import json
 import math
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -131,8 +131,8 @@ def eval_bleu_args(meta: DatasetMeta, s: Setting) -> List[str]:
     (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
     segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
     text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
-    generation = asdict(decoding(meta, s))
-    del generation["length_penalty"]  # the penalty form is a task option (task_args), not part of --eval-bleu-args
+    d = decoding(meta, s)  # the penalty form is a task option (task_args), not part of --eval-bleu-args
+    generation = {name: getattr(d, name) for name in ("beam", "lenpen", "max_len_a", "max_len_b")}
     post = meta.post_process
     detok = ["moses", "--eval-bleu-detok-args", json.dumps({"target_lang": meta.target_lang})] \
         if meta.moses_tokenized else ["space"]

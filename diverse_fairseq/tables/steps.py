@@ -56,7 +56,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     stored = finished.get("key") if finished is not None else load(run_dir / "key.json")  # key.json: interrupted
     if stored == key:
         print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
-    elif finished is not None or run_dir.exists() and any(run_dir.iterdir()):
+    elif finished is not None or (run_dir.exists() and any(run_dir.iterdir())):
         stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir.rename(stale)
         print(f"  [{tag}] the run in {run_dir} was made by a different command ({key_difference(stored, key)}): "
