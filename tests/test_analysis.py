@@ -401,9 +401,9 @@ def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoint
         ("enc_self", 0), ("enc_self", 1), ("dec_self", 0), ("dec_self", 1), ("enc_dec", 0), ("enc_dec", 1)]
     fast = head_importance(loaded.model, loaded.task, sites, batches, pad, progress=False, replay=True)
     slow = head_importance(loaded.model, loaded.task, sites, batches, pad, progress=False, replay=False)
-    assert fast.base_nll == slow.base_nll
-    assert [h.nll for h in fast.heads] == pytest.approx([h.nll for h in slow.heads], rel=1e-6)
-    assert all(abs(h.delta_nll) > 0 for h in fast.heads)
+    assert fast["base_nll"] == slow["base_nll"]
+    assert [h["nll"] for h in fast["heads"]] == pytest.approx([h["nll"] for h in slow["heads"]], rel=1e-6)
+    assert all(abs(h["delta_nll"]) > 0 for h in fast["heads"])
     assert len(loaded.model.encoder.layers) == 2 and all(
         type(layer).__name__ != "_Replayed" for layer in [*loaded.model.encoder.layers, *loaded.model.decoder.layers])
 
@@ -411,19 +411,16 @@ def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoint
 @pytest.mark.slow
 def test_score_checkpoint_equals_the_full_pass(tiny_checkpoints, tiny_data):
     """The scores-only pass (no output projection, no NLL, its own batching) gives the analysis' scores."""
-    from diverse_fairseq.analysis.collect import collect
     from diverse_fairseq.analysis.loading import load_batches, load_checkpoint
-    from diverse_fairseq.analysis.pipeline import Options, score_checkpoint
-    from diverse_fairseq.analysis.report import scores_payload
+    from diverse_fairseq.analysis.pipeline import Options, collect, score_checkpoint
     from diverse_fairseq.methods.sites import attention_sites
 
     ckpt = str(tiny_checkpoints["diverse_transformer"])
     fast = score_checkpoint(ckpt, Options(data=str(tiny_data), max_sentences=None, max_tokens=300, progress=False))
     loaded = load_checkpoint(ckpt, str(tiny_data))
     sites = attention_sites(loaded.model)
-    collected = collect(loaded.model, sites, load_batches(loaded.task, "valid", None, 4096),
-                        loaded.task.target_dictionary.pad(), progress=False)
-    full = scores_payload(collected, sites, {})
+    full, _ = collect(loaded.model, sites, load_batches(loaded.task, "valid", None, 4096),
+                      loaded.task.target_dictionary.pad(), progress=False)
     assert fast["nll"] is None and full["nll"] > 0
     assert fast["sentences"] == full["sentences"] == 60 and fast["max_sentences"] is None
     for atype, layers in full["by_layer"].items():
