@@ -1,12 +1,10 @@
 """Head importance by ablation at test time (Michel, Levy, Neubig 2019, "Are Sixteen Heads Really Better than
 One?"; An et al., EMNLP 2020, Figure 2 "Distribution of heads by performance drop after masking at test time").
 
-Each head of each attention module is masked in turn by zeroing its output O_h before the heads are combined
-(the head mask of :func:`diverse_fairseq.methods.sites.observe`), and the set is scored again: a head's
-importance is the **increase** of the teacher-forced token NLL (nats per target token; negative: the model got
-better without it) and, optionally, the **drop** of beam-search BLEU. For the NLL the layers below the masked
-module are replayed from the unmasked pass (:class:`LayerReplay`; they cannot depend on the mask), which
-roughly halves the cost.
+Each head is masked in turn by zeroing its output O_h before the heads are combined (the head mask of
+:func:`diverse_fairseq.methods.sites.observe`): its importance is the **increase** of the teacher-forced token
+NLL (negative: the model got better without it) and, optionally, the **drop** of beam-search BLEU. The NLL
+passes replay the layers below the masked module from the unmasked pass (:class:`LayerReplay`).
 """
 
 import contextlib
@@ -42,15 +40,14 @@ class LayerReplay:
 
     def __init__(self, model):
         self.stacks = {"encoder": model.encoder.layers, "decoder": model.decoder.layers}
-        self.outputs = {(name, j): [] for name, layers in self.stacks.items() for j in range(len(layers))}
+        self.outputs = {layer: [] for layers in self.stacks.values() for layer in layers}
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         for recorded in self.outputs.values():
             recorded.clear()
-        handles = [layer.register_forward_hook(lambda module, inputs, output, key=(name, j):
-                                               self.outputs[key].append(output))
-                   for name, layers in self.stacks.items() for j, layer in enumerate(layers)]
+        handles = [layer.register_forward_hook(lambda module, inputs, output: self.outputs[module].append(output))
+                   for layer in self.outputs]
         try:
             yield
         finally:
@@ -66,7 +63,7 @@ class LayerReplay:
                 layers = self.stacks[name]
                 for j in range(depth):
                     originals.append((layers, j, layers[j]))
-                    layers[j] = _Replayed(self.outputs[(name, j)])
+                    layers[j] = _Replayed(self.outputs[layers[j]])
             yield
         finally:
             for layers, j, layer in reversed(originals):
@@ -143,8 +140,6 @@ def head_importance(model, task, sites: Sequence[AttentionSite], batches: List[D
     deltas = [h["delta_nll"] for h in heads]
     return {"method": METHOD, "base_nll": base_nll, "base_bleu": base_bleu,
             "bleu_sentences": None if bleu_batches is None else sum(b["target"].size(0) for b in bleu_batches),
-            "summary": {"heads": len(deltas), "mean_delta_nll": statistics.fmean(deltas) if deltas else None,
-                        "max_delta_nll": max(deltas) if deltas else None,
-                        "min_delta_nll": min(deltas) if deltas else None,
-                        "heads_improving_when_masked": sum(d < 0 for d in deltas)},
+            "summary": {"heads": len(deltas), "mean_delta_nll": statistics.fmean(deltas), "max_delta_nll": max(deltas),
+                        "min_delta_nll": min(deltas), "heads_improving_when_masked": sum(d < 0 for d in deltas)},
             "heads": heads}

@@ -1,11 +1,9 @@
 """The whole analysis of one checkpoint (scores, head importance, pictures) written to a directory, the
-side-by-side view of several (``compare.md``, joint pictures), and the scores alone for the table runner. The
-files are listed in docs/analysis.md#head-diversity-analysis.
-
-The numbers come from teacher-forced passes over the reference (one forward per batch, every attention module
-tapped): the disagreement scores (:class:`~.scores.ScoreAccumulator`), each head's output averaged over the
-non-padding query tokens (the "head representations" of the journal version's Figure 3 t-SNE), the token NLL
-and the attention maps of one sentence."""
+side-by-side view of several (``compare.md``, joint pictures), and the scores alone for the table runner (the
+files: docs/analysis.md#head-diversity-analysis). The numbers come from teacher-forced passes over the reference,
+one forward per batch with every attention module tapped: the disagreement scores (:mod:`.scores`), each head's
+output averaged over the non-padding query tokens (the journal version's Figure 3 t-SNE), the token NLL and the
+attention maps of one sentence."""
 
 import json
 import logging
@@ -13,7 +11,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -112,13 +110,8 @@ class Options:
     progress: bool = True
 
 
-@dataclass
-class Analysis:
-    label: str
-    out: Path
-    scores: Dict
-    importance: Optional[Dict]
-    head_means: Dict  # (type, layer) -> [H, d] tensor
+Analysis = NamedTuple("Analysis", [("label", str), ("out", Path), ("scores", Dict), ("importance", Optional[Dict]),
+                                   ("head_means", Dict[Tuple[str, int], Tensor])])
 
 
 def _write_json(path: Path, payload) -> None:
@@ -190,11 +183,6 @@ def _head_mean(head_means: Dict, atype: str) -> Optional[np.ndarray]:
     return torch.stack(layers).mean(0).numpy() if layers else None
 
 
-def _heads(matrix: np.ndarray):
-    """A t-SNE group: the points ``[H, d]`` and their names h1 ... hH."""
-    return matrix, [f"h{h + 1}" for h in range(matrix.shape[0])]
-
-
 def _plot_one(out: Path, label: str, scores: Dict, imp: Optional[Dict], head_means: Dict, maps: Dict,
               sentence: Dict, sentence_id: int, task, pad: int, seed: int) -> None:
     net_input = sentence["net_input"]  # the heatmaps' axes: the sentence's symbols, padding dropped
@@ -211,8 +199,8 @@ def _plot_one(out: Path, label: str, scores: Dict, imp: Optional[Dict], head_mea
                 out / f"attention_{atype}.png")
         layers = sorted(layer for (t, layer) in head_means if t == atype)
         if layers:
-            panels[atype] = {**{f"layer {layer + 1}": _heads(head_means[(atype, layer)].numpy()) for layer in layers},
-                             "mean over layers": _heads(_head_mean(head_means, atype))}
+            panels[atype] = {**{f"layer {layer + 1}": head_means[(atype, layer)].numpy() for layer in layers},
+                             "mean over layers": _head_mean(head_means, atype)}
     plots.plot_tsne(panels, out / "tsne.png", seed,
                     f"{label}: t-SNE of the heads' mean outputs (journal Fig. 3; seed {seed})")
     plots.plot_layer_scores({label: scores["by_layer"]}, out / "layer_scores.png",
@@ -245,7 +233,7 @@ def compare(analyses: Sequence[Analysis], out: Path, seed: int) -> None:
     for atype in ATTENTION_TYPES:
         means = {a.label: _head_mean(a.head_means, atype) for a in analyses}
         if all(m is not None for m in means.values()) and len({m.shape[1] for m in means.values()}) == 1:
-            panels[atype] = {label: _heads(m) for label, m in means.items()}
+            panels[atype] = means
     if panels:
         plots.plot_tsne(panels, out / "tsne.png", seed,
                         f"t-SNE of the heads' outputs averaged over words and layers (journal Fig. 3; seed {seed})")

@@ -39,23 +39,9 @@ def _layer_table(first: str, rows: Mapping[str, Sequence[Mapping]], score: str) 
     """EMNLP 2018 Table 5 layout for one measure: a row per attention type (or model) of its ``by_layer``
     entries, a column per layer."""
     layers = range(1, max(len(entries) for entries in rows.values()) + 1)
-    body = []
-    for name, entries in rows.items():
-        values = {e["layer"]: e[score] for e in entries}
-        body.append([name, *(fmt(values.get(layer)) for layer in layers)])
-    return _table([first, *map(str, layers)], body)
-
-
-def importance_table(imp: Mapping) -> List[str]:
-    """Δ NLL (and BLEU drop) per head: rows attention type × layer, columns heads."""
-    heads: Dict[tuple, Dict[int, Dict]] = {}
-    for h in imp["heads"]:
-        heads.setdefault((h["attention_type"], h["layer"]), {})[h["head"]] = h
-    width = max(len(v) for v in heads.values())
-    cell = "{delta_nll:+.4f} / {delta_bleu:+.2f}" if imp.get("base_bleu") is not None else "{delta_nll:+.4f}"
-    rows = [[f"{atype} {layer}", *(cell.format(**by_head[i]) if i in by_head else "" for i in range(1, width + 1))]
-            for (atype, layer), by_head in heads.items()]
-    return _table(["attention, layer", *(f"head {i}" for i in range(1, width + 1))], rows)
+    values = {name: {e["layer"]: e[score] for e in entries} for name, entries in rows.items()}
+    return _table([first, *map(str, layers)], [[name, *(fmt(v.get(layer)) for layer in layers)]
+                                               for name, v in values.items()])
 
 
 def scores_markdown(payload: Mapping, importance: Optional[Mapping] = None) -> str:
@@ -80,12 +66,17 @@ def scores_markdown(payload: Mapping, importance: Optional[Mapping] = None) -> s
     for score in SCORE_NAMES:
         lines += ["", f"**{score}** per layer", "", *_layer_table("attention", payload["by_layer"], score)]
     lines += ["", f"Definition: {payload['definition']}"]
-    if importance is not None:
+    if importance is not None:  # Δ NLL (and BLEU drop) per head: rows attention type × layer, columns heads
         s = importance["summary"]
-        bleu = ""
+        bleu, cell = "", "{delta_nll:+.4f}"
         if importance.get("base_bleu") is not None:
             bleu = (f" Cells: Δ NLL / BLEU drop (BLEU {importance['base_bleu']:.2f} unmasked on the first "
                     f"{importance['bleu_sentences']} sentences).")
+            cell += " / {delta_bleu:+.2f}"
+        heads: Dict[tuple, Dict[int, Dict]] = {}
+        for h in importance["heads"]:
+            heads.setdefault((h["attention_type"], h["layer"]), {})[h["head"]] = h
+        width = range(1, max(len(v) for v in heads.values()) + 1)
         lines += [
             "",
             "## Head importance by ablation (Michel et al. 2019; EMNLP 2020 Figure 2)",
@@ -95,7 +86,9 @@ def scores_markdown(payload: Mapping, importance: Optional[Mapping] = None) -> s
             f"Mean {fmt(s['mean_delta_nll'], 4)}, max {fmt(s['max_delta_nll'], 4)}; "
             f"{s['heads_improving_when_masked']} of {s['heads']} heads improve the NLL when masked.",
             "",
-            *importance_table(importance),
+            *_table(["attention, layer", *(f"head {i}" for i in width)],
+                    [[f"{atype} {layer}", *(cell.format(**by_head[i]) if i in by_head else "" for i in width)]
+                     for (atype, layer), by_head in heads.items()]),
         ]
     return "\n".join(lines) + "\n"
 
