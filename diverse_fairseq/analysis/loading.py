@@ -80,9 +80,8 @@ def heatmap_sentence(task, subset: str, index: Optional[int], limit: Optional[in
     both within [5, 20], else sentence 0."""
     dataset = task.dataset(subset)
     if index is None:
-        tgt_sizes = dataset.tgt_sizes if dataset.tgt_sizes is not None else np.zeros(len(dataset))
         index = next((i for i in range(min(limit or len(dataset), len(dataset)))
-                      if 5 <= dataset.src_sizes[i] <= 20 and 5 <= tgt_sizes[i] <= 20), 0)
+                      if 5 <= dataset.src_sizes[i] <= 20 and 5 <= dataset.tgt_sizes[i] <= 20), 0)
     if not 0 <= index < len(dataset):
         raise SystemExit(f"error: --sentence-id {index} out of range (subset {subset!r} has {len(dataset)} sentences)")
     return index, _collate(dataset, [index], device)
