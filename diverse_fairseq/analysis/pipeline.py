@@ -86,14 +86,6 @@ def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int
     return payload, {key: (out_sums[key] / max(out_counts[key], 1)).float().cpu() for key in out_sums}
 
 
-@torch.no_grad()
-def attention_maps(model, sites: Sequence[AttentionSite], sample: Dict) -> Dict[Tuple[str, int], Tensor]:
-    """Attention probabilities of every head for a batch of one sentence: ``(type, layer) -> [H, T, S]``."""
-    with observe(sites, {"a"}) as seen:
-        model(**sample["net_input"])
-    return {s.key: seen.heads(s)["a"][0].float().cpu() for s in sites}
-
-
 @dataclass
 class Options:
     data: Optional[str] = None
@@ -159,7 +151,9 @@ def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optiona
 
     scores, head_means = collect(model, sites, batches, pad, progress=opts.progress)
     sentence_id, sentence = heatmap_sentence(task, opts.subset, opts.sentence_id, opts.max_sentences, opts.device)
-    maps = attention_maps(model, sites, sentence)
+    with torch.no_grad(), observe(sites, {"a"}) as seen:
+        model(**sentence["net_input"])
+    maps = {s.key: seen.heads(s)["a"][0].float().cpu() for s in sites}  # (type, layer) -> [H, T, S]
     imp = None
     if opts.ablation:
         bleu_batches = (load_batches(task, opts.subset, opts.bleu_sentences, opts.max_tokens, device=opts.device)

@@ -107,15 +107,11 @@ def comparison_markdown(payloads: Mapping[str, Mapping], importances: Mapping[st
             lines += ["", f"{atype}, **{score}** per layer (EMNLP 2018 Table 5 layout)", "",
                       *_layer_table("model", {label: p["by_layer"].get(atype, []) for label, p in payloads.items()},
                                     score)]
-    if any(i is not None for i in importances.values()):
-        lines += ["", "## Head importance (Δ NLL when one head is masked)", ""]
-        rows = []
-        for label, imp in importances.items():
-            if imp is not None:
-                s = imp["summary"]
-                rows.append([label, *(fmt(v, 4) for v in (imp["base_nll"], s["mean_delta_nll"], s["max_delta_nll"],
-                                                          s["min_delta_nll"])),
-                             f"{s['heads_improving_when_masked']}/{s['heads']}"])
-        lines += _table(["model", "NLL", "mean Δ", "max Δ", "min Δ", "heads better masked"], rows)
+    summaries = {label: {"nll": i["base_nll"], **i["summary"]} for label, i in importances.items() if i is not None}
+    if summaries:
+        lines += ["", "## Head importance (Δ NLL when one head is masked)", "",
+                  *_table(["model", "NLL", "mean Δ", "max Δ", "min Δ", "heads better masked"],
+                          [[label, *(fmt(s[k], 4) for k in ("nll", "mean_delta_nll", "max_delta_nll", "min_delta_nll")),
+                            f"{s['heads_improving_when_masked']}/{s['heads']}"] for label, s in summaries.items()])]
     lines += ["", f"Definition: {next(iter(payloads.values()))['definition']}"]
     return "\n".join(lines) + "\n"
