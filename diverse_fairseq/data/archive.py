@@ -1,11 +1,7 @@
-"""Extract downloaded archives (tar, tar.gz, split tar.gz parts, zip) safely and verifiably.
+"""Extract downloaded archives (tar, tar.gz, split tar.gz parts, zip) safely and verifiably: :func:`extract`.
 
-Extraction reads the whole compressed stream, so a truncated or corrupt archive is detected (gzip CRC/length
-check, tar header checksums, zip CRCs) and reported with what to do. Members are written into a temporary
-directory that is renamed into place only when everything succeeded, and an archive found corrupt is renamed to
-``NAME.corrupt`` so that the next run downloads it again. Only regular files are extracted (directories are made
-for them); absolute paths and ``..`` are refused. (``shutil.unpack_archive`` reads no split archive and cannot
-select the members a recipe reads.)
+(``shutil.unpack_archive`` reads no split archive, cannot select the members a recipe reads, and checks no gzip
+trailer.)
 """
 
 import contextlib
@@ -75,9 +71,11 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
             check: Optional[Callable[[Path], None]] = None) -> Path:
     """Extract the archive made of ``parts`` (one file, or the pieces of a split archive) into ``dest``.
 
-    ``wanted(member_name)`` selects the members to write (default: all). ``check(folder)`` is called on the
-    extracted members before they are renamed into place (the member line counts); whatever it raises leaves
-    nothing behind. ``dest`` appears only once the whole archive was read without error. Returns ``dest``.
+    The whole compressed stream is read, so a truncated or corrupt archive is detected (gzip CRC and length, tar
+    header checksums, zip CRCs); such an archive is renamed ``NAME.corrupt`` so that the next run downloads it
+    again. Only the regular files that ``wanted(member_name)`` selects (default: all) are written, never an absolute
+    path or one with ``..``, into a temporary folder that ``check(folder)`` (the member line counts) sees first and
+    that is renamed to ``dest`` only when everything succeeded; whatever fails leaves nothing behind.
     """
     parts = [Path(p) for p in parts]
     dest = Path(dest)

@@ -1,10 +1,6 @@
 """Download files with resume (``NAME.part``, an HTTP ``Range`` request), verification (:mod:`.verify`), atomic
-rename and a mirror override (:func:`fetch`).
-
-Mirrors: ``--mirror BASE`` or the environment variable ``DIVERSE_FAIRSEQ_MIRROR`` replaces the real addresses.
-``BASE`` is a URL (``https://mirror.example.org/nmt``) or a local directory (read through ``file://`` URLs, by the
-same code); the file is looked up there by its name (``BASE/training-parallel-nc-v9.tgz``), so a mirror is simply a
-flat directory of the original archives.
+rename and a mirror override (``--mirror BASE`` or ``$DIVERSE_FAIRSEQ_MIRROR``: a URL or a local directory, a flat
+folder of the original files looked up by name): :func:`fetch`. docs/usage.md says why not pooch or mtdata.
 """
 
 import http.client
@@ -34,13 +30,9 @@ class HTMLResponse(DownloadError):
 
 @dataclass(frozen=True)
 class Source:
-    """One file to download.
-
-    ``filename`` is the local name and the name looked up in a mirror; ``urls`` are the real public
-    addresses, tried in order. ``size`` (bytes) and ``md5``/``sha256`` are the values a published source
-    records for the file (see :func:`published_md5`), and ``checksum_source`` names that source. ``extra["hint"]``
-    is added to the error when the file cannot be had.
-    """
+    """One file to download: ``filename`` (local, and looked up in a mirror), the public ``urls`` tried in order,
+    the ``size`` and ``md5``/``sha256`` that a published source (``checksum_source``) records for it, and an
+    ``extra["hint"]`` added to the error when it cannot be had."""
 
     filename: str
     urls: Sequence[str]
@@ -100,13 +92,6 @@ def where_to_get(source: Source, mirror: Optional[str] = None) -> str:
     """Where the right copy of ``source`` can be had, for error messages."""
     urls = " or ".join(source.urls) if source.urls else "its publisher (this recipe knows no public address)"
     return urls + (f" (the mirror {mirror} has a wrong copy: replace it)" if mirror else "")
-
-
-def mirror_location(mirror: str, filename: str) -> str:
-    """The URL of ``filename`` in ``mirror`` (a URL, or a local directory: a ``file://`` URL)."""
-    if "://" not in mirror:
-        mirror = Path(mirror).expanduser().resolve().as_uri()
-    return mirror.rstrip("/") + "/" + urllib.parse.quote(filename)
 
 
 def _fetch_once(url: str, part: Path, timeout: float, log=print):
@@ -193,8 +178,11 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
     part = dest_dir / (source.filename + ".part")
     if part.exists() and expected.size is not None and part.stat().st_size > expected.size:
         part.unlink()  # longer than the published file: not a prefix of it
-    errors = []
-    for url in [mirror_location(mirror, source.filename)] if mirror else source.urls:
+    errors, urls = [], source.urls
+    if mirror:  # a URL, or a local directory read through a file:// URL
+        urls = [(mirror if "://" in mirror else Path(mirror).expanduser().resolve().as_uri()).rstrip("/") + "/"
+                + urllib.parse.quote(source.filename)]
+    for url in urls:
         if not _fetch_with_retries(url, part, retries, timeout, errors, log):
             continue
         try:

@@ -15,13 +15,10 @@ SPLITS = ("train", "valid", "test")
 
 @dataclass
 class Archive:
-    """An archive to download (one file or the parts of a split archive) and extract into ``orig/<name>``.
-
-    ``wanted(member)`` restricts extraction to the members the recipe reads (the WMT archives hold
-    many language pairs). ``expected_lines`` maps a member file name suffix to the line count that a published
-    source (``counts_source``) records for it; the counts are checked right after extraction
-    (:func:`diverse_fairseq.data.verify.check_member_lines`). Empty where no source records them.
-    """
+    """An archive to download (one file or the parts of a split archive) and extract into ``orig/<name>``: only
+    the members that ``wanted(member)`` selects (the WMT archives hold many language pairs). ``expected_lines`` maps
+    a member file name suffix to the line count that a published source (``counts_source``) records for it, checked
+    right after extraction (:func:`diverse_fairseq.data.verify.check_member_lines`)."""
 
     name: str
     parts: Sequence[Source]
@@ -65,19 +62,17 @@ class Recipe:
     collect_key: Optional[Callable[["Context"], Dict[str, object]]] = None  # inputs of collect beyond archives
     # a recipe completed from the user's options (the custom corpus: languages, folder, name); returns the recipe
     configure: Optional[Callable[["Recipe", Dict[str, object]], "Recipe"]] = None
-    notes: str = ""
-    # dictionary entries per language (as fairseq-preprocess writes them: 4 special symbols, padded to a multiple
-    # of 8) that paper-scale parameter counts assume (``make check-tables`` builds on dictionaries of these sizes);
-    # empty: ``bpe_size`` symbols
+    # dictionary entries per language (fairseq-preprocess's: 4 special symbols, padded to a multiple of 8) that
+    # paper-scale parameter counts (``make check-tables``) assume; empty: ``bpe_size`` symbols
     assumed_vocab: Dict[str, int] = field(default_factory=dict)
-    # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes
-    # differently shares the downloads, tokenization and BPE of the recipe it varies
+    # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes differently
+    # shares the downloads, tokenization and BPE of the recipe it varies
     work_name: Optional[str] = None
-    # a JSON file that ``collect`` writes into the raw folder (the corpora used, their counts and checks);
-    # preparation copies it into prepare.json under "training_data"
+    # a JSON file that ``collect`` writes into raw/ (the corpora, their counts and checks): prepare.json's
+    # "training_data"
     corpora_file: Optional[str] = None
-    # the training pairs the paper reports for this data (0: none) and where it says so; the final count is
-    # printed beside it, and a large difference is a warning naming the corpus that is short
+    # the training pairs the paper reports (0: none) and where; printed beside the final count (a large difference
+    # is a warning naming the corpus that is short)
     paper_train_pairs: int = 0
     paper_train_source: str = ""
     # the folder under WORK_DIR whose ``downloads/`` the recipe reads and fills (default: its own work folder): a
@@ -125,15 +120,11 @@ class Context:
     log: Callable[[str], None] = print
 
     @property
-    def orig(self) -> Path:
-        return self.work_dir / "orig"
-
-    @property
     def raw(self) -> Path:
         return self.work_dir / "raw"
 
     def extracted(self, archive_name: str) -> Path:
-        return self.orig / archive_name
+        return self.work_dir / "orig" / archive_name
 
     def raw_path(self, split: str, lang: str) -> Path:
         return self.raw / f"{split}.{lang}"
@@ -182,6 +173,15 @@ def write_raw(ctx: Context, split: str, corpora: Sequence[Tuple[str, Iterable[st
     ctx.corpora_path(split).write_text(json.dumps(sizes) + "\n")
     ctx.log(f"  raw {split}: {sum(n for _, n in sizes):,} sentence pairs" + (" in all" if len(corpora) > 1 else ""))
     return [n for _, n in sizes]
+
+
+def write_folder(ctx: Context, found: Dict[Tuple[str, str], Path], name: Optional[str] = None) -> Dict[str, object]:
+    """raw/ from the files of :func:`corpus_files`, each split one corpus: ``name``, else ``SPLIT.SRC/SPLIT.TGT``."""
+    src, tgt = ctx.recipe.langs
+    for split in SPLITS:
+        write_raw(ctx, split, [(name or f"{split}.{src}/{split}.{tgt}", iter_lines(found[split, src]),
+                                iter_lines(found[split, tgt]))])
+    return {}
 
 
 def corpus_files(directory: Path, langs: Sequence[str], hint: str) -> Dict[Tuple[str, str], Path]:

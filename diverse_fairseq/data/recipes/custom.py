@@ -1,15 +1,10 @@
-"""Your own parallel corpus: plain-text files in a folder, no download.
+"""Your own parallel corpus: plain-text files in a folder, no download (docs/usage.md#your-own-corpus).
 
     SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom     -> data-bin/custom_xx_yy
 
-``CORPUS_DIR`` holds six files, one sentence per line, UTF-8, line ``i`` of ``SPLIT.SRC`` translated by line ``i``
-of ``SPLIT.TGT`` (each file may also be gzipped, ``train.xx.gz``)::
-
-    train.xx  train.yy  valid.xx  valid.yy  test.xx  test.yy
-
-The layout is checked before anything is done (:func:`check`), then the text goes through the paper datasets'
-steps; docs/usage.md#your-own-corpus describes both and the options (``BPE``, ``BPE_SIZE``, ``SEPARATE_VOCAB``,
-``DATASET_NAME``).
+``CORPUS_DIR`` holds ``train``, ``valid`` and ``test`` ``.xx`` and ``.yy`` (each may be gzipped, ``train.xx.gz``), one
+sentence per line, UTF-8, line ``i`` of ``SPLIT.xx`` translated by line ``i`` of ``SPLIT.yy``; :func:`check` checks
+them before anything is done, then the text goes through the paper datasets' steps.
 """
 
 import collections
@@ -19,8 +14,7 @@ import re
 from pathlib import Path
 from typing import Dict, List
 
-from ..text import iter_lines
-from .base import SPLITS, Context, Recipe, corpus_files, write_raw
+from .base import SPLITS, Context, Recipe, corpus_files, write_folder
 
 DEFAULT_SIZE = 10000
 _LANG = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,15}$")
@@ -138,20 +132,10 @@ def collect_key(ctx: Context):
                        for (split, lang), path in sorted(files(ctx).items())}}
 
 
-def collect(ctx: Context):
-    found = files(ctx)
-    src, tgt = ctx.recipe.langs
-    for split in SPLITS:
-        write_raw(ctx, split, [(f"{split}.{src}/{split}.{tgt}", iter_lines(found[split, src]),
-                                iter_lines(found[split, tgt]))])
-    return {}
-
-
 RECIPE = Recipe(
     name="custom", src="", tgt="",  # set from SRC / TGT by configure()
     description="your own parallel corpus (SRC, TGT, CORPUS_DIR)",
     archives=[],
     bpe="subword-nmt", bpe_size=DEFAULT_SIZE, joint_bpe=True, joined_dictionary=True, non_printing=True,
-    collect=collect, check=check, collect_key=collect_key, configure=configure,
-    notes="no download; disk and time grow with the corpus (about those of IWSLT14 for 160k pairs)",
+    collect=lambda ctx: write_folder(ctx, files(ctx)), check=check, collect_key=collect_key, configure=configure,
 )

@@ -46,5 +46,4 @@ RECIPE = Recipe(
     # third party's record, so it is printed beside the paper's number, not checked
     paper_train_source="EMNLP 2020 Appendix B.2.3: 'IWSLT14 ... contains 153K / 7K / 7K sentence pairs'; fairseq's "
                        "prepare-iwslt14.sh gives 160,239 (dataset card of bbaaaa/iwslt14-de-en-preprocess)",
-    notes="download 20 MB, 1 GB of disk, preparation ~10 minutes",
 )

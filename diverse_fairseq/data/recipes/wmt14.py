@@ -95,7 +95,6 @@ RECIPE = Recipe(
     paper_train_pairs=4_500_000,
     paper_train_source="EMNLP 2020 Appendix B.2.3: 'about 4.5 million training sentence pairs' "
                        "(NAACL 2019 §5.2.1 and the journal §4.1.1: 4.6M)",
-    notes="download 1.6 GB, ~15 GB of disk, preparation 1-3 hours with WORKERS=8",
     # only V_en + 2 V_de (source, target and output embeddings) is fixed by the papers' parameter counts:
     # Transformer-Base 88.0M and Big 264M (NAACL 2019 Table 3, journal Tables 5-6) give 85.6k embedding rows
     # beyond the layers; split evenly (joint 32k merges give each language a similar vocabulary)
@@ -115,6 +114,4 @@ MACARON = dataclasses.replace(
     bpe_size=32764, joined_dictionary=True,
     normalize_splits=("train", "valid"), apostrophe_splits=("test",),
     clean_after_bpe=False, clean_min=1, clean_max=80, clean_ratio=9.0,  # clean-corpus-n.perl's default ratio
-    downloads_name=RECIPE.name, assumed_vocab={},
-    notes="the EMNLP 2020 authors' WMT14 data (macaron-net's prepare-wmt14en2de.sh); reads and fills "
-          "wmt14_en_de's downloads (News Commentary v12 is its one extra archive)")
+    downloads_name=RECIPE.name, assumed_vocab={})
