@@ -94,50 +94,43 @@ def where_to_get(source: Source, mirror: Optional[str] = None) -> str:
     return urls + (f" (the mirror {mirror} has a wrong copy: replace it)" if mirror else "")
 
 
-def _fetch_once(url: str, part: Path, timeout: float, log=print):
-    """Append the missing bytes of ``url`` to ``part`` (resuming with a Range request where the server allows)."""
-    start = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"User-Agent": "diverse-fairseq-data/1.0"})
-    if start:
-        request.add_header("Range", f"bytes={start}-")
-    try:
-        response = urllib.request.urlopen(request, timeout=timeout)
-    except urllib.error.HTTPError as e:
-        if e.code == 416 and start:  # nothing left to fetch: the .part file is already complete
-            return
-        raise
-    with response:
-        status = getattr(response, "status", 200)
-        kind = (response.headers.get("Content-Type") or "").lower()
-        if kind.startswith(("text/html", "application/xhtml")) and not part.name[:-5].endswith((".html", ".htm")):
-            raise HTMLResponse(f"{url} answered an HTML page (status {status}, Content-Type {kind}), not the file")
-        length = response.headers.get("Content-Length")
-        if not (start and status == 206):  # the server ignored the Range header (or a local file): start over
-            start = 0
-        total = start + int(length) if length is not None else None
-        verb = "copy" if url.startswith("file:") else "download"
-        with open(part, "ab" if start else "wb") as out, \
-                Progress(f"{verb} {part.name[:-5]}", total=total, unit="bytes", initial=start, log=log) as meter:
-            for block in iter(lambda: response.read(CHUNK), b""):
-                out.write(block)
-                meter.update(len(block))
-    if total is not None and part.stat().st_size < total:
-        raise DownloadError(f"connection closed after {part.stat().st_size} of {total} bytes")
-
-
-def _fetch_with_retries(url: str, part: Path, retries: int, timeout: float, errors: List[str], log) -> bool:
-    """Fetch ``url`` into ``part``; True when the bytes are all there (not yet verified)."""
-    local = url.startswith("file:")
+def _fetch(url: str, part: Path, retries: int, timeout: float, errors: List[str], log) -> bool:
+    """Append the missing bytes of ``url`` to ``part`` (resuming with a Range request where the server allows),
+    retrying where that may help; True when the bytes are all there (not yet verified)."""
+    local, name = url.startswith("file:"), part.name[:-5]
     for attempt in range(1, retries + 1):
+        start = part.stat().st_size if part.exists() else 0
         try:
-            log(f"  {part.name[:-5]}: {'copying' if local else 'fetching'} {url}"
+            log(f"  {name}: {'copying' if local else 'fetching'} {url}"
                 + (" (resuming)" if part.exists() and not local else ""))
-            _fetch_once(url, part, timeout, log)
+            request = urllib.request.Request(url, headers={"User-Agent": "diverse-fairseq-data/1.0"})
+            if start:
+                request.add_header("Range", f"bytes={start}-")
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                status = getattr(response, "status", 200)
+                kind = (response.headers.get("Content-Type") or "").lower()
+                if kind.startswith(("text/html", "application/xhtml")) and not name.endswith((".html", ".htm")):
+                    raise HTMLResponse(f"{url} answered an HTML page (status {status}, Content-Type {kind}), not "
+                                       f"the file")
+                length = response.headers.get("Content-Length")
+                if not (start and status == 206):  # the server ignored the Range header (or a local file): anew
+                    start = 0
+                total = start + int(length) if length is not None else None
+                with open(part, "ab" if start else "wb") as out, Progress(
+                        f"{'copy' if local else 'download'} {name}", total=total, unit="bytes", initial=start,
+                        log=log) as meter:
+                    for block in iter(lambda: response.read(CHUNK), b""):
+                        out.write(block)
+                        meter.update(len(block))
+            if total is not None and part.stat().st_size < total:
+                raise DownloadError(f"connection closed after {part.stat().st_size} of {total} bytes")
             return True
         except (urllib.error.URLError, http.client.HTTPException, OSError, DownloadError) as e:
+            if isinstance(e, urllib.error.HTTPError) and e.code == 416 and start:
+                return True  # nothing left to fetch: the .part file is already complete
             reason = getattr(e, "reason", None) or e
             errors.append(f"{url} (try {attempt}/{retries}): {reason}")
-            log(f"  {part.name[:-5]}: {reason}")
+            log(f"  {name}: {reason}")
             if isinstance(e, HTMLResponse) or local or (
                     isinstance(e, urllib.error.HTTPError) and e.code in (401, 403, 404, 410)):
                 return False  # retrying will not make the file appear
@@ -183,7 +176,7 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
         urls = [(mirror if "://" in mirror else Path(mirror).expanduser().resolve().as_uri()).rstrip("/") + "/"
                 + urllib.parse.quote(source.filename)]
     for url in urls:
-        if not _fetch_with_retries(url, part, retries, timeout, errors, log):
+        if not _fetch(url, part, retries, timeout, errors, log):
             continue
         try:
             sha256 = check_file(part, source.filename, expected, where)

@@ -2,16 +2,12 @@
 
 Conneau, Kruszewski, Lample, Barrault, Baroni. *What you can cram into a single $&!#* vector: Probing sentence
 embeddings for linguistic properties*. ACL 2018. The data is SentEval's ``data/probing/`` folder
-(github.com/facebookresearch/SentEval): one text file per task, each line ``split<TAB>label<TAB>sentence``
-(split ``tr``/``va``/``te``; the sentence, Moses-tokenized, is the last field), 100k training and 10k
-validation and test sentences per task, balanced across the classes.
+(github.com/facebookresearch/SentEval): one text file per task, each line ``split<TAB>label<TAB>sentence`` (split
+``tr``/``va``/``te``; the sentence, Moses-tokenized, is the last field).
 
-Files are fetched with :func:`diverse_fairseq.data.download.fetch` (:func:`download`); SentEval publishes no
-checksums, so each file is checked against the sizes SentEval publishes (:func:`check_sizes`): a file that falls
-short is a stand-in (a test fixture, a truncated copy), refused unless the caller accepts stand-ins. Files from a
-mirror go to a cache of that mirror's own (:func:`default_dir`), never to ``work/senteval_probing``, the cache that
-real runs read.
-``python -m diverse_fairseq.data.senteval [--dest DIR] [--tasks SentLen,WC,...]`` downloads them.
+SentEval publishes no checksums: :func:`download` checks each file against the published sizes instead, and keeps
+a mirror's files (stand-ins) out of the cache that real runs read. ``python -m diverse_fairseq.data.senteval
+[--dest DIR] [--tasks SentLen,WC,...]`` downloads them.
 """
 
 import argparse
@@ -138,8 +134,7 @@ def default_dir(mirror: Optional[str] = None) -> Path:
     if os.environ.get(DEFAULT_DIR_ENV):
         return Path(os.environ[DEFAULT_DIR_ENV])
     if mirror:
-        digest = hashlib.sha256(str(mirror).encode()).hexdigest()[:12]
-        return real_dir().with_name("senteval_probing-mirrors") / digest
+        return real_dir().with_name("senteval_probing-mirrors") / hashlib.sha256(str(mirror).encode()).hexdigest()[:12]
     return real_dir()
 
 
@@ -163,10 +158,8 @@ def check_sizes(path) -> Optional[str]:
 def download(tasks: Sequence[Task], dest, mirror: Optional[str] = None, checksums: Optional[Dict[str, str]] = None,
              log=print, require_published: bool = True) -> Dict[str, Path]:
     """Make ``dest/<file>`` exist for every task (:func:`fetch`: present files are kept); ``{task name: path}``.
-
-    Every file, new or present, is checked with :func:`check_sizes`. With ``require_published`` a short file is
-    renamed to ``NAME.rejected`` and a :class:`DownloadError` names it; without, it is kept as a stand-in with a
-    warning, but never in :func:`real_dir`."""
+    Every file is checked with :func:`check_sizes`: a short one is renamed ``NAME.rejected`` (a :class:`DownloadError`
+    names it) with ``require_published``, else kept as a stand-in with a warning, but never in :func:`real_dir`."""
     dest = Path(dest)
     if not require_published and dest.resolve() == real_dir().resolve():
         raise DownloadError(f"stand-in probing files are not allowed in {real_dir()}, the cache that real runs read; "

@@ -160,13 +160,12 @@ def write_raw(ctx: Context, split: str, corpora: Sequence[Tuple[str, Iterable[st
             open(ts, "w", encoding="utf-8", newline="\n") as fs, open(tt, "w", encoding="utf-8", newline="\n") as ft:
         for name, source, target in corpora:
             n = 0
-            for s, t in itertools.zip_longest(source, target):
+            for n, (s, t) in enumerate(itertools.zip_longest(source, target), 1):
                 if s is None or t is None:
                     raise ValueError(f"{ctx.recipe.name} {split}: {name}: the {src} and {tgt} sides differ in line "
                                      f"count; the source is damaged")
                 fs.write(s.replace("\r", " ").replace("\n", " ") + "\n")
                 ft.write(t.replace("\r", " ").replace("\n", " ") + "\n")
-                n += 1
             if len(corpora) > 1:
                 ctx.log(f"  raw {split}: {name}: {n:,} sentence pairs")
             sizes.append([name, n])

@@ -72,12 +72,9 @@ ARCHIVES = [
 _CWMT_MEMBERS = {"casia2015": ("casia2015_ch.txt", "casia2015_en.txt"),
                  "casict2015": ("casict2015_ch.txt", "casict2015_en.txt"),
                  "datum2015": ("datum_ch.txt", "datum_en.txt"), "neu2017": ("NEU_cn.txt", "NEU_en.txt")}
-CWMT_ARCHIVES = [
-    Archive(f"cwmt-{name}", [CWMT_SOURCES[name]], None,
-            expected_lines={m: EXPECTED_PAIRS[f"CWMT {name}"] for m in _CWMT_MEMBERS.get(name, ())},
-            counts_source=COUNTS_SOURCE if name in _CWMT_MEMBERS else "")
-    for name in CWMT_CORPORA
-]
+CWMT_ARCHIVES = [Archive(f"cwmt-{name}", [CWMT_SOURCES[name]], None,
+                         {m: EXPECTED_PAIRS[f"CWMT {name}"] for m in _CWMT_MEMBERS.get(name, ())},
+                         COUNTS_SOURCE if name in _CWMT_MEMBERS else "") for name in CWMT_CORPORA]
 
 CWMT_INSTRUCTIONS = """\
 The CWMT part of the WMT17 Chinese-English data is downloaded from the Hugging Face Hub
