@@ -77,13 +77,10 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
     path or one with ``..``, into a temporary folder that ``check(folder)`` (the member line counts) sees first and
     that is renamed to ``dest`` only when everything succeeded; whatever fails leaves nothing behind.
     """
-    parts = [Path(p) for p in parts]
-    dest = Path(dest)
     tmp = dest.with_name(dest.name + ".extracting")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    written = 0
     try:  # whatever goes wrong leaves no .extracting folder behind
         try:
             members = _zip_members(parts[0]) if len(parts) == 1 and zipfile.is_zipfile(parts[0]) else \
@@ -97,9 +94,8 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
                     target.parent.mkdir(parents=True, exist_ok=True)
                     with open(target, "wb") as out:
                         shutil.copyfileobj(content, out, CHUNK)
-                    written += 1
-        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zipfile.BadZipFile, OSError) as e:
-            if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and e.errno is not None:
+        except (tarfile.TarError, EOFError, zlib.error, zipfile.BadZipFile, OSError) as e:
+            if isinstance(e, OSError) and e.errno is not None:  # gzip.BadGzipFile has none
                 raise  # a real I/O problem (disk full, permissions), not a corrupt archive
             names = ", ".join(p.name for p in parts)
             for p in parts:
@@ -110,7 +106,7 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
                 f"archive {names} is corrupt or truncated ({type(e).__name__}: {e}). It was renamed to *.corrupt; "
                 f"run the command again to download it anew. If it came from a mirror (--mirror / "
                 f"$DIVERSE_FAIRSEQ_MIRROR) or was put there by hand, replace that copy first.") from e
-        if written == 0:
+        if not any(tmp.iterdir()):
             raise CorruptArchiveError(f"archive {parts[0].name} contains none of the expected files; is it the "
                                       f"right file? Delete it and run the command again.")
         if check is not None:

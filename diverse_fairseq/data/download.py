@@ -143,12 +143,11 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
           retries: int = 3, timeout: float = 60.0, log=print, expected: Optional[Expected] = None) -> Path:
     """Make ``dest_dir/source.filename`` exist, complete and verified; return its path.
 
-    ``expected`` replaces the published values (an expectations manifest); by default they are
-    :func:`expected_for` ``(source, checksums)``. An existing final file is used when its ``.verified`` record
-    matches, else verified first (a file placed by hand; refused: moved to ``NAME.rejected``). Otherwise the file is
-    fetched from the mirror (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real addresses in order,
-    resuming a ``.part`` file left by an earlier interrupted run; a location whose file fails verification is given
-    up for the next.
+    ``expected`` replaces the published values (an expectations manifest); by default they are :func:`expected_for`
+    ``(source, checksums)``. An existing final file is used when its ``.verified`` record matches, else verified first
+    (a file placed by hand; refused: moved to ``NAME.rejected``). Otherwise the file is fetched from the mirror
+    (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real addresses in order, resuming a ``.part`` file left
+    by an earlier interrupted run; a location whose file fails verification is given up for the next.
     """
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,6 @@ class Task:
     name: str  # Conneau et al.'s name
     filename: str  # SentEval's file
     column: str  # the column title of NAACL 2019 Table 1 and the journal's Table 7
-    kind: str  # "surface", "syntactic" or "semantic" (the papers' grouping)
 
     @property
     def paper_key(self) -> str:
@@ -51,18 +50,18 @@ class Task:
         return Source(self.filename, tuple(base + self.filename for base in BASE_URLS))
 
 
-# in the papers' column order
+# in the papers' column order: surface (SentLen, WC), syntactic (TreeDepth, TopConst, BShift), then semantic tasks
 TASKS = (
-    Task("SentLen", "sentence_length.txt", "SeLen", "surface"),
-    Task("WC", "word_content.txt", "WC", "surface"),
-    Task("TreeDepth", "tree_depth.txt", "TrDep", "syntactic"),
-    Task("TopConst", "top_constituents.txt", "ToCo", "syntactic"),
-    Task("BShift", "bigram_shift.txt", "BShif", "syntactic"),
-    Task("Tense", "past_present.txt", "Tense", "semantic"),
-    Task("SubjNum", "subj_number.txt", "SubNm", "semantic"),
-    Task("ObjNum", "obj_number.txt", "ObjNm", "semantic"),
-    Task("SOMO", "odd_man_out.txt", "SOMO", "semantic"),
-    Task("CoordInv", "coordination_inversion.txt", "CoIn", "semantic"),
+    Task("SentLen", "sentence_length.txt", "SeLen"),
+    Task("WC", "word_content.txt", "WC"),
+    Task("TreeDepth", "tree_depth.txt", "TrDep"),
+    Task("TopConst", "top_constituents.txt", "ToCo"),
+    Task("BShift", "bigram_shift.txt", "BShif"),
+    Task("Tense", "past_present.txt", "Tense"),
+    Task("SubjNum", "subj_number.txt", "SubNm"),
+    Task("ObjNum", "obj_number.txt", "ObjNm"),
+    Task("SOMO", "odd_man_out.txt", "SOMO"),
+    Task("CoordInv", "coordination_inversion.txt", "CoIn"),
 )
 BY_NAME = {t.name.lower(): t for t in TASKS}
 

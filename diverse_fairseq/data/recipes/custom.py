@@ -47,9 +47,8 @@ def configure(template: Recipe, options: Dict[str, object]) -> Recipe:
         raise SystemExit(f"error: DATASET_NAME (--name)={name!r} is not a valid folder name: use letters, digits, "
                          f"'_', '-' or '.'")
     separate = bool(options.get("separate_vocab"))
-    folder = Path(str(corpus)).expanduser().resolve()
     return dataclasses.replace(template, name=name or f"custom_{src}_{tgt}", src=src, tgt=tgt,
-                               description=f"your corpus in {folder} ({src}→{tgt})",
+                               description=f"your corpus in {Path(str(corpus)).expanduser().resolve()} ({src}→{tgt})",
                                joint_bpe=not separate, joined_dictionary=not separate)
 
 
@@ -68,7 +67,7 @@ FileStats = collections.namedtuple("FileStats", "lines crlf empty")
 
 
 def _scan(path: Path) -> FileStats:
-    """SystemExit naming the file and line when ``path`` is not UTF-8."""
+    """SystemExit naming the file (and the line) when ``path`` is empty or not UTF-8."""
     n = crlf = 0
     empty = []
     with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
@@ -83,6 +82,9 @@ def _scan(path: Path) -> FileStats:
                 crlf += 1
             if not text.strip():
                 empty.append(n)
+    if n == 0:
+        raise SystemExit(f"error: {path} is empty: every split needs sentences (valid and test a few hundred or "
+                         f"more, cut from the training data if need be)")
     return FileStats(n, crlf, empty)
 
 
@@ -99,10 +101,6 @@ def check(ctx: Context):
     src, tgt = ctx.recipe.langs
     for split in SPLITS:
         stats = {lang: _scan(found[split, lang]) for lang in (src, tgt)}
-        for lang, s in stats.items():
-            if s.lines == 0:
-                raise SystemExit(f"error: {found[split, lang]} is empty: every split needs sentences "
-                                 f"(valid and test a few hundred or more, cut from the training data if need be)")
         n, names = stats[src].lines, f"{found[split, src].name} / {found[split, tgt].name}"
         if n != stats[tgt].lines:
             raise SystemExit(

@@ -1,9 +1,8 @@
 """The demo corpus (English→German software messages, committed in ``data/demo/``): no download.
 
-Its text is used as it is (sentencepiece on the raw text by default, since messages hold placeholders
-such as ``%s`` that Moses tokenization would split), so that decoding with
-``--post-process sentencepiece`` gives raw text that sacrebleu scores against the raw reference.
-``BPE=subword-nmt`` gives the classic Moses-tokenized pipeline instead.
+Its text is used as it is (sentencepiece on the raw text by default, since messages hold placeholders such as ``%s``
+that Moses tokenization would split), so that decoding with ``--post-process sentencepiece`` gives raw text that
+sacrebleu scores against the raw reference. ``BPE=subword-nmt`` gives the classic Moses-tokenized pipeline instead.
 """
 
 import hashlib

@@ -76,12 +76,12 @@ CWMT_ARCHIVES = [Archive(f"cwmt-{name}", [CWMT_SOURCES[name]], None,
                          {m: EXPECTED_PAIRS[f"CWMT {name}"] for m in _CWMT_MEMBERS.get(name, ())},
                          COUNTS_SOURCE if name in _CWMT_MEMBERS else "") for name in CWMT_CORPORA]
 
-CWMT_INSTRUCTIONS = """\
+CWMT_INSTRUCTIONS = f"""\
 The CWMT part of the WMT17 Chinese-English data is downloaded from the Hugging Face Hub
-({hf}<name>.zip, six zips: {corpora}).
+({HF_BASE}wmt18/resolve/main/cwmt-wmt/<name>.zip, six zips: {', '.join(CWMT_CORPORA)}).
 The FTP server that WMT17 named (via http://nlp.nju.edu.cn/cwmt-wmt/) no longer answers. If you have the
 zips or their unpacked folders already, put them into
-    {cwmt_dir}
+    {{cwmt_dir}}
 (any layout: files named like casia2015_ch.txt / casia2015_en.txt or Book1_cn.txt / Book1_en.txt are found
 wherever they are) or point --cwmt-dir / CWMT_DIR there: they are used instead of the download.
 To prepare the data without CWMT (about 9M fewer pairs), run again with --skip-cwmt (make: CWMT=skip)."""
@@ -141,9 +141,7 @@ def check(ctx: Context):
     if _manual_cwmt(directory):
         ctx.log(f"  CWMT: using the files in {directory}")
     else:
-        ctx.log("  " + CWMT_INSTRUCTIONS.format(hf=f"{HF_BASE}wmt18/resolve/main/cwmt-wmt/",
-                                                corpora=", ".join(CWMT_CORPORA), cwmt_dir=directory)
-                .replace("\n", "\n  "))
+        ctx.log("  " + CWMT_INSTRUCTIONS.format(cwmt_dir=directory).replace("\n", "\n  "))
 
 
 def _cwmt_roots(ctx: Context):
