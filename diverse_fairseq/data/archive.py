@@ -68,7 +68,7 @@ def _zip_members(path: Path) -> Iterator[Tuple[str, IO[bytes]]]:
 
 
 def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], bool]] = None, log=print,
-            check: Optional[Callable[[Path], None]] = None) -> Path:
+            check: Optional[Callable[[Path], None]] = None):
     """Extract the archive made of ``parts`` (one file, or the pieces of a split archive) into ``dest``.
 
     The whole compressed stream is read, so a truncated or corrupt archive is detected (gzip CRC and length, tar
@@ -117,4 +117,3 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)
-    return dest

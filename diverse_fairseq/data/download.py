@@ -1,7 +1,6 @@
 """Download files with resume (``NAME.part``, an HTTP ``Range`` request), verification (:mod:`.verify`), atomic
 rename and a mirror override (``--mirror BASE`` or ``$DIVERSE_FAIRSEQ_MIRROR``: a URL or a local directory, a flat
-folder of the original files looked up by name): :func:`fetch`. docs/usage.md says why not pooch or mtdata.
-"""
+folder of the original files looked up by name): :func:`fetch`. docs/usage.md says why not pooch or mtdata."""
 
 import http.client
 import os

@@ -147,8 +147,7 @@ def split_sizes(path) -> Dict[str, int]:
 def check_sizes(path) -> Optional[str]:
     """Why ``path`` is not SentEval's published file (too few sentences in a split), or None."""
     found = split_sizes(path)
-    short = [s for s in SPLITS if found[s] < PUBLISHED_MIN[s]]
-    if not short:
+    if all(found[s] >= PUBLISHED_MIN[s] for s in SPLITS):
         return None
     return (f"{Path(path).name} has {' / '.join(f'{found[s]:,}' for s in SPLITS)} sentences tr / va / te, SentEval "
             f"publishes at least {' / '.join(f'{PUBLISHED_MIN[s]:,}' for s in SPLITS)} ({SIZES_SOURCE})")

@@ -78,8 +78,7 @@ RECIPE = Recipe(
     description="WMT14 en→de (Europarl v7, Common Crawl, News Commentary v9; newstest2013/2014)",
     archives=ARCHIVES,
     joint_bpe=True, joined_dictionary=False,  # one BPE for English and German, a dictionary per language
-    aggressive_dash=True,
-    clean_ratio=1.5,
+    aggressive_dash=True, clean_ratio=1.5,
     collect=functools.partial(collect_corpora, news_commentary=(
         "news-commentary-v9", "news-commentary", "training/news-commentary-v9.de-en"), sgm_valid=True),
     paper_train_pairs=4_500_000,

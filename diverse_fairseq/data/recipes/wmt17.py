@@ -63,8 +63,7 @@ ARCHIVES = [
     Archive("news-commentary", [NEWS_COMMENTARY_V12],
             lambda n: n.endswith(("news-commentary-v12.zh-en.zh", "news-commentary-v12.zh-en.en"))),
     Archive("un", UN_PARTS, lambda n: n.endswith(("UNv1.0.en-zh.zh", "UNv1.0.en-zh.en")),
-            expected_lines={"UNv1.0.en-zh.zh": EXPECTED_PAIRS["UN-v1.0"], "UNv1.0.en-zh.en": EXPECTED_PAIRS["UN-v1.0"]},
-            counts_source=COUNTS_SOURCE),
+            dict.fromkeys(("UNv1.0.en-zh.zh", "UNv1.0.en-zh.en"), EXPECTED_PAIRS["UN-v1.0"]), COUNTS_SOURCE),
     Archive("dev", [DEV], lambda n: "newsdev2017-zhen" in n),
     Archive("test", [TEST], lambda n: "newstest2017-zhen" in n),
 ]
@@ -150,17 +149,12 @@ def _cwmt_roots(ctx: Context):
     directory = cwmt_dir(ctx.options, ctx.work_dir)
     if not _manual_cwmt(directory):
         return [ctx.extracted(a.name) for a in ctx.recipe.archives if a.name.startswith("cwmt-")]
-    roots = [directory]
     zips = sorted(directory.glob("*.zip"))
-    if zips:
-        target = ctx.extracted("cwmt")
-        for z in zips:
-            dest = target / z.stem
-            if not dest.exists():
-                ctx.log(f"  unpacking {z.name}")
-                extract([z], dest, log=ctx.log)
-        roots.append(target)
-    return roots
+    for z in zips:
+        if not (ctx.extracted("cwmt") / z.stem).exists():
+            ctx.log(f"  unpacking {z.name}")
+            extract([z], ctx.extracted("cwmt") / z.stem, log=ctx.log)
+    return [directory] + ([ctx.extracted("cwmt")] if zips else [])
 
 
 def check_counts(found: Dict[str, int], allow_unverified: bool, log=print) -> Dict[str, Dict[str, object]]:
@@ -250,10 +244,8 @@ RECIPE = Recipe(
     description="WMT17 zh→en (News Commentary v12, UN v1.0, CWMT; newsdev2017/newstest2017)",
     archives=ARCHIVES + CWMT_ARCHIVES,
     joint_bpe=False, joined_dictionary=False,  # Chinese and English: separate BPE and dictionaries
-    clean_max=50,
+    clean_max=50, corpora_file=CORPORA_FILE, paper_train_pairs=PAPER_TRAIN_PAIRS,
     collect=collect, check=check, collect_key=collect_key, configure=configure,
-    corpora_file=CORPORA_FILE,
-    paper_train_pairs=PAPER_TRAIN_PAIRS,
     paper_train_source="journal §4.1.1 and NAACL 2019 §5.2.1: 'about 20.6M sentence pairs' (length <= 50)",
     # only V_zh + 2 V_en is fixed by the papers' parameter counts: Transformer-Base 108M and Big 304M (NAACL 2019
     # Table 4, journal Table 5) give 124.7k embedding rows beyond the layers; English is taken as 32k merges
