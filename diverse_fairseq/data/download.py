@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .progress import Progress
-from .verify import Expected, VerificationError, check_file, mark_verified, reject, verified_sha256
+from .verify import CHUNK, Expected, VerificationError, check_file, mark_verified, reject, verified_sha256
 
 MIRROR_ENV = "DIVERSE_FAIRSEQ_MIRROR"
-CHUNK = 1 << 20
 
 
 class DownloadError(RuntimeError):
@@ -66,10 +65,8 @@ def read_checksum_file(path) -> Dict[str, str]:
 def expected_for(source: Source, checksums: Optional[Dict[str, str]] = None,
                  manifest: Optional[Dict[str, Expected]] = None) -> Expected:
     """What ``source`` must be: a manifest's entry (fixtures), else the published values, completed by a digest
-    from the user's checksum file (``CHECKSUMS``) where nothing is published.
-
-    A user digest that contradicts a published one is refused: the published value wins, always.
-    """
+    from the user's checksum file (``CHECKSUMS``) where nothing is published; a user digest that contradicts a
+    published one is refused: the published value wins, always."""
     if manifest and source.filename in manifest:
         return manifest[source.filename]
     expected = Expected(source.size, source.sha256, source.md5, source.checksum_source or "published checksum")

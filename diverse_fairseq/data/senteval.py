@@ -185,14 +185,12 @@ def sizes(data: TaskData) -> Tuple[int, int, int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.data.senteval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dest", default=None, help=f"folder for the task files (default ${DEFAULT_DIR_ENV} or "
-                   "work/senteval_probing)")
+    p.add_argument("--dest", help=f"folder for the task files (default ${DEFAULT_DIR_ENV} or work/senteval_probing)")
     p.add_argument("--tasks", default="all", help="comma-separated task names or all (default)")
-    p.add_argument("--mirror", default=None, help="a folder or URL with the files by name [DIVERSE_FAIRSEQ_MIRROR]")
+    p.add_argument("--mirror", help="a folder or URL with the files by name [DIVERSE_FAIRSEQ_MIRROR]")
     p.add_argument("--checksums", default=os.environ.get("CHECKSUMS"), help="md5sum/sha256sum file [CHECKSUMS]")
-    p.add_argument("--stand-ins", action="store_true",
-                   help="accept files smaller than SentEval's published sizes (test fixtures); never into "
-                        "work/senteval_probing")
+    p.add_argument("--stand-ins", action="store_true", help="accept files smaller than SentEval's published sizes "
+                   "(test fixtures); never into work/senteval_probing")
     args = p.parse_args(argv)
     mirror = args.mirror or os.environ.get(MIRROR_ENV) or None
     dest = Path(args.dest) if args.dest else default_dir(mirror)

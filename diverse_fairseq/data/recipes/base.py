@@ -35,11 +35,11 @@ class Recipe:
     src: str
     tgt: str
     description: str
-    archives: List[Archive]
     bpe: str  # default segmentation: "subword-nmt" or "sentencepiece"
     bpe_size: int  # merges (subword-nmt) / vocabulary (sentencepiece)
     joint_bpe: bool
     joined_dictionary: bool
+    archives: List[Archive] = field(default_factory=list)  # none: the text is local (demo, custom)
     lowercase: bool = False
     aggressive_dash: bool = False
     punct_norm: bool = False  # Moses punctuation normalisation ...
@@ -68,8 +68,7 @@ class Recipe:
     # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes differently
     # shares the downloads, tokenization and BPE of the recipe it varies
     work_name: Optional[str] = None
-    # a JSON file that ``collect`` writes into raw/ (the corpora, their counts and checks): prepare.json's
-    # "training_data"
+    # a JSON file that ``collect`` writes into raw/ (corpora, counts, checks): prepare.json's "training_data"
     corpora_file: Optional[str] = None
     # the training pairs the paper reports (0: none) and where; printed beside the final count (a large difference
     # is a warning naming the corpus that is short)

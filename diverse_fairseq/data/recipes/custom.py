@@ -16,7 +16,6 @@ from typing import Dict, List
 
 from .base import SPLITS, Context, Recipe, corpus_files, write_folder
 
-DEFAULT_SIZE = 10000
 _LANG = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,15}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -133,7 +132,6 @@ def collect_key(ctx: Context):
 RECIPE = Recipe(
     name="custom", src="", tgt="",  # set from SRC / TGT by configure()
     description="your own parallel corpus (SRC, TGT, CORPUS_DIR)",
-    archives=[],
-    bpe="subword-nmt", bpe_size=DEFAULT_SIZE, joint_bpe=True, joined_dictionary=True, non_printing=True,
+    bpe="subword-nmt", bpe_size=10000, joint_bpe=True, joined_dictionary=True, non_printing=True,
     collect=lambda ctx: write_folder(ctx, files(ctx)), check=check, collect_key=collect_key, configure=configure,
 )

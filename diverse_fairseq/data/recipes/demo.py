@@ -28,7 +28,6 @@ def collect_key(ctx: Context):
 RECIPE = Recipe(
     name="demo", src="en", tgt="de",
     description="software messages en→de from Debian gettext catalogs (data/demo)",
-    archives=[],
     bpe="sentencepiece", bpe_size=4000, joint_bpe=True, joined_dictionary=True, non_printing=True,
     max_len_a=1.5, max_len_b=10,  # messages are short: an undertrained model must not loop for 200 tokens
     collect=lambda ctx: write_folder(ctx, _files(ctx), ctx.recipe.name), collect_key=collect_key,

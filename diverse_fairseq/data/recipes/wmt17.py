@@ -20,12 +20,11 @@ from ..download import Source
 from ..text import iter_lines, sgm_segments
 from .base import NEWS_COMMENTARY_V12, WMT17_DEV, WMT_SETTINGS, Archive, Context, Recipe, sacrebleu_source, write_raw
 
-UN_BASE = "https://stuncorpusprod.blob.core.windows.net/corpusfiles/"
 UN_HINT = ("The UN's own addresses do not always answer: WMT17_SOURCE=hf (--wmt17-source hf) downloads the same "
            "corpus from the Hugging Face Hub instead.")
 UN_PARTS = [Source(f"UNv1.0.en-zh.tar.gz.{i:02d}", tuple(base + f"UNv1.0.en-zh.tar.gz.{i:02d}" for base in (
-    UN_BASE, "https://conferences.unite.un.org/UNCorpus/en/DownloadFile?filename=")), extra={"hint": UN_HINT})
-    for i in range(2)]
+    "https://stuncorpusprod.blob.core.windows.net/corpusfiles/",
+    "https://conferences.unite.un.org/UNCorpus/en/DownloadFile?filename=")), extra={"hint": UN_HINT}) for i in range(2)]
 #: the Hugging Face Hub copies (``wmt_utils.py`` of huggingface/datasets' wmt17/wmt18/wmt19 scripts)
 HF_BASE = "https://huggingface.co/datasets/wmt/"
 HF_UN = Source("UNv1.0.en-zh.zip", (HF_BASE + "uncorpus/resolve/main-zip/UNv1.0.en-zh.zip",))
@@ -105,9 +104,8 @@ def configure(recipe: Recipe, options: Dict[str, object]) -> Recipe:
                                 ("LENGTH_UNIT (--length-unit)", unit, LENGTH_UNITS)):
         if value not in choices:
             raise SystemExit(f"error: {var}={value!r} is not valid: use one of {', '.join(choices)}")
-    archives = [a for a in recipe.archives if not a.name.startswith("cwmt-")]
-    if source == "hf":
-        archives = [replace(a, parts=[HF_UN]) if a.name == "un" else a for a in archives]
+    archives = [replace(a, parts=[HF_UN]) if a.name == "un" and source == "hf" else a
+                for a in recipe.archives if not a.name.startswith("cwmt-")]
     manual_dir = cwmt_dir(options, Path(options.get("work_dir") or "work") / recipe.name)
     if not options.get("skip_cwmt") and not _manual_cwmt(manual_dir):
         archives += CWMT_ARCHIVES
