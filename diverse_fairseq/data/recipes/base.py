@@ -99,9 +99,8 @@ def sacrebleu_source(filename: str, url: str) -> Source:
 
 #: WMT17's dev.tgz holds newstest2008-2016 and newsdev2017: one file serves WMT14 and WMT17
 WMT17_DEV = sacrebleu_source("dev.tgz", "https://data.statmt.org/wmt17/translation-task/dev.tgz")
-#: size and sha256: TensorFlow Datasets' registry of the same URL, tensorflow_datasets/url_checksums/
-#: wmt17_translate.txt (github.com/tensorflow/datasets, commit 333639b3). The https address is macaron-net's
-#: (prepare-wmt14en2de.sh line 21 has http; the server answers both).
+#: size and sha256: TensorFlow Datasets' registry of the same URL (github.com/tensorflow/datasets, commit 333639b3,
+#: ``checksum_source``); the https address is macaron-net's (prepare-wmt14en2de.sh line 21 has http; both answer)
 NEWS_COMMENTARY_V12 = Source("training-parallel-nc-v12.tgz",
                              ("https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
                               "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz"),

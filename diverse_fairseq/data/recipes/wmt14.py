@@ -31,8 +31,7 @@ from ..download import Source
 from ..text import sgm_segments
 from .base import NEWS_COMMENTARY_V12, WMT17_DEV, WMT_SETTINGS, Archive, Context, Recipe, sacrebleu_source, write_raw
 
-# sizes and sha256 of the training archives: TensorFlow Datasets' registry of the same URLs,
-# tensorflow_datasets/url_checksums/wmt14_translate.txt (github.com/tensorflow/datasets, commit 333639b3)
+# sizes and sha256 of the training archives: TensorFlow Datasets' registry (github.com/tensorflow/datasets 333639b3)
 TFDS_WMT14 = "TensorFlow Datasets url_checksums/wmt14_translate.txt"
 EUROPARL = Source("training-parallel-europarl-v7.tgz", ("http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",),
                   size=657632379, sha256="0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7",
