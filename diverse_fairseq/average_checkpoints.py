@@ -53,12 +53,6 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound: Optio
     return found[:n]
 
 
-def average_last(save_dir: str, n: int, update_based: bool, output: str,
-                 upper_bound: Optional[int] = None) -> List[str]:
-    """Average the last ``n`` checkpoints of ``save_dir`` (:func:`last_n_checkpoints`) into ``output``; return them."""
-    return average_files(last_n_checkpoints(save_dir, n, update_based, upper_bound), output)
-
-
 def average_files(inputs: List[str], output: str) -> List[str]:
     """Average the checkpoint files ``inputs`` into ``output`` (written atomically); return ``inputs``."""
     print("averaging checkpoints:\n  " + "\n  ".join(inputs), flush=True)
@@ -87,9 +81,8 @@ def main(argv=None):
     if n is not None:
         if len(inputs) != 1 or not os.path.isdir(inputs[0]):
             p.error("with --num-*-checkpoints, --inputs must be one directory")
-        average_last(inputs[0], n, args.num_update_checkpoints is not None, args.output, args.checkpoint_upper_bound)
-    else:
-        average_files(inputs, args.output)
+        inputs = last_n_checkpoints(inputs[0], n, args.num_update_checkpoints is not None, args.checkpoint_upper_bound)
+    average_files(inputs, args.output)
     return args.output
 
 

@@ -77,13 +77,9 @@ def length_ratio(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a"
 
 
 def sign_test_p(plus: int, minus: int) -> float:
-    """Exact two-sided binomial p-value of ``plus`` successes out of ``plus + minus`` with p = ½."""
+    """Exact two-sided binomial p-value of ``plus`` successes out of ``plus + minus`` with p = ½ (1 for none)."""
     n = plus + minus
-    if n == 0:
-        return 1.0
-    k = min(plus, minus)
-    tail = sum(math.comb(n, i) for i in range(k + 1))
-    return min(1.0, 2 * tail / 2 ** n)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(plus, minus) + 1)) / 2 ** n)
 
 
 def sentence_statistics(metric, hyps: Sequence[str], refs: Sequence[str]):

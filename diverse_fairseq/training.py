@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional
 
-from .average_checkpoints import average_last
+from .average_checkpoints import average_files, last_n_checkpoints
 from .runs import env_checks, paths
 from .runs.checkpoint_file import finished, refuse_damaged_last, trained_updates
 from .runs.identity import ARGS_FILE, RESUME_ENV, check_resume, write_args
@@ -271,18 +271,15 @@ def failure_message(rc: int, last_error: str, save_dir: Path) -> str:
 
 def remove_unused(save_dir: Path) -> bool:
     """After a training that wrote no checkpoint: delete our :data:`ARGS_FILE` and every empty folder in
-    ``save_dir`` (an unused tensorboard folder, then ``save_dir`` itself). Nothing else is touched, so a folder
-    holding anything else (logs, a user's files) stays. Returns whether ``save_dir`` is gone."""
+    ``save_dir``, the deepest first (an unused tensorboard folder, then ``save_dir`` itself). Nothing else is
+    touched, so a folder holding anything else (logs, a user's files) stays. Returns whether ``save_dir`` is gone."""
     if not save_dir.is_dir() or any(save_dir.glob("checkpoint*.pt")):
         return False
     (save_dir / ARGS_FILE).unlink(missing_ok=True)
-    for folder in sorted(save_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # the deepest first
+    for folder in [*sorted(save_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True), save_dir]:
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
-    if any(save_dir.iterdir()):
-        return False
-    save_dir.rmdir()
-    return True
+    return not save_dir.exists()
 
 
 def _average(p: Plan, reuse: bool = False) -> int:
@@ -296,7 +293,7 @@ def _average(p: Plan, reuse: bool = False) -> int:
         return p.average
     print(f"[train] averaging the last {p.average} checkpoints into {out}", flush=True)
     try:
-        average_last(str(p.save_dir), p.average, p.update_based, str(out))
+        average_files(last_n_checkpoints(str(p.save_dir), p.average, p.update_based), str(out))
         return p.average
     except SystemExit as e:  # too few checkpoints (a short run): training itself succeeded
         print(f"[train] warning: no average written: {e}", flush=True)
