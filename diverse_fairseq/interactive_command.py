@@ -1,10 +1,7 @@
-"""The ``fairseq-interactive`` command that translates raw text with a checkpoint, segmenting it as its dataset was.
-
-    python -m diverse_fairseq.interactive_command CHECKPOINT [DATASET] [--data-bin DIR]
-
-prints one command line (and, on stderr, what the command cannot do for this dataset). DATASET is a name under
-DATA_BIN or a prepared dataset's folder; without it, the dataset the checkpoint was trained on. Its ``prepare.json``
-says how the training text was made, and the command repeats that on the input:
+"""Print the ``fairseq-interactive`` command that translates raw text with a checkpoint, segmenting it as its
+dataset was (and, on stderr, what the command cannot do for this dataset). DATASET is a name under DATA_BIN or a
+prepared dataset's folder; without it, the dataset the checkpoint was trained on. Its ``prepare.json`` says how the
+training text was made, and the command repeats that on the input:
 
 * ``BPE=subword-nmt`` (the default recipe): Moses tokenization (``--tokenizer moses``, with ``--moses-no-dash-splits``
   unless the recipe split hyphens) and then the dataset's BPE codes. Without the tokenizer, ``--bpe subword_nmt``

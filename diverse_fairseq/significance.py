@@ -1,9 +1,4 @@
-"""Is system B significantly better than baseline A on the same references?
-
-    python -m diverse_fairseq.significance --ref REF --baseline A.txt --system B.txt [B2.txt ...]
-        [--tokenize 13a|none|zh|intl] [--lowercase] [--samples 1000] [--seed 12345] [--json]
-
-Two tests, both on corpus BLEU:
+"""Is system B significantly better than baseline A on the same references? Two tests, both on corpus BLEU:
 
 * **paired bootstrap resampling** (Koehn 2004), computed by sacrebleu's own implementation
   (``sacrebleu.significance.PairedTest``, the ``--paired-bs`` of its command line): 1000 resamples, a p-value and
@@ -46,10 +41,8 @@ def read_lines(path, role: str = "input") -> List[str]:
 
 
 def system_labels(paths: Sequence) -> List[str]:
-    """One distinct label per file: in the layout of :mod:`diverse_fairseq.evaluate` (a ``results.json`` beside the
-    file, naming the checkpoint; every system's file there is ``hyp.detok.<lang>``) ``<save dir>/<checkpoint name>``,
-    e.g. ``transformer_seed1/checkpoint_best``, else the file's name; where two would be equal, the files' paths
-    relative to their common folder."""
+    """One distinct label per file, as the module's docstring says (every system's file in an evaluation folder is
+    ``hyp.detok.<lang>``, so the checkpoint that ``results.json`` names tells them apart)."""
     labels = {}  # resolved path -> label; a file named twice keeps one label
     for path in map(Path, paths):
         try:

@@ -80,13 +80,10 @@ def request_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=N
     process's environment) checked before anything runs. ``gpus`` overrides ``GPUS`` (None: every visible GPU)."""
     env = dict(os.environ if env is None else env)
     options = options_from_env(env)  # every variable, before anything else
-    seed = _int(env, "SEED", 1, 0)
-    if gpus is None:
-        gpus = _int(env, "GPUS", None, 0)
     save_dir = env_checks.get(env, "SAVE_DIR")
-    return TrainRequest(dataset=dataset, setting=setting_or_arch, extra=tuple(extra), seed=seed,
-                        save_dir=Path(save_dir) if save_dir else None,
-                        data_bin=paths.from_env("DATA_BIN", env), gpus=gpus, options=options)
+    return TrainRequest(dataset=dataset, setting=setting_or_arch, extra=tuple(extra), seed=_int(env, "SEED", 1, 0),
+                        save_dir=save_dir and Path(save_dir), data_bin=paths.from_env("DATA_BIN", env),
+                        gpus=_int(env, "GPUS", None, 0) if gpus is None else gpus, options=options)
 
 
 def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=None,
