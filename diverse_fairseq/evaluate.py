@@ -100,8 +100,7 @@ def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: Lis
     ref_file = data_dir / f"{subset}.tok.{meta.target_lang}"
     refs = ref_file.read_text(encoding="utf-8").splitlines() if ref_file.exists() else tok(refs_detok)
     if meta.compound_split:
-        hyps = [compound_split(s) for s in hyps]
-        refs = [compound_split(s) for s in refs]
+        hyps, refs = [compound_split(s) for s in hyps], [compound_split(s) for s in refs]
     return hyps, refs
 
 
@@ -239,12 +238,11 @@ def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu:
 def evaluate(request: EvalRequest) -> Dict:
     """Decode ``request.subset`` with the checkpoint, detokenize, score; write the outputs and ``results.json``
     into the output directory and return the results."""
-    data_dir, subset = Path(request.data_dir), request.subset
+    data_dir, subset, ckpt = Path(request.data_dir), request.subset, Path(request.checkpoint)
     meta = load_dataset_meta(data_dir)
-    src, tgt = meta.source_lang, meta.target_lang
-    ckpt = Path(request.checkpoint)
+    tgt = meta.target_lang
     # before any output: a truncated file, one that is not a checkpoint, or a model of another dataset
-    check_dataset(read_checkpoint(ckpt), ckpt, data_dir, src, tgt)
+    check_dataset(read_checkpoint(ckpt), ckpt, data_dir, meta.source_lang, tgt)
     out = Path(request.out or ckpt.parent / f"eval-{meta.dataset}-{subset}-{ckpt.stem}")
     out.mkdir(parents=True, exist_ok=True)
 
@@ -256,8 +254,7 @@ def evaluate(request: EvalRequest) -> Dict:
           f"({request.length_penalty}), at most {d['max_len_a']:g}·|x|+{d['max_len_b']} tokens, "
           f"{'GPU' if on_gpu else 'CPU'})", flush=True)
     print("  " + " ".join(cmd[1:]), flush=True)
-    gen_file = out / f"generate-{subset}.txt"
-    log_file = out / f"generate-{subset}.log"
+    gen_file, log_file = out / f"generate-{subset}.txt", out / f"generate-{subset}.log"
     returncode = run_logged(cmd, log_file)
     if returncode != 0 or not gen_file.exists():
         raise SystemExit(f"error: fairseq-generate failed (exit {returncode}); its log is {log_file}")
