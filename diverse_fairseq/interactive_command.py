@@ -19,7 +19,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from .evaluate import resolve_data
 from .runs import paths
@@ -48,21 +48,17 @@ def stored_decoding(state: Dict) -> Dict[str, object]:
     ``--length-penalty``; ``fairseq`` for the plain ``translation`` task) and, where ``--eval-bleu-args`` gave
     them, ``max_len_a`` / ``max_len_b``. ``state`` is :func:`~diverse_fairseq.runs.checkpoint_file.read_checkpoint`'s,
     which fairseq has upgraded: an argparse-era checkpoint's ``args`` are in its ``cfg`` too."""
-    task = (state.get("cfg") or {}).get("task") or {}
-    decoding = {"length_penalty": str(task.get("length_penalty") or "fairseq")}
-    try:
-        generation = json.loads(task.get("eval_bleu_args") or "{}") if task.get("eval_bleu") else {}
-    except ValueError:
-        generation = {}
-    decoding.update({k: generation[k] for k in ("max_len_a", "max_len_b") if k in generation})
-    return decoding
+    task = state["cfg"]["task"]
+    # valid JSON where --eval-bleu is on: fairseq's translation task parsed it when it built the model
+    generation = json.loads(task.get("eval_bleu_args") or "{}") if task.get("eval_bleu") else {}
+    return {"length_penalty": str(task.get("length_penalty") or "fairseq"),
+            **{k: generation[k] for k in ("max_len_a", "max_len_b") if k in generation}}
 
 
-def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Optional[Dict[str, object]] = None
-                  ) -> List[str]:
+def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Dict[str, object]) -> List[str]:
     """``fairseq-interactive`` with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
     decoding settings, with ``decoding`` (:func:`stored_decoding`) over them."""
-    d = {"length_penalty": "fairseq", "max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **(decoding or {})}
+    d = {"max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **decoding}
     return ["fairseq-interactive", str(data_dir), "--path", str(checkpoint), "--user-dir", USER_DIR,
             *task_args(str(d["length_penalty"])), "--source-lang", meta.source_lang,
             "--target-lang", meta.target_lang, *segmentation_options(data_dir, meta),
