@@ -17,7 +17,7 @@ from pathlib import Path
 from diverse_fairseq.runs.cli_logging import setup_cli_logging
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.analyze", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="fairseq checkpoint file(s)")
@@ -41,11 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=4, help="beam size for --ablation-bleu (default 4)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     setup_cli_logging()
     import torch
 
@@ -70,6 +66,7 @@ def main(argv=None) -> int:
     print(report.read_text())
     print(f"wrote {out}")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
