@@ -46,31 +46,26 @@ from .runs.plan import PRECISIONS, Plan, TrainOptions, TrainRequest, plan, selec
 from .runs.settings import EMBEDDINGS, SETTINGS, default_setting
 
 
-def _int(env, name, default, minimum, maximum=None):
-    """The integer environment variable ``name`` (``default`` when unset or empty), validated."""
+def _var(env, name, default, *bounds, parse=env_checks.parse_int):
+    """The environment variable ``name`` (``default`` when unset or empty), parsed and validated."""
     value = env_checks.get(env, name)
-    return default if value is None else env_checks.parse_int(name, value, minimum, maximum)
-
-
-def _choice(env, name, choices):
-    value = env_checks.get(env, name)
-    return None if value is None else env_checks.parse_choice(name, value, choices)
+    return default if value is None else parse(name, value, *bounds)
 
 
 def options_from_env(env) -> TrainOptions:
     """The validated launch options of the environment (SystemExit naming a bad variable)."""
-    nnodes = _int(env, "NNODES", None, 1)
+    nnodes, choice, flag = _var(env, "NNODES", None, 1), env_checks.parse_choice, env_checks.parse_flag
     return TrainOptions(
-        nnodes=nnodes, slurm_nnodes=_int(env, "SLURM_NNODES", 1, 1),
-        max_tokens=_int(env, "MAX_TOKENS", None, 1), update_freq=_int(env, "UPDATE_FREQ", None, 1),
-        max_update=_int(env, "MAX_UPDATE", None, 1), average=_int(env, "AVERAGE", None, 0),
-        node_rank=_int(env, "NODE_RANK", 0, 0, (nnodes or 1) - 1),
+        nnodes=nnodes, slurm_nnodes=_var(env, "SLURM_NNODES", 1, 1),
+        max_tokens=_var(env, "MAX_TOKENS", None, 1), update_freq=_var(env, "UPDATE_FREQ", None, 1),
+        max_update=_var(env, "MAX_UPDATE", None, 1), average=_var(env, "AVERAGE", None, 0),
+        node_rank=_var(env, "NODE_RANK", 0, 0, (nnodes or 1) - 1),
         master_addr=env_checks.get(env, "MASTER_ADDR") or "127.0.0.1",
-        master_port=_int(env, "MASTER_PORT", None, 1, 65535), slurm_job_id=_int(env, "SLURM_JOB_ID", 0, 0),
-        slurm_node_id=_int(env, "SLURM_NODEID", 0, 0), precision=_choice(env, "PRECISION", PRECISIONS),
-        dry_run=env_checks.parse_flag("DRY_RUN", env.get("DRY_RUN")),
-        resume_anyway=env_checks.parse_flag(RESUME_ENV, env.get(RESUME_ENV)),
-        embeddings=_choice(env, "EMBEDDINGS", EMBEDDINGS), checkpoints=paths.from_env("CHECKPOINTS", env),
+        master_port=_var(env, "MASTER_PORT", None, 1, 65535), slurm_job_id=_var(env, "SLURM_JOB_ID", 0, 0),
+        slurm_node_id=_var(env, "SLURM_NODEID", 0, 0), precision=_var(env, "PRECISION", None, PRECISIONS, parse=choice),
+        embeddings=_var(env, "EMBEDDINGS", None, EMBEDDINGS, parse=choice),
+        dry_run=_var(env, "DRY_RUN", False, parse=flag), resume_anyway=_var(env, RESUME_ENV, False, parse=flag),
+        checkpoints=paths.from_env("CHECKPOINTS", env),
     )
 
 
@@ -81,9 +76,9 @@ def request_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=N
     env = dict(os.environ if env is None else env)
     options = options_from_env(env)  # every variable, before anything else
     save_dir = env_checks.get(env, "SAVE_DIR")
-    return TrainRequest(dataset=dataset, setting=setting_or_arch, extra=tuple(extra), seed=_int(env, "SEED", 1, 0),
+    return TrainRequest(dataset=dataset, setting=setting_or_arch, extra=tuple(extra), seed=_var(env, "SEED", 1, 0),
                         save_dir=save_dir and Path(save_dir), data_bin=paths.from_env("DATA_BIN", env),
-                        gpus=_int(env, "GPUS", None, 0) if gpus is None else gpus, options=options)
+                        gpus=_var(env, "GPUS", None, 0) if gpus is None else gpus, options=options)
 
 
 def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=None,
