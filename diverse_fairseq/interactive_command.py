@@ -66,19 +66,6 @@ def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Dict[str, o
             "--max-len-a", str(d["max_len_a"]), "--max-len-b", str(d["max_len_b"])]
 
 
-def caveats(meta: DatasetMeta) -> List[str]:
-    """What the command does not repeat of the dataset's preparation, for the user to do on the input."""
-    notes = []
-    if meta.lowercase:
-        notes.append("the dataset was lowercased: give lowercase input (fairseq-interactive does not lowercase); "
-                     "the output is lowercase too")
-    if meta.source_lang == "zh" and meta.moses_tokenized:
-        seg = meta.zh_seg or "jieba"  # prepare_data's default segmenter
-        notes.append(f"the Chinese source was segmented ({seg}) before Moses tokenization: give input segmented "
-                     f"the same way (words separated by spaces" + (", characters" if seg == "char" else "") + ")")
-    return notes
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.interactive_command", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -92,8 +79,14 @@ def main(argv=None) -> int:
     data_dir = resolve_data(args.dataset, args.data_bin) if args.dataset else stored_data_dir(state, checkpoint)
     meta = load_dataset_meta(data_dir)
     check_dataset(state, checkpoint, data_dir, meta.source_lang, meta.target_lang)
-    for note in caveats(meta):
-        print(f"note: {note}", file=sys.stderr)
+    # what the command does not repeat of the preparation, for the user to do on the input
+    if meta.lowercase:
+        print("note: the dataset was lowercased: give lowercase input (fairseq-interactive does not lowercase); "
+              "the output is lowercase too", file=sys.stderr)
+    if meta.source_lang == "zh" and meta.moses_tokenized:
+        seg = meta.zh_seg or "jieba"  # prepare_data's default segmenter
+        print(f"note: the Chinese source was segmented ({seg}) before Moses tokenization: give input segmented the "
+              f"same way (words separated by spaces{', characters' if seg == 'char' else ''})", file=sys.stderr)
     print(shlex.join(build_command(checkpoint, data_dir, meta, stored_decoding(state))))
     return 0
 
