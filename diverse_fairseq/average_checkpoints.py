@@ -31,14 +31,10 @@ def average_checkpoints(inputs: List[str]) -> Dict:
         for k, p in state["model"].items():  # out of place: p may be a shared parameter
             acc = p.double() if p.is_floating_point() else p
             sums[k] = sums[k] + acc if k in sums else acc
-    averaged = {}
-    for k, total in sums.items():
+    for k, total in sums.items():  # half precision is averaged into float32, as fairseq does
         dtype = first["model"][k].dtype
-        if total.is_floating_point():  # half precision is averaged into float32, as fairseq does
-            averaged[k] = (total / len(inputs)).to(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
-        else:
-            averaged[k] = total // len(inputs)
-    first["model"] = averaged
+        dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        first["model"][k] = (total / len(inputs)).to(dtype) if total.is_floating_point() else total // len(inputs)
     return first
 
 
@@ -53,15 +49,14 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound: Optio
     return found[:n]
 
 
-def average_files(inputs: List[str], output: str) -> List[str]:
-    """Average the checkpoint files ``inputs`` into ``output`` (written atomically); return ``inputs``."""
+def average_files(inputs: List[str], output: str):
+    """Average the checkpoint files ``inputs`` into ``output`` (written atomically)."""
     print("averaging checkpoints:\n  " + "\n  ".join(inputs), flush=True)
     state = average_checkpoints(inputs)
     tmp = output + ".tmp"
     torch.save(state, tmp)
     os.replace(tmp, output)
     print(f"wrote the average of {len(inputs)} checkpoints to {output}", flush=True)
-    return inputs
 
 
 def main(argv=None):
