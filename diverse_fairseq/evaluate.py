@@ -24,6 +24,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import torch
+from sacrebleu.metrics import BLEU
+
+from .data.text import compound_split, detokenize, tokenize
 from .methods.length_penalty import LENGTH_PENALTIES
 from .runs import env_checks, paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint
@@ -74,8 +78,6 @@ def resolve_data(dataset: str, data_bin: str) -> Path:
 def bleu_scores(hyps_detok: List[str], refs_detok: List[str], hyps_tok: List[str], refs_tok: List[str],
                 meta: DatasetMeta) -> Dict[str, object]:
     """sacrebleu BLEU on detokenized text (with signature) and tokenized BLEU (tokenize=none)."""
-    from sacrebleu.metrics import BLEU
-
     sacre = BLEU(tokenize=meta.sacrebleu_tokenize, lowercase=meta.lowercase)
     score = sacre.corpus_score(hyps_detok, [refs_detok])
     tok_score = BLEU(tokenize="none", force=True).corpus_score(hyps_tok, [refs_tok])
@@ -90,8 +92,6 @@ def bleu_scores(hyps_detok: List[str], refs_detok: List[str], hyps_tok: List[str
 def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: List[str], data_dir: Path, subset: str,
                    meta: DatasetMeta):
     """The tokenized hypothesis and reference lines for the tokenized BLEU."""
-    from .data.text import compound_split, tokenize
-
     def tok(lines):  # a zh target without a recorded segmenter: characters, as WMT17 Zh results are commonly scored
         return [tokenize(s, meta.target_lang, aggressive_dash=meta.aggressive_dash, lowercase=meta.lowercase,
                          zh_seg=meta.zh_seg or "char") for s in lines]
@@ -246,8 +246,6 @@ def evaluate(request: EvalRequest) -> Dict:
     out = Path(request.out or ckpt.parent / f"eval-{meta.dataset}-{subset}-{ckpt.stem}")
     out.mkdir(parents=True, exist_ok=True)
 
-    import torch
-
     on_gpu = torch.cuda.is_available() and not request.cpu
     cmd, d = generate_command(request, meta, out, on_gpu), decoding(request, meta)
     print(f"[evaluate] step 1/3: decode {data_dir} {subset} with {ckpt} (beam {d['beam']}, lenpen {d['lenpen']} "
@@ -267,8 +265,6 @@ def evaluate(request: EvalRequest) -> Dict:
     ref_name = meta.references.get(subset)
     # the targets: the reference without a raw one, and the IWSLT14 authors' BLEU (runs/paper_bleu.py)
     targets = _in_order(parsed["targets"], n, "targets") if parsed["targets"] or not ref_name else None
-    from .data.text import detokenize
-
     def detok(lines):
         return [detokenize(line, tgt) for line in lines] if meta.moses_tokenized else lines
 

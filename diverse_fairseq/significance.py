@@ -19,10 +19,16 @@ be equal by their paths relative to their common folder.
 
 import argparse
 import json
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
+from unittest import mock
+
+import numpy as np
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
 
 DEFAULT_SAMPLES = 1000
 DEFAULT_SEED = 12345
@@ -58,8 +64,6 @@ def system_labels(paths: Sequence) -> List[str]:
 
 
 def _metric(tokenize: str, lowercase: bool, effective_order: bool = False):
-    from sacrebleu.metrics import BLEU
-
     return BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none", effective_order=effective_order)
 
 
@@ -79,8 +83,6 @@ def sentence_statistics(metric, hyps: Sequence[str], refs: Sequence[str]):
     """Per-sentence BLEU sufficient statistics as an (N, 2 + 2·max order) array
     ``[hyp length, ref length, matches n=1.., hyp n-grams n=1..]``, from the public fields of
     ``BLEU.sentence_score``; summed over sentences they are the corpus statistics that ``corpus_score`` scores."""
-    import numpy as np
-
     scores = [metric.sentence_score(hyp, [ref]) for hyp, ref in zip(hyps, refs)]
     return np.array([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype=np.float64)
 
@@ -116,11 +118,6 @@ def paired_bootstrap(baseline: Sequence[str], systems: Dict[str, Sequence[str]],
                      tokenize: str = "13a", lowercase: bool = False, samples: int = DEFAULT_SAMPLES,
                      seed: int = DEFAULT_SEED) -> Tuple[str, Dict[str, Dict[str, float]]]:
     """sacrebleu's paired bootstrap resampling; returns (signature, {name: score, mean, ci, p_value})."""
-    import logging
-    from unittest import mock
-
-    from sacrebleu.significance import PairedTest
-
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)
     named = [("baseline", list(baseline))] + [(name, list(h)) for name, h in systems.items()]
     with mock.patch.dict(os.environ, SACREBLEU_SEED=str(seed)):  # sacrebleu reads its seed there only
