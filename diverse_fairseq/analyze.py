@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 from diverse_fairseq.runs.cli_logging import setup_cli_logging
 
 
@@ -43,8 +45,6 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     args = p.parse_args(argv)
     setup_cli_logging()
-    import torch
-
     from diverse_fairseq.analysis.pipeline import Options, analyze_checkpoint, compare, unique_labels  # after logging
 
     args.max_sentences = args.max_sentences or None  # 0: all

@@ -3,11 +3,11 @@
     python -m diverse_fairseq.average_checkpoints --inputs DIR --num-update-checkpoints 5 --output avg.pt
     python -m diverse_fairseq.average_checkpoints --inputs a.pt b.pt c.pt --output avg.pt
 
-The logic and command line are those of fairseq's ``scripts/average_checkpoints.py`` (MIT licence,
-Copyright (c) Facebook, Inc. and its affiliates), which the fairseq package does not install.
-Differences: checkpoints are read with ``torch.load(weights_only=True)``, which works because importing
-``diverse_fairseq`` allowlists the classes fairseq pickles; parameters are accumulated in float64 (and
-written as float32 for half-precision checkpoints, as fairseq does); integer buffers are floor-divided.
+The logic and command line are those of fairseq's ``scripts/average_checkpoints.py`` (MIT licence, Copyright (c)
+Facebook, Inc. and its affiliates), which the fairseq package does not install. Differences: checkpoints are read
+with ``torch.load(weights_only=True)``, which works because this package's ``__init__`` (imported before this
+module) allowlists the classes fairseq pickles; parameters are accumulated in float64 (and written as float32 for
+half-precision checkpoints, as fairseq does); integer buffers are floor-divided.
 """
 
 import argparse
@@ -16,8 +16,6 @@ from typing import Dict, List, Optional
 
 import torch
 from fairseq.checkpoint_utils import checkpoint_paths
-
-import diverse_fairseq  # noqa: F401  (side effect: allowlists fairseq's checkpoint globals for weights_only loading)
 
 
 def average_checkpoints(inputs: List[str]) -> Dict:

@@ -10,6 +10,7 @@ import torch
 
 from diverse_fairseq.analysis import probing
 from diverse_fairseq.data import senteval
+from diverse_fairseq.data.download import DownloadError
 from diverse_fairseq.runs.cli_logging import setup_cli_logging
 
 
@@ -42,8 +43,6 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: checkpoint {args.checkpoint} not found")
     data_dir = Path(args.data_dir) if args.data_dir else senteval.default_dir()
     if args.download:
-        from diverse_fairseq.data.download import DownloadError
-
         try:
             senteval.download(tasks, data_dir)
         except DownloadError as e:
