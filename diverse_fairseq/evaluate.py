@@ -116,9 +116,8 @@ def run_logged(cmd: List[str], log_file: Path) -> int:
 
 
 def _option(env: str, help: str, default=None, parse=None, *bounds):
-    """A field of :class:`EvalRequest` that is the option ``--field-name`` of :func:`build_parser`, read from the
-    variable ``env`` where not given, its text checked by ``parse(label, text, *bounds)`` of :mod:`.runs.env_checks`
-    (a SystemExit naming the variable)."""
+    """A field of :class:`EvalRequest` that is the option ``--field-name``, read from the variable ``env`` where not
+    given; ``parse(label, text, *bounds)`` of :mod:`.runs.env_checks` checks its text."""
     return field(default=default, metadata={"env": env, "help": help, "parse": parse, "bounds": bounds})
 
 

@@ -276,8 +276,7 @@ def remove_unused(save_dir: Path) -> bool:
 
 def _average(p: Plan, reuse: bool = False) -> int:
     """``AVERAGE=N``: average the last N checkpoints into ``p.checkpoint(N)`` (rank 0 only); return how many were
-    averaged (0: none, the single model is evaluated). ``reuse``: keep an average written before (a finished
-    run's)."""
+    averaged (0: none, the single model is evaluated). ``reuse``: keep an average written before."""
     if not (p.average and p.rank0):
         return 0
     out = p.checkpoint(p.average)
