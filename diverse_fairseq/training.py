@@ -293,10 +293,9 @@ def _average(p: Plan, reuse: bool = False) -> int:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    seed = env_checks.get(os.environ, "SEED") or 1
     for warning in env_checks.foreign_variables(os.environ, {  # ``SEEDS=3`` would otherwise silently train seed 1
-        "SEEDS": f"SEED (one seed per training; now training with SEED={seed}; SEEDS is the table runner's: make "
-                 "table-<id>, python -m diverse_fairseq.tables)",
+        "SEEDS": f"SEED (one seed per training; now training with SEED={env_checks.get(os.environ, 'SEED') or 1}; "
+                 "SEEDS is the table runner's: make table-<id>, python -m diverse_fairseq.tables)",
         "TRAIN_ARGS": "extra fairseq-train options after the setting on the command line (TRAIN_ARGS is the table "
                       "runner's)"}, "scripts/train.sh"):
         print(f"[train] warning: {warning}", flush=True)
