@@ -264,6 +264,7 @@ def evaluate(request: EvalRequest) -> Dict:
     ref_name = meta.references.get(subset)
     # the targets: the reference without a raw one, and the IWSLT14 authors' BLEU (runs/paper_bleu.py)
     targets = _in_order(parsed["targets"], n, "targets") if parsed["targets"] or not ref_name else None
+
     def detok(lines):
         return [detokenize(line, tgt) for line in lines] if meta.moses_tokenized else lines
 
