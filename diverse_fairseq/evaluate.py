@@ -176,7 +176,7 @@ def build_parser():
         else:  # argparse checks a text default (the variable's, the field's) where the option is not given
             p.add_argument(flag, default=env_checks.get(os.environ, env) or f.default, help=f"{help} [{env}]",
                            type=_checked(f"{env} ({flag})", f))
-    p.add_argument("--fp16", dest="precision", action="store_const", const="fp16", help="--precision fp16")
+    p.add_argument("--fp16", dest="precision", action="store_const", const="fp16", help="the same as --precision fp16")
     return p
 
 
