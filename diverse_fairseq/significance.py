@@ -102,8 +102,7 @@ def sign_test(baseline: Sequence[str], system: Sequence[str], refs: Sequence[str
     replacing its translation by the system's."""
     # effective_order only silences sacrebleu's advice for sentence-level *scores*; the statistics are the same
     stats_metric, metric = _metric(tokenize, lowercase, effective_order=True), _metric(tokenize, lowercase)
-    base_stats = sentence_statistics(stats_metric, baseline, refs)
-    sys_stats = sentence_statistics(stats_metric, system, refs)
+    base_stats, sys_stats = (sentence_statistics(stats_metric, hyps, refs) for hyps in (baseline, system))
     total = base_stats.sum(0)
     base_bleu = bleu_from_statistics(metric, total)
     counts = {"better": 0, "worse": 0, "ties": 0}
