@@ -15,6 +15,7 @@ run identity is built once.
 """
 
 import argparse
+import functools
 import gc
 import json
 import logging
@@ -110,14 +111,65 @@ def judge_parameters(built: int, row) -> Tuple[str, str]:
     return "FAIL", text
 
 
+@functools.lru_cache(maxsize=None)
+def _composition(groups: Tuple[str, ...]):
+    """hydra's composition of fairseq's config with these config groups chosen (``task=translation``, ...)."""
+    import fairseq
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(Path(fairseq.__file__).parent / "config"), version_base="1.1"):
+        return compose("config", overrides=list(groups))
+
+
+@functools.lru_cache(maxsize=None)
+def _override(text: str):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides([text])[0]
+
+
+def fairseq_config(parsed):
+    """fairseq-train's configuration of the parsed arguments as fairseq's ``convert_namespace_to_omegaconf`` makes it,
+    step by step, but with hydra's composition (three quarters of a demo row's check) made once per choice of config
+    groups and each override parsed once; the other overrides are set as hydra's compose sets them."""
+    from argparse import Namespace
+    from copy import deepcopy
+
+    from fairseq.dataclass.utils import _set_legacy_defaults, omegaconf_no_object_check, override_module_args
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from fairseq.registry import REGISTRIES
+    from fairseq.tasks import TASK_REGISTRY
+    from omegaconf import OmegaConf
+
+    overrides, deletes = override_module_args(parsed)
+    cfg = deepcopy(_composition(tuple(o for o in overrides if "." not in o.split("=", 1)[0])))
+    for override in map(_override, (o for o in overrides if "." in o.split("=", 1)[0])):
+        OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+    for name in deletes:
+        cfg[name] = None
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    legacy = {"task": ("task", TASK_REGISTRY), "model": ("arch", ARCH_MODEL_REGISTRY),  # groups without a dataclass
+              **{group: (group, REGISTRIES[group]["registry"]) for group in ("optimizer", "lr_scheduler", "criterion")}}
+    with omegaconf_no_object_check():
+        for group, (option, registry) in legacy.items():
+            name = getattr(parsed, option, None)
+            if cfg[group] is None and name:
+                cfg[group] = Namespace(**vars(parsed))
+                _set_legacy_defaults(cfg[group], registry[name])
+                cfg[group]._name = name
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
 def _task(args: List[str]):
     from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     parsed, unknown = options.parse_args_and_arch(options.get_training_parser(), list(args), parse_known=True)
     if unknown:
         raise SystemExit(f"fairseq-train: unrecognized arguments: {' '.join(unknown)}")
-    cfg = convert_namespace_to_omegaconf(parsed)
+    cfg = fairseq_config(parsed)
     return cfg, tasks.setup_task(cfg.task)
 
 
@@ -263,7 +315,8 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                         else:
                             done[key] = (build_and_step(list(job.args), job.setting.layers, step=scale == "demo"),
                                          f"{table.table}:{row.id}")
-                            gc.collect()  # a paper-scale model and its optimizer: up to a few GB
+                            if scale == "paper":  # a model and its optimizer of up to a few GB
+                                gc.collect()
                         result = done[key][0]
                     params = f"{result.parameters / 1e6:.2f}M params" if result.parameters else "–"
                     status = "ok  "
