@@ -139,7 +139,7 @@ def test_the_checks_fairseq_config_is_fairseq_trains(tmp_path):
             gpus, precision = (0, None) if scale_name == "demo" else (8, "fp32")
             args = check.row_plan(tab.row(row_id), dataset, scale_name, tmp_path, gpus, precision).args
             parsed = options.parse_args_and_arch(options.get_training_parser(), list(args))
-            ours, fairseqs = check.fairseq_config(parsed), convert_namespace_to_omegaconf(parsed)
+            ours, fairseqs = check.fairseq_config(list(args)), convert_namespace_to_omegaconf(parsed)
             assert repr(flat(ours)) == repr(flat(fairseqs)), f"{table}:{row_id}"
 
 

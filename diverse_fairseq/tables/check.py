@@ -130,19 +130,23 @@ def _override(text: str):
     return OverridesParser.create().parse_overrides([text])[0]
 
 
-def fairseq_config(parsed):
-    """fairseq-train's configuration of the parsed arguments as fairseq's ``convert_namespace_to_omegaconf`` makes it,
-    step by step, but with hydra's composition (three quarters of a demo row's check) made once per choice of config
+def fairseq_config(args: List[str]):
+    """fairseq-train's parse of ``args`` and its configuration, as fairseq's ``convert_namespace_to_omegaconf`` makes
+    it step by step, but with hydra's composition (three quarters of a demo row's check) made once per choice of config
     groups and each override parsed once; the other overrides are set as hydra's compose sets them."""
     from argparse import Namespace
     from copy import deepcopy
 
+    from fairseq import options
     from fairseq.dataclass.utils import _set_legacy_defaults, omegaconf_no_object_check, override_module_args
     from fairseq.models import ARCH_MODEL_REGISTRY
     from fairseq.registry import REGISTRIES
     from fairseq.tasks import TASK_REGISTRY
     from omegaconf import OmegaConf
 
+    parsed, unknown = options.parse_args_and_arch(options.get_training_parser(), list(args), parse_known=True)
+    if unknown:
+        raise SystemExit(f"fairseq-train: unrecognized arguments: {' '.join(unknown)}")
     overrides, deletes = override_module_args(parsed)
     cfg = deepcopy(_composition(tuple(o for o in overrides if "." not in o.split("=", 1)[0])))
     for override in map(_override, (o for o in overrides if "." in o.split("=", 1)[0])):
@@ -163,21 +167,13 @@ def fairseq_config(parsed):
     return cfg
 
 
-def _task(args: List[str]):
-    from fairseq import options, tasks
-
-    parsed, unknown = options.parse_args_and_arch(options.get_training_parser(), list(args), parse_known=True)
-    if unknown:
-        raise SystemExit(f"fairseq-train: unrecognized arguments: {' '.join(unknown)}")
-    cfg = fairseq_config(parsed)
-    return cfg, tasks.setup_task(cfg.task)
-
-
 def count_parameters(args: List[str]) -> int:
     """Parameters of the model fairseq-train ``args`` build, on the meta device (no memory, no initialisation)."""
     import torch
+    from fairseq import tasks
 
-    cfg, task = _task(args)
+    cfg = fairseq_config(args)
+    task = tasks.setup_task(cfg.task)
     with torch.device("meta"):
         model = task.build_model(cfg.model)
     return sum(p.numel() for p in model.parameters())
@@ -213,13 +209,15 @@ def _synthetic_batch(task, batch: int = 4, src_len: int = 7, tgt_len: int = 6) -
 def build_and_step(args: List[str], layers: int, step: bool) -> Result:
     """Build task, model, criterion and optimizer from fairseq-train ``args``; with ``step``, train one step."""
     import torch
+    from fairseq import tasks
     from fairseq.trainer import Trainer
 
     threads = torch.get_num_threads()
     if step:  # a tiny model: one thread is several times faster on a busy machine than threads that wait
         torch.set_num_threads(1)
     try:
-        cfg, task = _task(args)
+        cfg = fairseq_config(args)
+        task = tasks.setup_task(cfg.task)
         torch.manual_seed(1)
         model = task.build_model(cfg.model)
         depth = (len(model.encoder.layers), len(model.decoder.layers))
