@@ -19,7 +19,6 @@ import argparse
 import functools
 import itertools
 import json
-import logging
 import os
 import shutil
 import time
@@ -186,9 +185,9 @@ class Preparer:
 
     # ------------------------------------------------------------------------------------------ pipeline
     def run(self):
-        r = self.r
+        r, kind, size, langs = self.r, self.kind, self.size, self.r.langs
         self.log(f"[{r.name}] preparing {r.description}\n"
-                 f"[{r.name}] {r.src}->{r.tgt}, {self.kind} {self.size}{' joint' if r.joint_bpe else ' per language'}, "
+                 f"[{r.name}] {r.src}->{r.tgt}, {kind} {size}{' joint' if r.joint_bpe else ' per language'}, "
                  f"work dir {self.work}, output {self.dest}")
         if r.check:
             r.check(self.ctx)
@@ -215,13 +214,52 @@ class Preparer:
                       {"parts": [(f.name, f.stat().st_size if f.exists() else None) for f in files],
                        "lines": self._expected_lines(archive)},
                       functools.partial(self._extract, archive, files))
-        raw_outputs = [self.ctx.raw_path(s, lang) for s in r.raw_splits() for lang in r.langs]
+        splits = r.raw_splits()
+        raw_outputs = [self.ctx.raw_path(s, lang) for s in splits for lang in langs]
         if r.corpora_file:
             raw_outputs.append(self.ctx.raw / r.corpora_file)
         pipe.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
                   r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
-        self._text_steps(pipe)
-        self._bpe_steps(pipe)
+        what = [w for w, on in ((" punctuation", r.punct_norm), (", remove non-printing characters", r.non_printing),
+                                (", ’ -> '", r.apostrophe_splits)) if on]
+        pipe.step("normalize", "normalize" + "".join(what) if what else "normalize (nothing to do: copy)",
+                  [self.path("norm", s, lang) for s in splits for lang in langs],
+                  {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
+                   "apostrophe": r.apostrophe_splits}, self._normalize)
+        tok_pairs = [(s, lang) for s in splits for lang in langs if self.needs_tok(s, lang)]
+        pipe.step("tokenize", "tokenize with sacremoses ("
+                  f"{'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
+                  f"{'lowercase, ' if r.lowercase else ''}{len(tok_pairs)} files)",
+                  [self.path("tok", s, lang) for s, lang in tok_pairs],
+                  {"pairs": tok_pairs, "aggressive": r.aggressive_dash, "lowercase": r.lowercase,
+                   "zh_seg": self.args.zh_seg if "zh" in langs else None},
+                  functools.partial(self._tokenize, tok_pairs))
+        before = not r.clean_after_bpe
+        what = (f"clean (ratio {r.clean_ratio}, {r.clean_min}-{r.clean_max} tokens) " if before else "") + \
+               (f"and split valid = every {r.valid_every}-th line " if r.valid_every else "")
+        pipe.step("clean", (what or "collect splits ") + ("" if before else "(cleaning happens after BPE)"),
+                  [self.path("clean", s, lang, "txt") for s in SPLITS for lang in langs]
+                  + ([self.pair_stats] if before else []),
+                  {"before_bpe": before, "max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio,
+                   "splits": r.clean_splits, "valid_every": r.valid_every, "lowercase": r.lowercase},
+                  self._clean)
+        ext = "tok" if kind == "subword-nmt" else "txt"
+        pipe.step("learn-bpe", f"learn {kind} ({size}, {'joint' if r.joint_bpe else 'per language'})",
+                  sorted(set(self.models.values())), {"kind": kind, "size": size, "joint": r.joint_bpe},
+                  lambda: bpe_mod.learn(kind, {lang: self.path("clean", "train", lang, ext) for lang in langs},
+                                        self.work / "bpe", size, r.joint_bpe, self.args.workers, log=self.log))
+        pipe.step("apply-bpe", f"apply {kind} to train, valid, test",
+                  [self.path("bpe", s, lang) for s in SPLITS for lang in langs], {},
+                  lambda: [bpe_mod.apply(kind, self.models[lang], self.path("clean", s, lang, ext),
+                                         self.path("bpe", s, lang), self.args.workers)
+                           for s in SPLITS for lang in langs])
+        if r.clean_after_bpe:  # clean_splits (train among them) cleaned, the others copied as they are
+            pipe.step("clean-bpe", f"clean after BPE ({', '.join(r.clean_splits)}: ratio {r.clean_ratio}, "
+                      f"{r.clean_min}-{r.clean_max} tokens)",
+                      [self.path("final", s, lang) for s in SPLITS for lang in langs] + [self.pair_stats],
+                      {"max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio, "splits": r.clean_splits},
+                      lambda: [self._clean_pairs(s, {(lang, ""): self.path("bpe", s, lang) for lang in langs}, "final",
+                                                 "" if s in r.clean_splits else None) for s in SPLITS])
         pipe.step("binarize", "binarize with fairseq-preprocess"
                   f"{' (joined dictionary)' if r.joined_dictionary else ''} into {self.dest}",
                   [self.dest / "prepare.json"], {"dest": str(self.dest), "joined": r.joined_dictionary}, self._binarize)
@@ -263,34 +301,6 @@ class Preparer:
             raise SystemExit(f"error: {e} The archive was moved to {', '.join(m.name for m in moved)}; run the "
                              f"command again to download it anew.") from None
 
-    # normalise, tokenize, clean ----------------------------------------------------------------------
-    def _text_steps(self, pipe: Pipeline):
-        r = self.r
-        splits = r.raw_splits()
-        what = [w for w, on in ((" punctuation", r.punct_norm), (", remove non-printing characters", r.non_printing),
-                                (", ’ -> '", r.apostrophe_splits)) if on]
-        pipe.step("normalize", "normalize" + "".join(what) if what else "normalize (nothing to do: copy)",
-                  [self.path("norm", s, lang) for s in splits for lang in r.langs],
-                  {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
-                   "apostrophe": r.apostrophe_splits}, self._normalize)
-        tok_pairs = [(s, lang) for s in splits for lang in r.langs if self.needs_tok(s, lang)]
-        pipe.step("tokenize", "tokenize with sacremoses ("
-                  f"{'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
-                  f"{'lowercase, ' if r.lowercase else ''}{len(tok_pairs)} files)",
-                  [self.path("tok", s, lang) for s, lang in tok_pairs],
-                  {"pairs": tok_pairs, "aggressive": r.aggressive_dash, "lowercase": r.lowercase,
-                   "zh_seg": self.args.zh_seg if "zh" in r.langs else None},
-                  functools.partial(self._tokenize, tok_pairs))
-        before = not r.clean_after_bpe
-        what = (f"clean (ratio {r.clean_ratio}, {r.clean_min}-{r.clean_max} tokens) " if before else "") + \
-               (f"and split valid = every {r.valid_every}-th line " if r.valid_every else "")
-        pipe.step("clean", (what or "collect splits ") + ("" if before else "(cleaning happens after BPE)"),
-                  [self.path("clean", s, lang, "txt") for s in SPLITS for lang in r.langs]
-                  + ([self.pair_stats] if before else []),
-                  {"before_bpe": before, "max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio,
-                   "splits": r.clean_splits, "valid_every": r.valid_every, "lowercase": r.lowercase},
-                  self._clean)
-
     def _normalize(self):
         r = self.r
         for split in r.raw_splits():
@@ -316,28 +326,19 @@ class Preparer:
         for split in r.raw_splits():
             inputs = {(lang, ext): self.path("norm" if ext == "txt" else "tok", split, lang)
                       for lang in r.langs for ext in ("txt", "tok") if ext == "txt" or self.needs_tok(split, lang)}
-            cleaned = not r.clean_after_bpe and split in r.clean_splits
-            self._clean_pairs(split, inputs, "clean", ["train", "valid"] if split == "train" and r.valid_every
-                              else [split], "tok" if cleaned else None, stats=not r.clean_after_bpe)
+            self._clean_pairs(split, inputs, "clean", "tok" if split in r.clean_splits and not r.clean_after_bpe
+                              else None)
 
-    def _clean_after_bpe(self):
-        r = self.r
-        for split in SPLITS:
-            if split in r.clean_splits:
-                self._clean_pairs(split, {(lang, ""): self.path("bpe", split, lang) for lang in r.langs}, "final",
-                                  [split], "", stats=True)
-                continue
-            for lang in r.langs:
-                with atomic_path(self.path("final", split, lang)) as tmp:
-                    shutil.copyfile(self.path("bpe", split, lang), tmp)
-
-    def _clean_pairs(self, split: str, inputs: Dict[Tuple[str, str], Path], stage: str, targets: List[str],
-                     clean_ext: Optional[str], stats: bool):
+    def _clean_pairs(self, split: str, inputs: Dict[Tuple[str, str], Path], stage: str, clean_ext: Optional[str]):
         """Copy the line-aligned ``inputs`` ({(lang, ext): file}) to ``stage``/{target}.{lang}.{ext} without the
-        pairs that clean-corpus-n.perl drops on their ``clean_ext`` lines (None: no cleaning); with two targets
-        (train, valid), every ``valid_every``-th kept pair goes to valid. ``stats``: for train, write the pairs per
-        corpus before and after (:attr:`pair_stats`)."""
+        pairs that clean-corpus-n.perl drops on their ``clean_ext`` lines (None: no cleaning); into clean/, every
+        ``valid_every``-th kept training pair goes to valid. The stage that cleans (clean/ or, after BPE, final/)
+        writes the training pairs per corpus before and after (:attr:`pair_stats`)."""
         r = self.r
+        targets = ["train", "valid"] if stage == "clean" and split == "train" and r.valid_every else [split]
+        path = self.ctx.corpora_path("train")  # the corpus of each raw training line, in order
+        sizes = json.loads(path.read_text()) if path.exists() else []
+        corpora = itertools.chain(*(itertools.repeat(name, n) for name, n in sizes), itertools.repeat(r.name))
         kept_by, total_by = Counter(), Counter()
         with ExitStack() as stack:
             out = {}
@@ -345,8 +346,9 @@ class Preparer:
                 for lang, ext in inputs:
                     tmp = stack.enter_context(atomic_path(self.path(stage, target, lang, ext)))
                     out[target, lang, ext] = stack.enter_context(open(tmp, "w", encoding="utf-8"))
-            meter = Progress(f"clean {split}", total=count_lines(next(iter(inputs.values()))), unit="pairs")
-            for row, corpus in zip(zip(*map(iter_lines, inputs.values())), self._corpora()):
+            meter = stack.enter_context(Progress(f"clean {split}", total=count_lines(next(iter(inputs.values()))),
+                                                 unit="pairs"))
+            for row, corpus in zip(zip(*map(iter_lines, inputs.values())), corpora):
                 meter.update()
                 total_by[corpus] += 1
                 values = dict(zip(inputs, row))
@@ -360,45 +362,17 @@ class Preparer:
                 target = "valid" if len(targets) == 2 and kept_by.total() % r.valid_every == 0 else targets[0]
                 for (lang, ext), text in values.items():
                     out[target, lang, ext].write((text.lower() if ext == "txt" and r.lowercase else text) + "\n")
-            meter.close()
         kept, total = kept_by.total(), total_by.total()
         self.log(f"  {split}: kept {kept:,} of {total:,} pairs"
                  + (f" ({total - kept:,} removed)" if clean_ext is not None else "")
                  + (f", every {r.valid_every}-th kept pair -> valid" if len(targets) == 2 else ""))
-        if stats and split == "train":
+        if split == "train" and (stage == "final") == r.clean_after_bpe:
             stats = {name: {"before_cleaning": n, "after_cleaning": kept_by[name]} for name, n in total_by.items()}
             with atomic_path(self.pair_stats) as tmp:
                 tmp.write_text(json.dumps(stats, indent=1) + "\n")
             for name, n in total_by.items():
                 self.log(f"  train {name}: {n:,} pairs before cleaning, {kept_by[name]:,} after")
 
-    def _corpora(self):
-        """The corpus of each raw training line in order (``raw/train.corpora.json``), then the recipe's name."""
-        path = self.ctx.corpora_path("train")
-        sizes = json.loads(path.read_text()) if path.exists() else []
-        return itertools.chain(*(itertools.repeat(name, n) for name, n in sizes), itertools.repeat(self.r.name))
-
-    # BPE ----------------------------------------------------------------------------------------------
-    def _bpe_steps(self, pipe: Pipeline):
-        r = self.r
-        ext = "tok" if self.kind == "subword-nmt" else "txt"
-        pipe.step("learn-bpe", f"learn {self.kind} ({self.size}, {'joint' if r.joint_bpe else 'per language'})",
-                  sorted(set(self.models.values())), {"kind": self.kind, "size": self.size, "joint": r.joint_bpe},
-                  lambda: bpe_mod.learn(self.kind, {lang: self.path("clean", "train", lang, ext) for lang in r.langs},
-                                        self.work / "bpe", self.size, r.joint_bpe, self.args.workers, log=self.log))
-        pipe.step("apply-bpe", f"apply {self.kind} to train, valid, test",
-                  [self.path("bpe", s, lang) for s in SPLITS for lang in r.langs], {},
-                  lambda: [bpe_mod.apply(self.kind, self.models[lang], self.path("clean", s, lang, ext),
-                                         self.path("bpe", s, lang), self.args.workers)
-                           for s in SPLITS for lang in r.langs])
-        if r.clean_after_bpe:
-            pipe.step("clean-bpe", f"clean after BPE ({', '.join(r.clean_splits)}: ratio {r.clean_ratio}, "
-                      f"{r.clean_min}-{r.clean_max} tokens)",
-                      [self.path("final", s, lang) for s in SPLITS for lang in r.langs] + [self.pair_stats],
-                      {"max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio, "splits": r.clean_splits},
-                      self._clean_after_bpe)
-
-    # binarize ---------------------------------------------------------------------------------------
     def _binarize(self):
         r = self.r
         if self.dest.exists() and not (self.dest / "prepare.json").exists():
@@ -471,8 +445,7 @@ class Preparer:
                 *(a for s in SPLITS for a in (f"--{s}pref", str(prefix / s))), "--destdir", str(tmp),
                 "--workers", str(self.args.workers)] + (["--joined-dictionary"] if r.joined_dictionary else [])
         self.log("  fairseq-preprocess " + " ".join(argv))
-        root = logging.getLogger()
-        before = list(root.handlers)
+        before = list(preprocess.logger.handlers)
         try:
             with heartbeat("fairseq-preprocess", log=self.log):
                 preprocess.main(options.get_preprocessing_parser().parse_args(argv))
@@ -480,10 +453,9 @@ class Preparer:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         finally:
-            for handler in root.handlers[:]:  # preprocess.main adds a log file handler per call
-                if handler not in before:
-                    root.removeHandler(handler)
-                    handler.close()
+            for handler in set(preprocess.logger.handlers) - set(before):  # main adds a preprocess.log file handler
+                preprocess.logger.removeHandler(handler)
+                handler.close()
         return tmp
 
     def _verification_record(self):

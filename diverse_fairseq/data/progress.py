@@ -28,7 +28,7 @@ from ..runs import env_checks
 ENV = "PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 10.0
 interval = DEFAULT_INTERVAL  # seconds between two progress lines of one piece of work
-_step = ""  # "[dataset] step i/n", set by the pipeline while a step runs
+_step = ""  # "[dataset] step i/n " before every progress line, set by the pipeline while a step runs
 _print = functools.partial(print, flush=True)
 
 
@@ -41,11 +41,7 @@ def set_interval(seconds):
 def begin_step(label: str):
     """Prefix the progress lines of the work that follows with ``label`` (``[dataset] step i/n``; "": none)."""
     global _step
-    _step = label
-
-
-def _prefixed(what: str) -> str:
-    return f"{_step} {what}" if _step else what
+    _step = f"{label} " if label else ""
 
 
 def duration(seconds: float) -> str:
@@ -75,7 +71,7 @@ class Progress:
 
     def __init__(self, what: str, total: Optional[int] = None, unit: str = "lines", initial: int = 0,
                  log: Optional[Callable[[str], None]] = None):
-        self.what = _prefixed(what)
+        self.what = _step + what
         self.total = total
         self.unit = unit
         self.done = self.initial = initial
@@ -125,7 +121,7 @@ def heartbeat(what: str, log: Optional[Callable[[str], None]] = None):
     """Print ``what: running, T elapsed`` every :data:`interval` seconds while the block runs (work that
     reports no progress of its own), and ``what: done in T`` at the end when it took at least that long."""
     log = log or _print
-    label = _prefixed(what)
+    label = _step + what
     started = time.monotonic()
     stop = threading.Event()
 
@@ -169,20 +165,17 @@ class Pipeline:
         self.name = name
         self.stamp_dir = Path(work_dir) / ".stamps"
         self.total = total_steps
-        self.index = 0
-        self.chain = hashlib.sha256(name.encode()).hexdigest()
         self.stop_after = stop_after
         self.log = log
-        self.ran = []
-        self.skipped = []
+        self.chain = hashlib.sha256(name.encode()).hexdigest()
+        self.ran, self.skipped = [], []
 
     def step(self, step_id: str, title: str, outputs: Iterable[Path], params: Dict, fn: Callable[[], None]):
         """Run ``fn`` unless step ``step_id`` already completed with the same parameters and inputs."""
-        self.index += 1
         outputs = [Path(o) for o in outputs]
         blob = json.dumps({"step": step_id, "params": params, "before": self.chain}, sort_keys=True, default=str)
         key = self.chain = hashlib.sha256(blob.encode()).hexdigest()
-        label = f"[{self.name}] step {self.index}/{self.total}"
+        label = f"[{self.name}] step {len(self.ran) + len(self.skipped) + 1}/{self.total}"
         stamp = self.stamp_dir / f"{step_id}.json"
         try:
             done = all(o.exists() for o in outputs) and json.loads(stamp.read_text()).get("key") == key
@@ -203,10 +196,11 @@ class Pipeline:
             missing = [str(o) for o in outputs if not o.exists()]
             if missing:
                 raise RuntimeError(f"step {step_id} finished without producing {', '.join(missing)} (a bug)")
+            seconds = round(time.time() - started, 1)
             with atomic_path(stamp) as tmp:
                 tmp.write_text(json.dumps({"key": key, "params": params, "outputs": [str(o) for o in outputs],
-                                           "seconds": round(time.time() - started, 1)}, indent=1, default=str))
-            self.log(f"[{self.name}]   finished {step_id} in {time.time() - started:.1f}s")
+                                           "seconds": seconds}, indent=1, default=str))
+            self.log(f"[{self.name}]   finished {step_id} in {seconds:.1f}s")
             self.ran.append(step_id)
         if step_id == self.stop_after:
             raise StopPipeline(f"stopped after step {step_id} as asked (--stop-after); run again to continue")
