@@ -1,8 +1,6 @@
-"""Learn and apply subword segmentation: subword-nmt BPE or sentencepiece (BPE model type).
-
-``size`` is the number of merge operations for subword-nmt and the vocabulary size for sentencepiece.
-Joint models are learned on the concatenation of both languages' training text.
-"""
+"""Learn and apply subword segmentation: subword-nmt BPE or sentencepiece (BPE model type). ``size`` is the number of
+merge operations for subword-nmt and the vocabulary size for sentencepiece. Joint models are learned on the
+concatenation of both languages' training text."""
 
 import contextlib
 import functools

@@ -105,13 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", choices=sorted([*RECIPES, *TEMPLATES]),
                    help="which dataset to prepare; custom: your own corpus (--src, --tgt, --corpus-dir)")
-    for f in fields(PrepareOptions)[1:]:
-        flag, help = f"--{f.name.replace('_', '-')}", f"{f.metadata['help']} [{f.metadata['env']}]"
-        if f.default is False:  # a switch: parse_options reads its variable
-            p.add_argument(flag, action="store_true", default=None, help=help)
-        else:
-            default = env_checks.get(os.environ, f.metadata["env"]) or (None if f.default is None else str(f.default))
-            p.add_argument(flag, default=default, metavar=f.metadata["metavar"], help=help)
+    for f in fields(PrepareOptions)[1:]:  # None where not given: parse_options reads the variable
+        p.add_argument(f"--{f.name.replace('_', '-')}", help=f"{f.metadata['help']} [{f.metadata['env']}]",
+                       **({"action": "store_true", "default": None} if f.default is False
+                          else {"metavar": f.metadata["metavar"]}))
     p.add_argument("--progress-interval", default=env_checks.get(os.environ, progress.ENV) or progress.DEFAULT_INTERVAL,
                    help=f"seconds between progress lines of a long step, 0 = every update [{progress.ENV}] "
                         f"(default {progress.DEFAULT_INTERVAL:g})")
@@ -119,17 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_options(argv) -> PrepareOptions:
-    """The :class:`PrepareOptions` of a command line and the environment (SystemExit naming a bad switch
-    variable); also sets the progress interval (``PROGRESS_INTERVAL``) of this process."""
+    """The :class:`PrepareOptions` of a command line and the environment: an option not given is its variable's
+    value, else the field's default (SystemExit naming a bad switch variable); also sets the progress interval
+    (``PROGRESS_INTERVAL``) of this process."""
     args = vars(build_parser().parse_args(argv))
     progress.set_interval(args.pop("progress_interval"))
     for f in fields(PrepareOptions)[1:]:
-        var, _, on = f.metadata["env"].partition("=")
-        if on and not args[f.name]:  # a switch not given on the command line: its variable
-            text = env_checks.get(os.environ, var)
-            if text not in (None, on, *(("0",) if on == "1" else ())):
-                raise env_checks.bad(var, text, f"use {var}={on} ({f.metadata['help']}), or leave it unset")
-            args[f.name] = text == on
+        var, _, on = f.metadata["env"].partition("=")  # VAR=on: a switch
+        text = env_checks.get(os.environ, var)
+        if on and args[f.name] is None and text not in (None, on, *(("0",) if on == "1" else ())):
+            raise env_checks.bad(var, text, f"use {var}={on} ({f.metadata['help']}), or leave it unset")
+        if args[f.name] is None:
+            args[f.name] = (text == on) if on else (text or f.default)
     return PrepareOptions(**args)
 
 
@@ -225,7 +223,12 @@ class Preparer:
         pipe.step("normalize", "normalize" + "".join(what) if what else "normalize (nothing to do: copy)",
                   [self.path("norm", s, lang) for s in splits for lang in langs],
                   {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
-                   "apostrophe": r.apostrophe_splits}, self._normalize)
+                   "apostrophe": r.apostrophe_splits},
+                  lambda: [map_file(functools.partial(normalize, lang=lang, apostrophe=s in r.apostrophe_splits,
+                                                      punct=r.punct_norm and s in r.normalize_splits,
+                                                      non_printing=r.non_printing and s in r.normalize_splits),
+                                    self.ctx.raw_path(s, lang), self.path("norm", s, lang), self.args.workers,
+                                    desc=f"normalize {s}.{lang}") for s in splits for lang in langs])
         tok_pairs = [(s, lang) for s in splits for lang in langs if self.needs_tok(s, lang)]
         pipe.step("tokenize", "tokenize with sacremoses ("
                   f"{'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
@@ -301,16 +304,6 @@ class Preparer:
             raise SystemExit(f"error: {e} The archive was moved to {', '.join(m.name for m in moved)}; run the "
                              f"command again to download it anew.") from None
 
-    def _normalize(self):
-        r = self.r
-        for split in r.raw_splits():
-            for lang in r.langs:
-                on = split in r.normalize_splits
-                fn = functools.partial(normalize, lang=lang, punct=r.punct_norm and on,
-                                       non_printing=r.non_printing and on, apostrophe=split in r.apostrophe_splits)
-                map_file(fn, self.ctx.raw_path(split, lang), self.path("norm", split, lang), self.args.workers,
-                         desc=f"normalize {split}.{lang}")
-
     def _tokenize(self, pairs):
         r = self.r
         for split, lang in pairs:
@@ -374,12 +367,35 @@ class Preparer:
                 self.log(f"  train {name}: {n:,} pairs before cleaning, {kept_by[name]:,} after")
 
     def _binarize(self):
+        """fairseq-preprocess into ``dest.binarizing``, where the references, BPE models and prepare.json join it
+        before it is renamed to ``dest`` (which so only ever holds a complete dataset). fairseq runs in this process
+        (a subprocess would pay for importing torch and fairseq again)."""
+        from fairseq import options
+        from fairseq_cli import preprocess
+
         r = self.r
         if self.dest.exists() and not (self.dest / "prepare.json").exists():
             raise SystemExit(f"error: {self.dest} exists but was not made by this script (no prepare.json); "
                              f"move it away or choose another DATA_BIN")
         final = self.work / ("final" if r.clean_after_bpe else "bpe")
-        tmp = self._fairseq_preprocess(final)
+        tmp = self.dest.with_name(self.dest.name + ".binarizing")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        argv = ["--source-lang", r.src, "--target-lang", r.tgt,
+                *(a for s in SPLITS for a in (f"--{s}pref", str(final / s))), "--destdir", str(tmp),
+                "--workers", str(self.args.workers)] + (["--joined-dictionary"] if r.joined_dictionary else [])
+        self.log("  fairseq-preprocess " + " ".join(argv))
+        before = list(preprocess.logger.handlers)
+        try:
+            with heartbeat("fairseq-preprocess", log=self.log):
+                preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            for handler in set(preprocess.logger.handlers) - set(before):  # main adds a preprocess.log file handler
+                preprocess.logger.removeHandler(handler)
+                handler.close()
         counts = {split: count_lines(final / f"{split}.{r.src}") for split in SPLITS}
         # references: raw (for sacrebleu) where the split is the untouched raw split, tokenized for tok-BLEU
         refs = {}
@@ -430,34 +446,6 @@ class Preparer:
         os.replace(tmp, self.dest)
         self.log("  sentences: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
 
-    def _fairseq_preprocess(self, prefix: Path) -> Path:
-        """fairseq-preprocess of ``prefix``/{train,valid,test}.{src,tgt} into ``dest.binarizing``, returned: the caller
-        adds its own files there and renames it to ``dest``, so that ``dest`` only ever holds a complete dataset.
-        fairseq runs in this process (a subprocess would pay for importing torch and fairseq again)."""
-        from fairseq import options
-        from fairseq_cli import preprocess
-
-        r = self.r
-        tmp = self.dest.with_name(self.dest.name + ".binarizing")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        argv = ["--source-lang", r.src, "--target-lang", r.tgt,
-                *(a for s in SPLITS for a in (f"--{s}pref", str(prefix / s))), "--destdir", str(tmp),
-                "--workers", str(self.args.workers)] + (["--joined-dictionary"] if r.joined_dictionary else [])
-        self.log("  fairseq-preprocess " + " ".join(argv))
-        before = list(preprocess.logger.handlers)
-        try:
-            with heartbeat("fairseq-preprocess", log=self.log):
-                preprocess.main(options.get_preprocessing_parser().parse_args(argv))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        finally:
-            for handler in set(preprocess.logger.handlers) - set(before):  # main adds a preprocess.log file handler
-                preprocess.logger.removeHandler(handler)
-                handler.close()
-        return tmp
-
     def _verification_record(self):
         """What each fetched file was checked against, and its sha256 (to compare two machines' data)."""
         files = {}
@@ -496,13 +484,10 @@ def compare_with_paper(record, dataset: str) -> List[str]:
     lossy = "; ".join(f"{name} kept {v['after_cleaning']:,} of {v['before_cleaning']:,}" for name, v in corpora
                       if v["after_cleaning"] < (1 - CORPUS_LOSS) * v["before_cleaning"])
     listing = "; ".join(f"{name} {v['before_cleaning']:,} -> {v['after_cleaning']:,}" for name, v in corpora)
-    if diff > 0:
-        why = f"more pairs than the paper's: {listing}"
-    elif lossy:
-        why = f"short: {lossy} (lost more than {CORPUS_LOSS:.0%} in cleaning)"
-    else:
-        why = (f"no corpus lost more than {CORPUS_LOSS:.0%} in cleaning, so a corpus is smaller than the paper's or "
-               f"missing: {listing}")
+    why = (f"more pairs than the paper's: {listing}" if diff > 0
+           else f"short: {lossy} (lost more than {CORPUS_LOSS:.0%} in cleaning)" if lossy
+           else f"no corpus lost more than {CORPUS_LOSS:.0%} in cleaning, so a corpus is smaller than the paper's or "
+                f"missing: {listing}")
     label = "" if record.get("expectations") == "published" else f" [{record.get('expectations')}]"
     out.append(f"[{dataset}] warning{label}: {abs(diff):.0%} {'fewer' if diff < 0 else 'more'} training pairs than "
                f"the paper; {why}")

@@ -1,13 +1,12 @@
 """The resumable pipeline of data preparation and its progress lines.
 
-:class:`Pipeline` runs named steps. A finished step leaves a stamp ``WORK/.stamps/<step>.json`` with a key made of
-its parameters and the keys of all steps before it; the next run skips it when the key matches and its outputs
-exist, else runs it (and, as their keys change, everything after it) again. Outputs are written through
-:func:`atomic_path`, so an interrupted step leaves no half file under the final name.
-
-Inside a step, :class:`Progress` reports a known amount of work (lines, pairs, bytes) and :func:`heartbeat` work
-that tells nothing about itself (learning BPE, fairseq-preprocess), at most every :data:`interval` seconds
-(``PROGRESS_INTERVAL``, default 10; 0: every update) and once at the end when it took at least that long::
+:class:`Pipeline` runs named steps. A finished step leaves a stamp ``WORK/.stamps/<step>.json`` with a key made of its
+parameters and the keys of all steps before it; the next run skips it when the key matches and its outputs exist, else
+runs it (and, as their keys change, everything after it) again. Outputs are written through :func:`atomic_path`, so
+an interrupted step leaves no half file under the final name. Inside a step, :class:`Progress` reports a known amount
+of work (lines, pairs, bytes) and :func:`heartbeat` work that tells nothing about itself (learning BPE,
+fairseq-preprocess), at most every :data:`interval` seconds (``PROGRESS_INTERVAL``, default 10; 0: every update) and
+once at the end when it took at least that long::
 
     [wmt14_en_de] step 7/14 tokenize train.en: 1,200,000/4,508,785 lines (27%), 5m02s elapsed, about 13m40s left
     [wmt14_en_de] step 9/14 learn subword-nmt: running, 20m00s elapsed
@@ -94,8 +93,7 @@ class Progress:
             self.log(self.line(now))
 
     def close(self):
-        """The last line, when the work took at least :data:`interval` seconds and the last line printed
-        does not already show all of it."""
+        """The last line, when the work took at least :data:`interval` seconds and no line showed all of it yet."""
         now = time.monotonic()
         if now - self.started >= interval and self.shown != self.done:
             self.log(self.line(now, finished=True))

@@ -102,11 +102,9 @@ def _zh_segmenter(mode: str):
         try:
             import jieba
         except ImportError as e:
-            raise RuntimeError(
-                "Chinese word segmentation with jieba was asked for (ZH_SEG=jieba, the default with "
-                "BPE=subword-nmt) but jieba is not installed: run `pip install jieba`, or choose "
-                "ZH_SEG=char (characters) or BPE=sentencepiece (needs no segmentation)."
-            ) from e
+            raise RuntimeError("Chinese word segmentation with jieba was asked for (ZH_SEG=jieba, the default with "
+                               "BPE=subword-nmt) but jieba is not installed: run `pip install jieba`, or choose "
+                               "ZH_SEG=char (characters) or BPE=sentencepiece (needs no segmentation).") from e
         jieba.setLogLevel(60)
         return lambda s: " ".join(w for w in jieba.cut(s) if w.strip())
     if mode == "char":
