@@ -201,8 +201,7 @@ class Preparer:
         # fetched, so that a wrong file is refused before anything else is done
         for archive in r.archives:
             for source in archive.parts:
-                expected = self._expected(source)
-                name = source.filename
+                expected, name = self._expected(source), source.filename
                 pipe.step(f"download-{name}", f"download {name}", [self.downloads / name],
                           {"file": name, "expected": expected.describe()},
                           functools.partial(self._download, source, expected))
@@ -442,8 +441,7 @@ class Preparer:
         (tmp / "prepare.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
         if self.dest.exists():
             shutil.rmtree(self.dest)
-        self.dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, self.dest)
+        os.replace(tmp, self.dest)  # tmp is dest's sibling, made by fairseq-preprocess
         self.log("  sentences: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
 
     def _verification_record(self):
@@ -513,15 +511,14 @@ def prepare(options: PrepareOptions) -> Path:
 
 def main(argv=None):
     options = parse_options(argv)
-    name = get(options.dataset).name
     try:
         prepare(options)
     except StopPipeline as e:
-        print(f"[{name}] {e}", flush=True)
+        print(f"[{options.dataset}] {e}", flush=True)
     except (CorruptArchiveError, DownloadError, VerificationError) as e:
         raise SystemExit(f"error: {e}") from None
     except KeyboardInterrupt:
-        raise SystemExit(f"\n[{name}] interrupted; run the same command again to resume") from None
+        raise SystemExit(f"\n[{options.dataset}] interrupted; run the same command again to resume") from None
 
 
 if __name__ == "__main__":

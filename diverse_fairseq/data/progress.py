@@ -20,7 +20,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, List, Optional
 
 from ..runs import env_checks
 
@@ -168,9 +168,8 @@ class Pipeline:
         self.chain = hashlib.sha256(name.encode()).hexdigest()
         self.ran, self.skipped = [], []
 
-    def step(self, step_id: str, title: str, outputs: Iterable[Path], params: Dict, fn: Callable[[], None]):
+    def step(self, step_id: str, title: str, outputs: List[Path], params: Dict, fn: Callable[[], None]):
         """Run ``fn`` unless step ``step_id`` already completed with the same parameters and inputs."""
-        outputs = [Path(o) for o in outputs]
         blob = json.dumps({"step": step_id, "params": params, "before": self.chain}, sort_keys=True, default=str)
         key = self.chain = hashlib.sha256(blob.encode()).hexdigest()
         label = f"[{self.name}] step {len(self.ran) + len(self.skipped) + 1}/{self.total}"
