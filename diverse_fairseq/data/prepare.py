@@ -26,7 +26,7 @@ from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional
 
 from ..runs import env_checks, paths
 from . import bpe as bpe_mod
@@ -244,7 +244,7 @@ class Preparer:
                   + ([self.pair_stats] if before else []),
                   {"before_bpe": before, "max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio,
                    "splits": r.clean_splits, "valid_every": r.valid_every, "lowercase": r.lowercase},
-                  self._clean)
+                  lambda: [self._clean(s, "clean") for s in splits])
         ext = "tok" if kind == "subword-nmt" else "txt"
         pipe.step("learn-bpe", f"learn {kind} ({size}, {'joint' if r.joint_bpe else 'per language'})",
                   sorted(set(self.models.values())), {"kind": kind, "size": size, "joint": r.joint_bpe},
@@ -260,8 +260,7 @@ class Preparer:
                       f"{r.clean_min}-{r.clean_max} tokens)",
                       [self.path("final", s, lang) for s in SPLITS for lang in langs] + [self.pair_stats],
                       {"max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio, "splits": r.clean_splits},
-                      lambda: [self._clean_pairs(s, {(lang, ""): self.path("bpe", s, lang) for lang in langs}, "final",
-                                                 "" if s in r.clean_splits else None) for s in SPLITS])
+                      lambda: [self._clean(s, "final") for s in SPLITS])
         pipe.step("binarize", "binarize with fairseq-preprocess"
                   f"{' (joined dictionary)' if r.joined_dictionary else ''} into {self.dest}",
                   [self.dest / "prepare.json"], {"dest": str(self.dest), "joined": r.joined_dictionary}, self._binarize)
@@ -312,22 +311,21 @@ class Preparer:
                          desc=f"tokenize {split}.{lang}")
             self.log(f"  tokenized {split}.{lang}: {n:,} lines")
 
-    def _clean(self):
-        """Write clean/{split}.{lang}.txt, and .tok where the tokenized text is used later, for train/valid/test."""
-        r = self.r
-        for split in r.raw_splits():
+    def _clean(self, split: str, stage: str):
+        """Copy ``split``'s line-aligned files into ``stage``/{target}.{lang}.{ext} (clean/: the normalized .txt, and
+        the tokenized .tok where it is used later; final/: the BPE text) without the pairs that clean-corpus-n.perl
+        drops, where this stage is the recipe's cleaning one (on .tok before BPE, or after BPE); into clean/, every
+        ``valid_every``-th kept training pair goes to valid. The cleaning stage writes the training pairs per corpus
+        before and after (:attr:`pair_stats`)."""
+        r, after_bpe = self.r, stage == "final"
+        cleaning = after_bpe == r.clean_after_bpe
+        if after_bpe:
+            inputs = {(lang, ""): self.path("bpe", split, lang) for lang in r.langs}
+        else:
             inputs = {(lang, ext): self.path("norm" if ext == "txt" else "tok", split, lang)
                       for lang in r.langs for ext in ("txt", "tok") if ext == "txt" or self.needs_tok(split, lang)}
-            self._clean_pairs(split, inputs, "clean", "tok" if split in r.clean_splits and not r.clean_after_bpe
-                              else None)
-
-    def _clean_pairs(self, split: str, inputs: Dict[Tuple[str, str], Path], stage: str, clean_ext: Optional[str]):
-        """Copy the line-aligned ``inputs`` ({(lang, ext): file}) to ``stage``/{target}.{lang}.{ext} without the
-        pairs that clean-corpus-n.perl drops on their ``clean_ext`` lines (None: no cleaning); into clean/, every
-        ``valid_every``-th kept training pair goes to valid. The stage that cleans (clean/ or, after BPE, final/)
-        writes the training pairs per corpus before and after (:attr:`pair_stats`)."""
-        r = self.r
-        targets = ["train", "valid"] if stage == "clean" and split == "train" and r.valid_every else [split]
+        clean_ext = ("" if after_bpe else "tok") if cleaning and split in r.clean_splits else None
+        targets = ["train", "valid"] if not after_bpe and split == "train" and r.valid_every else [split]
         path = self.ctx.corpora_path("train")  # the corpus of each raw training line, in order
         sizes = json.loads(path.read_text()) if path.exists() else []
         corpora = itertools.chain(*(itertools.repeat(name, n) for name, n in sizes), itertools.repeat(r.name))
@@ -358,7 +356,7 @@ class Preparer:
         self.log(f"  {split}: kept {kept:,} of {total:,} pairs"
                  + (f" ({total - kept:,} removed)" if clean_ext is not None else "")
                  + (f", every {r.valid_every}-th kept pair -> valid" if len(targets) == 2 else ""))
-        if split == "train" and (stage == "final") == r.clean_after_bpe:
+        if split == "train" and cleaning:
             stats = {name: {"before_cleaning": n, "after_cleaning": kept_by[name]} for name, n in total_by.items()}
             with atomic_path(self.pair_stats) as tmp:
                 tmp.write_text(json.dumps(stats, indent=1) + "\n")
