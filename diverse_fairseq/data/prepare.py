@@ -39,8 +39,6 @@ from .recipes.base import SPLITS
 from .text import clean_pair, count_lines, iter_lines, map_file, normalize, tokenize
 from .verify import Expectations, VerificationError, check_member_lines, reject, verified_sha256
 
-ZH_SEGS = ("jieba", "char")
-
 
 def _option(env: str, help: str, default=None, metavar=None, custom_only=False):
     """A field of :class:`PrepareOptions` with its environment variable (``VAR=on`` for a switch) and help;
@@ -136,7 +134,7 @@ def _checked(options: PrepareOptions, recipe: Recipe) -> PrepareOptions:
     checks = {"bpe": functools.partial(env_checks.parse_choice, choices=bpe_mod.KINDS),
               "bpe_size": functools.partial(env_checks.parse_int, minimum=1),
               "workers": functools.partial(env_checks.parse_int, minimum=1),
-              "zh_seg": functools.partial(env_checks.parse_choice, choices=ZH_SEGS),
+              "zh_seg": functools.partial(env_checks.parse_choice, choices=("jieba", "char")),
               "stop_after": functools.partial(env_checks.parse_choice, choices=step_ids(recipe))}
     return replace(options, **{f.name: checks[f.name](_label(f), getattr(options, f.name)) for f in fields(options)
                                if f.name in checks and getattr(options, f.name) is not None})
@@ -303,10 +301,9 @@ class Preparer:
                              f"command again to download it anew.") from None
 
     def _tokenize(self, pairs):
-        r = self.r
         for split, lang in pairs:
-            fn = functools.partial(tokenize, lang=lang, aggressive_dash=r.aggressive_dash, lowercase=r.lowercase,
-                                   zh_seg=self.args.zh_seg)
+            fn = functools.partial(tokenize, lang=lang, aggressive_dash=self.r.aggressive_dash,
+                                   lowercase=self.r.lowercase, zh_seg=self.args.zh_seg)
             n = map_file(fn, self.path("norm", split, lang), self.path("tok", split, lang), self.args.workers,
                          desc=f"tokenize {split}.{lang}")
             self.log(f"  tokenized {split}.{lang}: {n:,} lines")
