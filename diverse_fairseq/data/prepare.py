@@ -17,6 +17,7 @@ Every option also has an environment variable (in brackets). Other code calls :f
 
 import argparse
 import functools
+import hashlib
 import itertools
 import json
 import os
@@ -26,14 +27,14 @@ from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional
 
 from ..runs import env_checks, paths
 from . import bpe as bpe_mod
 from . import progress
 from .archive import CorruptArchiveError, extract
 from .download import DownloadError, expected_for, fetch, read_checksum_file, where_to_get
-from .progress import Pipeline, Progress, StopPipeline, atomic_path, heartbeat
+from .progress import Progress, atomic_path, begin_step, heartbeat
 from .recipes import RECIPES, TEMPLATES, Context, Recipe, get
 from .recipes.base import SPLITS
 from .text import clean_pair, count_lines, iter_lines, map_file, normalize, tokenize
@@ -140,8 +141,13 @@ def _checked(options: PrepareOptions, recipe: Recipe) -> PrepareOptions:
                                if f.name in checks and getattr(options, f.name) is not None})
 
 
+class StopPipeline(Exception):
+    """Raised after the step named by ``--stop-after`` (a deliberate, resumable stop)."""
+
+
 class Preparer:
-    """Runs one recipe's pipeline with the user's options."""
+    """Runs one recipe's pipeline with the user's options: its steps in order, each printing ``[name] step i/n:
+    title`` and whether it ran or was skipped."""
 
     def __init__(self, recipe: Recipe, args: PrepareOptions):
         if recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored
@@ -166,6 +172,8 @@ class Preparer:
         self.models = bpe_mod.model_files(self.kind, self.work / "bpe", recipe.langs, recipe.joint_bpe)
         self.checksums = read_checksum_file(args.checksums) if args.checksums else {}
         self.ctx = Context(recipe, self.work, options, log=self.log)
+        self.chain = hashlib.sha256(recipe.name.encode()).hexdigest()  # the key of the steps so far
+        self.ran, self.skipped = [], []
 
     log = staticmethod(functools.partial(print, flush=True))
 
@@ -187,7 +195,6 @@ class Preparer:
                  f"work dir {self.work}, output {self.dest}")
         if r.check:
             r.check(self.ctx)
-        pipe = Pipeline(r.name, self.work, len(step_ids(r)), stop_after=self.args.stop_after, log=self.log)
         if self.expect:
             self.log(f"[{r.name}] expectations from the manifest {self.expect.path} ({self.expect.name!r}), not the "
                      f"published ones: the data goes to {self.dest}")
@@ -200,71 +207,109 @@ class Preparer:
         for archive in r.archives:
             for source in archive.parts:
                 expected, name = self._expected(source), source.filename
-                pipe.step(f"download-{name}", f"download {name}", [self.downloads / name],
-                          {"file": name, "expected": expected.describe()},
-                          functools.partial(self._download, source, expected))
+                self.step(f"download-{name}", f"download {name}", [self.downloads / name],
+                           {"file": name, "expected": expected.describe()},
+                           functools.partial(self._download, source, expected))
             files = [self.downloads / s.filename for s in archive.parts]
-            pipe.step(f"extract-{archive.name}", f"extract {' + '.join(f.name for f in files)}",
-                      [self.ctx.extracted(archive.name)],
-                      {"parts": [(f.name, f.stat().st_size if f.exists() else None) for f in files],
-                       "lines": self._expected_lines(archive)},
-                      functools.partial(self._extract, archive, files))
+            self.step(f"extract-{archive.name}", f"extract {' + '.join(f.name for f in files)}",
+                       [self.ctx.extracted(archive.name)],
+                       {"parts": [(f.name, f.stat().st_size if f.exists() else None) for f in files],
+                        "lines": self._expected_lines(archive)},
+                       functools.partial(self._extract, archive, files))
         splits = r.raw_splits()
         raw_outputs = [self.ctx.raw_path(s, lang) for s in splits for lang in langs]
         if r.corpora_file:
             raw_outputs.append(self.ctx.raw / r.corpora_file)
-        pipe.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
-                  r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
+        self.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
+                   r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
         what = [w for w, on in ((" punctuation", r.punct_norm), (", remove non-printing characters", r.non_printing),
                                 (", ’ -> '", r.apostrophe_splits)) if on]
-        pipe.step("normalize", "normalize" + "".join(what) if what else "normalize (nothing to do: copy)",
-                  [self.path("norm", s, lang) for s in splits for lang in langs],
-                  {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
-                   "apostrophe": r.apostrophe_splits},
-                  lambda: [map_file(functools.partial(normalize, lang=lang, apostrophe=s in r.apostrophe_splits,
-                                                      punct=r.punct_norm and s in r.normalize_splits,
-                                                      non_printing=r.non_printing and s in r.normalize_splits),
-                                    self.ctx.raw_path(s, lang), self.path("norm", s, lang), self.args.workers,
-                                    desc=f"normalize {s}.{lang}") for s in splits for lang in langs])
+        self.step("normalize", "normalize" + "".join(what) if what else "normalize (nothing to do: copy)",
+                   [self.path("norm", s, lang) for s in splits for lang in langs],
+                   {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
+                    "apostrophe": r.apostrophe_splits},
+                   lambda: [map_file(functools.partial(normalize, lang=lang, apostrophe=s in r.apostrophe_splits,
+                                                       punct=r.punct_norm and s in r.normalize_splits,
+                                                       non_printing=r.non_printing and s in r.normalize_splits),
+                                     self.ctx.raw_path(s, lang), self.path("norm", s, lang), self.args.workers,
+                                     desc=f"normalize {s}.{lang}") for s in splits for lang in langs])
         tok_pairs = [(s, lang) for s in splits for lang in langs if self.needs_tok(s, lang)]
-        pipe.step("tokenize", "tokenize with sacremoses ("
-                  f"{'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
-                  f"{'lowercase, ' if r.lowercase else ''}{len(tok_pairs)} files)",
-                  [self.path("tok", s, lang) for s, lang in tok_pairs],
-                  {"pairs": tok_pairs, "aggressive": r.aggressive_dash, "lowercase": r.lowercase,
-                   "zh_seg": self.args.zh_seg if "zh" in langs else None},
-                  functools.partial(self._tokenize, tok_pairs))
+        self.step("tokenize", "tokenize with sacremoses ("
+                   f"{'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
+                   f"{'lowercase, ' if r.lowercase else ''}{len(tok_pairs)} files)",
+                   [self.path("tok", s, lang) for s, lang in tok_pairs],
+                   {"pairs": tok_pairs, "aggressive": r.aggressive_dash, "lowercase": r.lowercase,
+                    "zh_seg": self.args.zh_seg if "zh" in langs else None},
+                   functools.partial(self._tokenize, tok_pairs))
         before = not r.clean_after_bpe
         what = (f"clean (ratio {r.clean_ratio}, {r.clean_min}-{r.clean_max} tokens) " if before else "") + \
                (f"and split valid = every {r.valid_every}-th line " if r.valid_every else "")
-        pipe.step("clean", (what or "collect splits ") + ("" if before else "(cleaning happens after BPE)"),
-                  [self.path("clean", s, lang, "txt") for s in SPLITS for lang in langs]
-                  + ([self.pair_stats] if before else []),
-                  {"before_bpe": before, "max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio,
-                   "splits": r.clean_splits, "valid_every": r.valid_every, "lowercase": r.lowercase},
-                  lambda: [self._clean(s, "clean") for s in splits])
+        self.step("clean", (what or "collect splits ") + ("" if before else "(cleaning happens after BPE)"),
+                   [self.path("clean", s, lang, "txt") for s in SPLITS for lang in langs]
+                   + ([self.pair_stats] if before else []),
+                   {"before_bpe": before, "max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio,
+                    "splits": r.clean_splits, "valid_every": r.valid_every, "lowercase": r.lowercase},
+                   lambda: [self._clean(s, "clean") for s in splits])
         ext = "tok" if kind == "subword-nmt" else "txt"
-        pipe.step("learn-bpe", f"learn {kind} ({size}, {'joint' if r.joint_bpe else 'per language'})",
-                  sorted(set(self.models.values())), {"kind": kind, "size": size, "joint": r.joint_bpe},
-                  lambda: bpe_mod.learn(kind, {lang: self.path("clean", "train", lang, ext) for lang in langs},
-                                        self.work / "bpe", size, r.joint_bpe, self.args.workers, log=self.log))
-        pipe.step("apply-bpe", f"apply {kind} to train, valid, test",
-                  [self.path("bpe", s, lang) for s in SPLITS for lang in langs], {},
-                  lambda: [bpe_mod.apply(kind, self.models[lang], self.path("clean", s, lang, ext),
-                                         self.path("bpe", s, lang), self.args.workers)
-                           for s in SPLITS for lang in langs])
+        self.step("learn-bpe", f"learn {kind} ({size}, {'joint' if r.joint_bpe else 'per language'})",
+                   sorted(set(self.models.values())), {"kind": kind, "size": size, "joint": r.joint_bpe},
+                   lambda: bpe_mod.learn(kind, {lang: self.path("clean", "train", lang, ext) for lang in langs},
+                                         self.work / "bpe", size, r.joint_bpe, self.args.workers, log=self.log))
+        self.step("apply-bpe", f"apply {kind} to train, valid, test",
+                   [self.path("bpe", s, lang) for s in SPLITS for lang in langs], {},
+                   lambda: [bpe_mod.apply(kind, self.models[lang], self.path("clean", s, lang, ext),
+                                          self.path("bpe", s, lang), self.args.workers)
+                            for s in SPLITS for lang in langs])
         if r.clean_after_bpe:  # clean_splits (train among them) cleaned, the others copied as they are
-            pipe.step("clean-bpe", f"clean after BPE ({', '.join(r.clean_splits)}: ratio {r.clean_ratio}, "
-                      f"{r.clean_min}-{r.clean_max} tokens)",
-                      [self.path("final", s, lang) for s in SPLITS for lang in langs] + [self.pair_stats],
-                      {"max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio, "splits": r.clean_splits},
-                      lambda: [self._clean(s, "final") for s in SPLITS])
-        pipe.step("binarize", "binarize with fairseq-preprocess"
-                  f"{' (joined dictionary)' if r.joined_dictionary else ''} into {self.dest}",
-                  [self.dest / "prepare.json"], {"dest": str(self.dest), "joined": r.joined_dictionary}, self._binarize)
-        self.log(f"[{r.name}] done: {self.dest} (ran {len(pipe.ran)} steps, skipped {len(pipe.skipped)})")
+            self.step("clean-bpe", f"clean after BPE ({', '.join(r.clean_splits)}: ratio {r.clean_ratio}, "
+                       f"{r.clean_min}-{r.clean_max} tokens)",
+                       [self.path("final", s, lang) for s in SPLITS for lang in langs] + [self.pair_stats],
+                       {"max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio, "splits": r.clean_splits},
+                       lambda: [self._clean(s, "final") for s in SPLITS])
+        self.step("binarize", "binarize with fairseq-preprocess"
+                   f"{' (joined dictionary)' if r.joined_dictionary else ''} into {self.dest}",
+                   [self.dest / "prepare.json"], {"dest": str(self.dest), "joined": r.joined_dictionary},
+                   self._binarize)
+        self.log(f"[{r.name}] done: {self.dest} (ran {len(self.ran)} steps, skipped {len(self.skipped)})")
         for line in compare_with_paper(json.loads((self.dest / "prepare.json").read_text())["train_pairs"], r.name):
             self.log(line)
+
+    def step(self, step_id: str, title: str, outputs: List[Path], params: Dict, fn: Callable[[], None]):
+        """Run ``fn`` unless step ``step_id`` already completed with the same parameters and inputs. A finished step
+        leaves a stamp ``WORK/.stamps/<step>.json`` with a key made of its parameters and the keys of all steps before
+        it; the next run skips it when the key matches and its outputs exist, else runs it (and, as their keys
+        change, everything after it) again."""
+        blob = json.dumps({"step": step_id, "params": params, "before": self.chain}, sort_keys=True, default=str)
+        key = self.chain = hashlib.sha256(blob.encode()).hexdigest()
+        label = f"[{self.r.name}] step {len(self.ran) + len(self.skipped) + 1}/{len(step_ids(self.r))}"
+        stamp = self.work / ".stamps" / f"{step_id}.json"
+        try:
+            done = all(o.exists() for o in outputs) and json.loads(stamp.read_text()).get("key") == key
+        except (OSError, ValueError):
+            done = False
+        if done:
+            self.log(f"{label}: {title} -- done already, skipped")
+            self.skipped.append(step_id)
+        else:
+            stamp.unlink(missing_ok=True)
+            self.log(f"{label}: {title}")
+            started = time.time()
+            begin_step(label)
+            try:
+                fn()
+            finally:
+                begin_step("")
+            missing = [str(o) for o in outputs if not o.exists()]
+            if missing:
+                raise RuntimeError(f"step {step_id} finished without producing {', '.join(missing)} (a bug)")
+            seconds = round(time.time() - started, 1)
+            with atomic_path(stamp) as tmp:
+                tmp.write_text(json.dumps({"key": key, "params": params, "outputs": [str(o) for o in outputs],
+                                           "seconds": seconds}, indent=1, default=str))
+            self.log(f"[{self.r.name}]   finished {step_id} in {seconds:.1f}s")
+            self.ran.append(step_id)
+        if step_id == self.args.stop_after:
+            raise StopPipeline(f"stopped after step {step_id} as asked (--stop-after); run again to continue")
 
     def _expected(self, source):
         return expected_for(source, self.checksums, self.expect.files if self.expect else None)

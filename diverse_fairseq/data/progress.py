@@ -1,33 +1,29 @@
-"""The resumable pipeline of data preparation and its progress lines.
+"""Progress lines of data preparation, and atomic file writes.
 
-:class:`Pipeline` runs named steps. A finished step leaves a stamp ``WORK/.stamps/<step>.json`` with a key made of its
-parameters and the keys of all steps before it; the next run skips it when the key matches and its outputs exist, else
-runs it (and, as their keys change, everything after it) again. Outputs are written through :func:`atomic_path`, so
-an interrupted step leaves no half file under the final name. Inside a step, :class:`Progress` reports a known amount
-of work (lines, pairs, bytes) and :func:`heartbeat` work that tells nothing about itself (learning BPE,
-fairseq-preprocess), at most every :data:`interval` seconds (``PROGRESS_INTERVAL``, default 10; 0: every update) and
-once at the end when it took at least that long::
+Inside a step of the pipeline (:meth:`..prepare.Preparer.step`), :class:`Progress` reports a known amount of work
+(lines, pairs, bytes) and :func:`heartbeat` work that tells nothing about itself (learning BPE, fairseq-preprocess), at
+most every :data:`interval` seconds (``PROGRESS_INTERVAL``, default 10; 0: every update) and once at the end when it
+took at least that long. Outputs are written through :func:`atomic_path`, so an interrupted step leaves no half file
+under the final name::
 
     [wmt14_en_de] step 7/14 tokenize train.en: 1,200,000/4,508,785 lines (27%), 5m02s elapsed, about 13m40s left
     [wmt14_en_de] step 9/14 learn subword-nmt: running, 20m00s elapsed
 """
 
 import functools
-import hashlib
-import json
 import os
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Optional
 
 from ..runs import env_checks
 
 ENV = "PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 10.0
 interval = DEFAULT_INTERVAL  # seconds between two progress lines of one piece of work
-_step = ""  # "[dataset] step i/n " before every progress line, set by the pipeline while a step runs
+_step = ""  # "[dataset] step i/n " before every progress line, set while a step of the pipeline runs
 _print = functools.partial(print, flush=True)
 
 
@@ -150,54 +146,3 @@ def atomic_path(path):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-class StopPipeline(Exception):
-    """Raised after the step named by ``--stop-after`` (a deliberate, resumable stop)."""
-
-
-class Pipeline:
-    """Runs steps in order, printing ``[name] step i/n: title`` and whether each ran or was skipped."""
-
-    def __init__(self, name: str, work_dir: Path, total_steps: int, stop_after: Optional[str] = None, log=print):
-        self.name = name
-        self.stamp_dir = Path(work_dir) / ".stamps"
-        self.total = total_steps
-        self.stop_after = stop_after
-        self.log = log
-        self.chain = hashlib.sha256(name.encode()).hexdigest()
-        self.ran, self.skipped = [], []
-
-    def step(self, step_id: str, title: str, outputs: List[Path], params: Dict, fn: Callable[[], None]):
-        """Run ``fn`` unless step ``step_id`` already completed with the same parameters and inputs."""
-        blob = json.dumps({"step": step_id, "params": params, "before": self.chain}, sort_keys=True, default=str)
-        key = self.chain = hashlib.sha256(blob.encode()).hexdigest()
-        label = f"[{self.name}] step {len(self.ran) + len(self.skipped) + 1}/{self.total}"
-        stamp = self.stamp_dir / f"{step_id}.json"
-        try:
-            done = all(o.exists() for o in outputs) and json.loads(stamp.read_text()).get("key") == key
-        except (OSError, ValueError):
-            done = False
-        if done:
-            self.log(f"{label}: {title} -- done already, skipped")
-            self.skipped.append(step_id)
-        else:
-            stamp.unlink(missing_ok=True)
-            self.log(f"{label}: {title}")
-            started = time.time()
-            begin_step(label)
-            try:
-                fn()
-            finally:
-                begin_step("")
-            missing = [str(o) for o in outputs if not o.exists()]
-            if missing:
-                raise RuntimeError(f"step {step_id} finished without producing {', '.join(missing)} (a bug)")
-            seconds = round(time.time() - started, 1)
-            with atomic_path(stamp) as tmp:
-                tmp.write_text(json.dumps({"key": key, "params": params, "outputs": [str(o) for o in outputs],
-                                           "seconds": seconds}, indent=1, default=str))
-            self.log(f"[{self.name}]   finished {step_id} in {seconds:.1f}s")
-            self.ran.append(step_id)
-        if step_id == self.stop_after:
-            raise StopPipeline(f"stopped after step {step_id} as asked (--stop-after); run again to continue")
