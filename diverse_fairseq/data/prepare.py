@@ -10,9 +10,7 @@ an interrupted run continues where it stopped. Intermediate files go to WORK_DIR
 DATA_BIN/DATASET (defaults: the repository's work/ and data-bin/), with ``prepare.json`` (how the data was made,
 read through :mod:`diverse_fairseq.runs.dataset_meta`), the test references (``test.ref.TGT`` raw,
 ``test.tok.TGT`` tokenized) and the BPE model. Long steps print progress lines every PROGRESS_INTERVAL seconds.
-
-Every option also has an environment variable (in brackets). Other code calls :func:`prepare` with typed
-:class:`PrepareOptions`, which it checks before any work; only :func:`parse_options` reads argv and the environment.
+Every option also has an environment variable (in brackets).
 """
 
 import argparse
@@ -188,7 +186,7 @@ class Preparer:
         return bool(cleaned and not self.r.clean_after_bpe)
 
     # ------------------------------------------------------------------------------------------ pipeline
-    def run(self):
+    def run(self) -> Path:
         r, kind, size, langs = self.r, self.kind, self.size, self.r.langs
         self.log(f"[{r.name}] preparing {r.description}\n"
                  f"[{r.name}] {r.src}->{r.tgt}, {kind} {size}{' joint' if r.joint_bpe else ' per language'}, "
@@ -273,6 +271,7 @@ class Preparer:
         self.log(f"[{r.name}] done: {self.dest} (ran {len(self.ran)} steps, skipped {len(self.skipped)})")
         for line in compare_with_paper(json.loads((self.dest / "prepare.json").read_text())["train_pairs"], r.name):
             self.log(line)
+        return self.dest
 
     def step(self, step_id: str, title: str, outputs: List[Path], params: Dict, fn: Callable[[], None]):
         """Run ``fn`` unless step ``step_id`` already completed with the same parameters and inputs. A finished step
@@ -544,9 +543,7 @@ def prepare(options: PrepareOptions) -> Path:
     """Prepare ``options.dataset`` (each step skipped when its output is complete); return its folder under
     ``options.data_bin``. The options are checked first (SystemExit naming the variable); a download or
     verification that fails raises its error, and :class:`StopPipeline` where ``stop_after`` stops it."""
-    preparer = Preparer(get(options.dataset), options)
-    preparer.run()
-    return preparer.dest
+    return Preparer(get(options.dataset), options).run()
 
 
 def main(argv=None):
