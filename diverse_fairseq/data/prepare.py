@@ -501,29 +501,23 @@ class Preparer:
                                  else "published"), "files": files}
 
 
-#: a final training pair count further than this fraction from the paper's is a warning
-PAPER_TOLERANCE = 0.05
-#: a corpus that loses more than this fraction of its pairs in cleaning is named as short
-CORPUS_LOSS = 0.10
-
-
-def compare_with_paper(record, dataset: str) -> List[str]:
-    """Lines that print the final training pair count beside the paper's; a warning naming the short corpus
-    when they differ by more than :data:`PAPER_TOLERANCE`."""
+def compare_with_paper(record, dataset: str, tolerance: float = 0.05, corpus_loss: float = 0.10) -> List[str]:
+    """Lines that print the final training pair count beside the paper's; a warning when they differ by more than
+    ``tolerance``, naming the corpora that lost more than ``corpus_loss`` of their pairs in cleaning."""
     paper, final = record.get("paper"), record["final_train"]
     if not paper:
         return [f"[{dataset}] training pairs: {final:,} (no paper count to compare with)"]
     diff = (final - paper) / paper
     out = [f"[{dataset}] training pairs: {final:,}, the paper's {paper:,} ({diff:+.1%}; {record['paper_source']})"]
-    if abs(diff) <= PAPER_TOLERANCE:
+    if abs(diff) <= tolerance:
         return out
     corpora = (record.get("corpora") or {}).items()
     lossy = "; ".join(f"{name} kept {v['after_cleaning']:,} of {v['before_cleaning']:,}" for name, v in corpora
-                      if v["after_cleaning"] < (1 - CORPUS_LOSS) * v["before_cleaning"])
+                      if v["after_cleaning"] < (1 - corpus_loss) * v["before_cleaning"])
     listing = "; ".join(f"{name} {v['before_cleaning']:,} -> {v['after_cleaning']:,}" for name, v in corpora)
     why = (f"more pairs than the paper's: {listing}" if diff > 0
-           else f"short: {lossy} (lost more than {CORPUS_LOSS:.0%} in cleaning)" if lossy
-           else f"no corpus lost more than {CORPUS_LOSS:.0%} in cleaning, so a corpus is smaller than the paper's or "
+           else f"short: {lossy} (lost more than {corpus_loss:.0%} in cleaning)" if lossy
+           else f"no corpus lost more than {corpus_loss:.0%} in cleaning, so a corpus is smaller than the paper's or "
                 f"missing: {listing}")
     label = "" if record.get("expectations") == "published" else f" [{record.get('expectations')}]"
     out.append(f"[{dataset}] warning{label}: {abs(diff):.0%} {'fewer' if diff < 0 else 'more'} training pairs than "
