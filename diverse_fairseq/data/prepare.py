@@ -128,17 +128,6 @@ def parse_options(argv) -> PrepareOptions:
     return PrepareOptions(**args)
 
 
-def _checked(options: PrepareOptions, recipe: Recipe) -> PrepareOptions:
-    """``options`` with their values parsed, before any work (SystemExit naming the variable and what to use)."""
-    checks = {"bpe": functools.partial(env_checks.parse_choice, choices=bpe_mod.KINDS),
-              "bpe_size": functools.partial(env_checks.parse_int, minimum=1),
-              "workers": functools.partial(env_checks.parse_int, minimum=1),
-              "zh_seg": functools.partial(env_checks.parse_choice, choices=("jieba", "char")),
-              "stop_after": functools.partial(env_checks.parse_choice, choices=step_ids(recipe))}
-    return replace(options, **{f.name: checks[f.name](_label(f), getattr(options, f.name)) for f in fields(options)
-                               if f.name in checks and getattr(options, f.name) is not None})
-
-
 class StopPipeline(Exception):
     """Raised after the step named by ``--stop-after`` (a deliberate, resumable stop)."""
 
@@ -148,15 +137,22 @@ class Preparer:
     title`` and whether it ran or was skipped."""
 
     def __init__(self, recipe: Recipe, args: PrepareOptions):
-        if recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored
-            given = [_label(f) for f in fields(args)[1:] if f.metadata["custom_only"] and getattr(args, f.name)]
-            if given:
-                raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} "
-                                 f"has fixed languages and sources. Unset them, or prepare your corpus with "
-                                 f"SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom")
+        """The options are checked before any work: SystemExit naming the variable and what to use."""
+        given = [_label(f) for f in fields(args)[1:] if f.metadata["custom_only"] and getattr(args, f.name)]
+        if given and recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored
+            raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} has "
+                             f"fixed languages and sources. Unset them, or prepare your corpus with SRC=xx TGT=yy "
+                             f"CORPUS_DIR=dir scripts/prepare_data.sh custom")
         options = {**asdict(args), "source": args.wmt17_source}
         self.r = recipe = recipe.configure(recipe, options) if recipe.configure else recipe
-        self.args = args = _checked(args, recipe)
+        checks = {"bpe": functools.partial(env_checks.parse_choice, choices=bpe_mod.KINDS),
+                  "bpe_size": functools.partial(env_checks.parse_int, minimum=1),
+                  "workers": functools.partial(env_checks.parse_int, minimum=1),
+                  "zh_seg": functools.partial(env_checks.parse_choice, choices=("jieba", "char")),
+                  "stop_after": functools.partial(env_checks.parse_choice, choices=step_ids(recipe))}
+        values = {f: getattr(args, f.name) for f in fields(args) if f.name in checks}
+        self.args = args = replace(args, **{f.name: checks[f.name](_label(f), value)
+                                            for f, value in values.items() if value is not None})
         self.kind = args.bpe or recipe.bpe
         self.size = args.bpe_size or recipe.bpe_size
         self.expect = Expectations.load(args.expect) if args.expect else None
