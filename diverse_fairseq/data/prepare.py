@@ -211,9 +211,8 @@ class Preparer:
                         "lines": self._expected_lines(archive)},
                        functools.partial(self._extract, archive, files))
         splits = r.raw_splits()
-        raw_outputs = [self.ctx.raw_path(s, lang) for s in splits for lang in langs]
-        if r.corpora_file:
-            raw_outputs.append(self.ctx.raw / r.corpora_file)
+        raw_outputs = ([self.ctx.raw_path(s, lang) for s in splits for lang in langs]
+                       + ([self.ctx.raw / r.corpora_file] if r.corpora_file else []))
         self.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
                    r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
         what = [w for w, on in ((" punctuation", r.punct_norm), (", remove non-printing characters", r.non_printing),
