@@ -19,6 +19,7 @@ from typing import Dict, Iterable, List, Optional
 
 from .text import count_lines
 
+CHUNK = 1 << 20  # bytes per read of a fetched file (download.py)
 MAGIC = {".tgz": b"\x1f\x8b", ".gz": b"\x1f\x8b", ".zip": b"PK"}
 HTML_STARTS = (b"<!doctype html", b"<html", b"<head", b"<body", b"<?xml version", b"<!--")
 
