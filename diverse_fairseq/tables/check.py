@@ -1,14 +1,12 @@
 """``make check-tables``: every row of every table builds, and at demo scale trains one step, without data.
 
-For each table (``configs/tables/*.yaml``), row and scale (``demo``: the CPU; ``paper``: the papers' 8 GPUs, fp16
-where CUDA is available, else fp32) this takes the plan the table runner would train (:func:`row_plan`), parses
-it with fairseq-train's parser and builds task, model, criterion, optimizer and schedule with fairseq's builders
-on synthetic dictionaries of the sizes the recipe assumes (``Recipe.assumed_vocab``), checking the setting's
-depth. At demo scale it trains one step on a synthetic batch. At paper scale a row more than
+For each table, row and scale (``demo``: the CPU; ``paper``: the papers' 8 GPUs, fp16 where CUDA is available, else
+fp32) this builds the plan the table runner would train (:func:`row_plan`) with fairseq-train's parser and fairseq's
+builders, on synthetic dictionaries of the sizes the recipe assumes (``Recipe.assumed_vocab``), and checks the
+setting's depth; at demo scale it trains one step on a synthetic batch. At paper scale a row more than
 :data:`PARAM_TOLERANCE` off its paper's parameter count (``paper: {params: ...}``, millions) fails unless its
 ``params_gap`` says why (``GAP``); a prepared dataset (``DATA_BIN/<dataset>``) also gets the count on its real
-dictionaries, not judged. One line per table/row/scale, then every failure again (non-zero exit status); the same
-run identity is built once.
+dictionaries. One line per table/row/scale, then every failure again; the same run identity is built once.
 
     python -m diverse_fairseq.tables.check [--scale demo|paper] [--paper-gpus 8] [TABLE ...]
     make check-tables [SCALE=demo|paper]
