@@ -116,33 +116,6 @@ def test_runner_trains_with_the_checked_command(table, row_id, scale_name, tmp_p
 
 
 # ------------------------------------------------------------------------------------ make check-tables
-def test_the_checks_fairseq_config_is_fairseq_trains(tmp_path):
-    """check.fairseq_config (hydra's composition once per choice of config groups) gives what fairseq-train's
-    convert_namespace_to_omegaconf gives: rows of the same groups with other values, models and groups, both scales."""
-    from argparse import Namespace
-
-    from fairseq import options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from omegaconf import OmegaConf
-
-    def flat(cfg):
-        return {k: vars(v) if isinstance(v, Namespace) else OmegaConf.to_container(v) if v is not None else None
-                for k, v in cfg.items()}, OmegaConf.is_struct(cfg)
-
-    cases = [("emnlp20_t10", ("q", "first"), "demo"), ("emnlp20_f3", ("ma_h16",), "demo"),
-             ("emnlp18_t1", ("sub_pos",), "paper")]
-    for table, row_ids, scale_name in cases:
-        tab = load_table(table)
-        dataset = check.dataset_for(tab, scale_name)
-        check.write_synthetic_data(tmp_path, dataset)
-        for row_id in row_ids:
-            gpus, precision = (0, None) if scale_name == "demo" else (8, "fp32")
-            args = check.row_plan(tab.row(row_id), dataset, scale_name, tmp_path, gpus, precision).args
-            parsed = options.parse_args_and_arch(options.get_training_parser(), list(args))
-            ours, fairseqs = check.fairseq_config(list(args)), convert_namespace_to_omegaconf(parsed)
-            assert repr(flat(ours)) == repr(flat(fairseqs)), f"{table}:{row_id}"
-
-
 @pytest.mark.timeout(1800)  # ~100 rows of a few seconds each; past the 600 s default on a busy 2-core machine
 def test_every_table_row_builds_and_trains_one_step_at_demo_scale(capsys):
     start = time.perf_counter()

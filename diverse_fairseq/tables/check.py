@@ -13,7 +13,6 @@ dictionaries. One line per table/row/scale, then every failure again; the same r
 """
 
 import argparse
-import functools
 import gc
 import json
 import logging
@@ -109,60 +108,16 @@ def judge_parameters(built: int, row) -> Tuple[str, str]:
     return "FAIL", text
 
 
-@functools.lru_cache(maxsize=None)
-def _composition(groups: Tuple[str, ...]):
-    """hydra's composition of fairseq's config with these config groups chosen (``task=translation``, ...)."""
-    import fairseq
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(str(Path(fairseq.__file__).parent / "config"), version_base="1.1"):
-        return compose("config", overrides=list(groups))
-
-
-@functools.lru_cache(maxsize=None)
-def _override(text: str):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create().parse_overrides([text])[0]
-
-
 def fairseq_config(args: List[str]):
-    """fairseq-train's parse of ``args`` and its configuration, as fairseq's ``convert_namespace_to_omegaconf`` makes
-    it step by step, but with hydra's composition (three quarters of a demo row's check) made once per choice of config
-    groups and each override parsed once; the other overrides are set as hydra's compose sets them."""
-    from argparse import Namespace
-    from copy import deepcopy
-
+    """fairseq-train's parse of ``args`` and its configuration (fairseq's ``convert_namespace_to_omegaconf``); an
+    unknown argument is refused as fairseq-train refuses it."""
     from fairseq import options
-    from fairseq.dataclass.utils import _set_legacy_defaults, omegaconf_no_object_check, override_module_args
-    from fairseq.models import ARCH_MODEL_REGISTRY
-    from fairseq.registry import REGISTRIES
-    from fairseq.tasks import TASK_REGISTRY
-    from omegaconf import OmegaConf
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     parsed, unknown = options.parse_args_and_arch(options.get_training_parser(), list(args), parse_known=True)
     if unknown:
         raise SystemExit(f"fairseq-train: unrecognized arguments: {' '.join(unknown)}")
-    overrides, deletes = override_module_args(parsed)
-    cfg = deepcopy(_composition(tuple(o for o in overrides if "." not in o.split("=", 1)[0])))
-    for override in map(_override, (o for o in overrides if "." in o.split("=", 1)[0])):
-        OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
-    for name in deletes:
-        cfg[name] = None
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-    legacy = {"task": ("task", TASK_REGISTRY), "model": ("arch", ARCH_MODEL_REGISTRY),  # groups without a dataclass
-              **{group: (group, REGISTRIES[group]["registry"]) for group in ("optimizer", "lr_scheduler", "criterion")}}
-    with omegaconf_no_object_check():
-        for group, (option, registry) in legacy.items():
-            name = getattr(parsed, option, None)
-            if cfg[group] is None and name:
-                cfg[group] = Namespace(**vars(parsed))
-                _set_legacy_defaults(cfg[group], registry[name])
-                cfg[group]._name = name
-    OmegaConf.set_struct(cfg, True)
-    return cfg
+    return convert_namespace_to_omegaconf(parsed)
 
 
 def count_parameters(args: List[str]) -> int:
