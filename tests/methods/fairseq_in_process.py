@@ -4,7 +4,9 @@ A fairseq subprocess pays ~6 s of CPU for importing torch and fairseq before it 
 whose subject is a method (not the command line, which the workflow's tests run as a subprocess) call the commands'
 ``main`` in process instead, on the same arguments. What a run changes in the process is put back afterwards: the
 root logger's level and handlers, the random number generators, torch's thread count (one, as the subprocesses of
-``conftest.run_cli`` get) and fairseq's metrics.
+``conftest.run_cli`` get), fairseq's metrics and the best validation score that fairseq keeps between calls as
+function attributes (a second run in the process would otherwise save no checkpoint_best.pt that the first run's
+score beats).
 """
 
 import contextlib
@@ -28,6 +30,21 @@ class FairseqFailed(AssertionError):
         self.text = text
 
 
+def _forget_fairseq_state():
+    """What a fresh fairseq process starts without: the metrics, and the best validation score so far and the
+    patience count, which fairseq keeps as attributes of two functions."""
+    import fairseq_cli.train
+    from fairseq import checkpoint_utils
+    from fairseq.logging import metrics
+
+    metrics.reset()
+    for function, names in ((checkpoint_utils.save_checkpoint, ("best",)),
+                            (fairseq_cli.train.should_stop_early, ("best", "num_runs"))):
+        for name in names:
+            if hasattr(function, name):
+                delattr(function, name)
+
+
 @contextlib.contextmanager
 def _isolated(log):
     root = logging.getLogger()
@@ -39,11 +56,10 @@ def _isolated(log):
     root.setLevel(logging.INFO)
     torch.set_num_threads(1)
     try:
+        _forget_fairseq_state()  # imports fairseq_cli.train: after the handler above (see _run)
         yield
     finally:
-        from fairseq.logging import metrics
-
-        metrics.reset()
+        _forget_fairseq_state()
         for extra in root.handlers[:]:  # fairseq may add its own (a --log-file, generate's basicConfig)
             if extra not in handlers:
                 root.removeHandler(extra)
