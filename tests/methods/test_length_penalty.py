@@ -159,22 +159,22 @@ def test_thumt_length_limit_is_source_length_plus_50(src_len):
 
 
 def test_fairseq_train_validates_and_fairseq_generate_decodes_with_gnmt(tiny_data, tiny_args, tmp_path):
-    """Through fairseq's CLIs with --user-dir: fairseq-train's validation BLEU (--eval-bleu) decodes through the
-    task, and fairseq-generate's every hypothesis score (H, base 2) is the sum of its positional scores (P)
-    over GNMT's penalty of its length, EOS included."""
-    from conftest import run_cli
+    """Through fairseq-train and fairseq-generate with --user-dir (their ``main``, in this process): fairseq-train's
+    validation BLEU (--eval-bleu) decodes through the task, and fairseq-generate's every hypothesis score (H,
+    base 2) is the sum of its positional scores (P) over GNMT's penalty of its length, EOS included."""
+    from fairseq_in_process import fairseq_generate, fairseq_train
 
     from diverse_fairseq.user_dir import USER_DIR
 
     gnmt = ["--task", "translation_length_penalty", "--length-penalty", "gnmt"]
     train = [a for a in tiny_args(tiny_data, tmp_path / "ck", max_update=1) if a not in ("--task", "translation")]
-    run_cli("train", [*train, *gnmt, "--eval-bleu", "--eval-bleu-args", '{"beam": 2, "lenpen": 0.6, "max_len_a": 1, '
-                      '"max_len_b": 4}', "--eval-bleu-detok", "space", "--best-checkpoint-metric", "bleu",
-                      "--maximize-best-checkpoint-metric"])
-    out = run_cli("generate", [tiny_data, "--path", tmp_path / "ck" / "checkpoint_best.pt", "--user-dir", USER_DIR,
-                               *gnmt, "--cpu", "--gen-subset", "valid", "--beam", "2", "--lenpen", "0.6",
-                               "--max-len-a", "1", "--max-len-b", "4", "--batch-size", "64",
-                               "--required-batch-size-multiple", "1"]).stdout
+    fairseq_train([*train, *gnmt, "--eval-bleu", "--eval-bleu-args", '{"beam": 2, "lenpen": 0.6, "max_len_a": 1, '
+                   '"max_len_b": 4}', "--eval-bleu-detok", "space", "--best-checkpoint-metric", "bleu",
+                   "--maximize-best-checkpoint-metric"])
+    out = fairseq_generate([tiny_data, "--path", tmp_path / "ck" / "checkpoint_best.pt", "--user-dir", USER_DIR,
+                            *gnmt, "--cpu", "--gen-subset", "valid", "--beam", "2", "--lenpen", "0.6",
+                            "--max-len-a", "1", "--max-len-b", "4", "--batch-size", "64",
+                            "--required-batch-size-multiple", "1"])
     scores = {line.split("\t")[0][2:]: float(line.split("\t")[1]) for line in out.splitlines() if line.startswith("H-")}
     positional = {line.split("\t")[0][2:]: [float(x) for x in line.split("\t")[1].split()]
                   for line in out.splitlines() if line.startswith("P-")}

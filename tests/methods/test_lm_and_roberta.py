@@ -1,19 +1,21 @@
 """The three methods beyond translation: transformer_lm (language_modeling) and RoBERTa (sentence_prediction).
 
 In-process tests build tiny models from fairseq's own option parsing and train them a few steps on fixed
-synthetic batches; the two ``slow`` tests run ``fairseq-train`` on a corpus binarized here."""
+synthetic batches; the two ``slow`` tests run fairseq-train (its ``main``, in this process) on a corpus binarized
+here."""
 
 import itertools
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import USER_DIR, run_cli
+from conftest import USER_DIR
 from fairseq import options, tasks
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
 from fairseq.data import data_utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq_in_process import fairseq_preprocess, fairseq_train
 from test_disagreement_e2e import parse_log
 
 from diverse_fairseq.methods.attention import DiverseMultiheadAttention
@@ -362,8 +364,8 @@ def corpora(tmp_path_factory):
                                                           for r in rows))
     for prefix, dest in (("lm", "lm-bin"), ("cls.{}.input0", "cls-bin/input0"), ("cls.{}.label", "cls-bin/label")):
         pref = {s: root / (prefix.format(s) if "{}" in prefix else f"{prefix}.{s}") for s in ("train", "valid")}
-        run_cli("preprocess", ["--only-source", "--trainpref", pref["train"], "--validpref", pref["valid"],
-                               "--destdir", root / dest, "--workers", "1"])
+        fairseq_preprocess(["--only-source", "--trainpref", pref["train"], "--validpref", pref["valid"],
+                            "--destdir", root / dest, "--workers", "1"])
     return root
 
 
@@ -379,12 +381,12 @@ E2E = {
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fairseq_train_with_all_three_methods(corpora, tmp_path, family):
     data = corpora / ("lm-bin" if family == "lm" else "cls-bin")
-    proc = run_cli("train", [
+    log = fairseq_train([
         data, "--user-dir", USER_DIR, "--cpu", "--arch", ARCH[family][1], *TINY[family], *E2E[family],
         "--dropout", "0.0", "--optimizer", "repulsive_adam", "--lr", "0.005", "--max-tokens", "512",
         "--max-update", "30", "--save-dir", tmp_path, "--no-save", "--log-format", "simple",
         "--log-interval", "5", "--seed", "1", "--num-workers", "0"])
-    rows = parse_log(proc.stdout + proc.stderr)
+    rows = parse_log(log)
     key = f"sim_out_{SELF[family]}"
     assert rows[-1]["num_updates"] == 30 and key in rows[0]
     assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1][key] < rows[0][key]

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
+from conftest import REPO, USER_DIR, tiny_train_args
+from fairseq_in_process import FairseqFailed, fairseq_train
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +35,7 @@ def train(data, save_dir, lam, extra=(), max_update=UPDATES):
         data, save_dir, arch="diverse_transformer", max_update=max_update,
         extra=[*CRITERION, "--disagreement-lambda", str(lam), "--no-save", *extra],
     )
-    proc = run_cli("train", args)
-    return proc.stdout + proc.stderr
+    return fairseq_train(args)
 
 
 @pytest.fixture(scope="module")
@@ -63,17 +63,8 @@ def test_regularized_run_lowers_logged_output_similarity(single_runs):
             < parse_log(single_runs[0.0], "valid")[-1]["sim_out_enc_self"])
 
 
-def test_two_process_gloo_matches_update_freq_2(tiny_data, tmp_path, single_runs):
-    def rank_args(rank, gloo):
-        return tiny_train_args(tiny_data, tmp_path / "ddp", arch="diverse_transformer", max_update=UPDATES,
-                               extra=[*CRITERION, "--disagreement-lambda", "1.0", "--no-save", *gloo])
-
-    outs = run_two_gloo_ranks(rank_args)
-    ddp, single = parse_log(outs[0]), parse_log(single_runs[1.0])
-    assert len(ddp) == len(single) == UPDATES
-    for a, b in zip(ddp, single):  # same batches per update: [b0 | b1] on 2 ranks vs [b0, b1] accumulated
-        for key in ("loss", "nll_loss", "gnorm", *SIM_KEYS):
-            assert a[key] == pytest.approx(b[key], abs=2e-3), (key, a, b)
+# Two gloo ranks against one process with --update-freq 2 (the disagreement criterion's logged loss, gradient norm
+# and similarities per update): test_routing_model.py's two-process test, with all three methods in one run.
 
 
 @pytest.mark.parametrize("precision", [["--memory-efficient-fp16"], ["--amp"]])
@@ -116,7 +107,7 @@ def test_hydra_train_with_the_paper_config(tiny_data, tmp_path):
 def test_start_up_errors(tiny_data, tmp_path, extra, message):
     args = tiny_train_args(tiny_data, tmp_path, arch="diverse_transformer", max_update=2,
                            extra=[*CRITERION, "--no-save", *extra])
-    proc = run_cli("train", args, check=False)
-    assert proc.returncode != 0
-    assert message in proc.stdout + proc.stderr
-    assert "| train_inner |" not in proc.stdout + proc.stderr  # refused before any update
+    with pytest.raises(FairseqFailed) as failed:
+        fairseq_train(args)
+    assert message in failed.value.text
+    assert "| train_inner |" not in failed.value.text  # refused before any update

@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
+from conftest import USER_DIR, tiny_train_args
+from fairseq_in_process import fairseq_train
 
 from diverse_fairseq.methods.hooks import track_model, tracked_models
 from diverse_fairseq.methods.repulsive import particle_adam as particle_adam_module
@@ -678,7 +679,7 @@ def test_repulsive_adam_spreads_heads_more_than_adam(tiny_data, tmp_path):
     distances = {}
     for optimizer in ("adam", "repulsive_adam"):
         save = tmp_path / optimizer
-        run_cli("train", tiny_train_args(tiny_data, save, max_update=20, extra=["--optimizer", optimizer]))
+        fairseq_train(tiny_train_args(tiny_data, save, max_update=20, extra=["--optimizer", optimizer]))
         distances[optimizer] = _head_distance(save / "checkpoint_last.pt")
     assert distances["repulsive_adam"] > 1.05 * distances["adam"], distances
 
@@ -687,37 +688,23 @@ def test_repulsive_adam_spreads_heads_more_than_adam(tiny_data, tmp_path):
 @pytest.mark.parametrize("flags", [["--memory-efficient-fp16"], ["--fp16", "--fp16-no-flatten-grads"], ["--amp"]])
 def test_precision_paths_train_on_cpu(tiny_data, tmp_path, flags):
     extra = ["--optimizer", "repulsive_adam", "--no-save", *flags]
-    proc = run_cli("train", tiny_train_args(tiny_data, tmp_path, max_update=3, extra=extra))
-    log = proc.stdout + proc.stderr
+    log = fairseq_train(tiny_train_args(tiny_data, tmp_path, max_update=3, extra=extra))
     assert "repulsive_adam: svgd on 18 particle sets" in log
     assert "num_updates 3" in log and " nan " not in log
 
 
-@pytest.mark.slow
-def test_two_gloo_ranks_stay_identical_with_spos(tiny_data, tmp_path):
-    def rank_args(rank, gloo):
-        return tiny_train_args(tiny_data, tmp_path / f"save{rank}", max_update=4, extra=[
-            "--optimizer", "repulsive_adam", "--repulsive-method", "spos", "--repulsive-beta", "0.001", *gloo])
-
-    outputs = run_two_gloo_ranks(rank_args, params_out=lambda rank: tmp_path / f"rank{rank}.pt", timeout=300)
-    assert "num_updates 4" in outputs[0]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    start = torch.load(tmp_path / "rank0.pt.init")
-    assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) > 20
-    for name in ranks[0]:
-        assert torch.equal(ranks[0][name], ranks[1][name]), name
-    moved = [n for n in ranks[0] if n.endswith("q_proj.weight") and not torch.equal(ranks[0][n], start[n])]
-    assert len(moved) == 6  # training really happened on both ranks
+# Two gloo ranks with SPOS hold identical parameters (the same noise on both): test_routing_model.py's two-process
+# test, with all three methods in one run.
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["spos", "sgld"])
 def test_resume_continues_the_same_noisy_run(tiny_data, tmp_path, method):
     extra = ["--optimizer", "repulsive_adam", "--repulsive-method", method]
-    run_cli("train", tiny_train_args(tiny_data, tmp_path / "straight", max_update=4, extra=extra))
-    run_cli("train", tiny_train_args(tiny_data, tmp_path / "resumed", max_update=2, extra=extra))
-    second = run_cli("train", tiny_train_args(tiny_data, tmp_path / "resumed", max_update=4, extra=extra))
-    assert "loaded checkpoint" in (second.stdout + second.stderr).lower()
+    fairseq_train(tiny_train_args(tiny_data, tmp_path / "straight", max_update=4, extra=extra))
+    fairseq_train(tiny_train_args(tiny_data, tmp_path / "resumed", max_update=2, extra=extra))
+    second = fairseq_train(tiny_train_args(tiny_data, tmp_path / "resumed", max_update=4, extra=extra))
+    assert "loaded checkpoint" in second.lower()
     straight = torch.load(tmp_path / "straight" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     resumed = torch.load(tmp_path / "resumed" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert resumed["optimizer_history"][-1]["num_updates"] == 4
@@ -730,9 +717,8 @@ def test_resume_continues_the_same_noisy_run(tiny_data, tmp_path, method):
 def test_sgld_trains_a_tiny_model(tiny_data, tmp_path):
     from test_disagreement_e2e import parse_log
 
-    proc = run_cli("train", tiny_train_args(tiny_data, tmp_path, max_update=20, extra=[
+    log = fairseq_train(tiny_train_args(tiny_data, tmp_path, max_update=20, extra=[
         "--optimizer", "repulsive_adam", "--repulsive-method", "sgld", "--no-save"]))
-    log = proc.stdout + proc.stderr
     assert "repulsive_adam: sgld on 18 particle sets" in log
     losses = [r["loss"] for r in parse_log(log)]
     assert len(losses) == 20

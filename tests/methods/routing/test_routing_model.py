@@ -10,13 +10,14 @@ from argparse import Namespace
 import pytest
 import torch
 from _disagreement_utils import batch, build, model_args, tiny_task
-from conftest import REPO, USER_DIR, run_cli, run_two_gloo_ranks, tiny_train_args
+from conftest import REPO, USER_DIR, run_two_gloo_ranks, tiny_train_args
 from fairseq import options
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from fairseq_in_process import fairseq_generate, fairseq_train
 from omegaconf import OmegaConf
 
 import diverse_fairseq.methods.routing.fast as routing_fast
@@ -451,9 +452,8 @@ def em_run(tiny_data, tmp_path_factory):
     """EM routing in all encoder layers, the last decoder self-attention and the first encoder-decoder
     attention: UPDATES updates, checkpoint saved."""
     save_dir = tmp_path_factory.mktemp("em_routing")
-    proc = run_cli("train", tiny_train_args(tiny_data, save_dir, arch="diverse_transformer", max_update=UPDATES,
-                                            extra=EM_MIXED))
-    return save_dir, proc.stdout + proc.stderr
+    return save_dir, fairseq_train(tiny_train_args(tiny_data, save_dir, arch="diverse_transformer",
+                                                   max_update=UPDATES, extra=EM_MIXED))
 
 
 @pytest.mark.slow
@@ -467,10 +467,9 @@ def test_em_routing_trains_and_generates(em_run, tiny_data):
     assert aggregator_modules(state) == {"encoder.layers.0.self_attn", "encoder.layers.1.self_attn",
                                          "decoder.layers.1.self_attn", "decoder.layers.0.encoder_attn"}
     assert "encoder.layers.0.self_attn.out_proj.weight" not in state
-    gen = run_cli("generate", [tiny_data, "--user-dir", USER_DIR, "--cpu", "--path", save_dir / "checkpoint_last.pt",
-                               "--source-lang", "en", "--target-lang", "de", "--gen-subset", "test", "--beam", "4",
-                               "--batch-size", "16", "--num-workers", "0"])
-    out = gen.stdout + gen.stderr
+    out = fairseq_generate([tiny_data, "--user-dir", USER_DIR, "--cpu", "--path", save_dir / "checkpoint_last.pt",
+                            "--source-lang", "en", "--target-lang", "de", "--gen-subset", "test", "--beam", "4",
+                            "--batch-size", "16", "--num-workers", "0"])
     assert "Translated 40 sentences" in out
     assert sum(line.startswith("H-") for line in out.splitlines()) == 40
 
@@ -482,10 +481,9 @@ def test_routed_model_resumes_and_keeps_training(em_run, tiny_data, tmp_path):
     in a later epoch of this toy set-up drifts by ~1e-2 also without routing.)"""
     straight_dir, _ = em_run
     first = 2
-    run_cli("train", tiny_train_args(tiny_data, tmp_path, arch="diverse_transformer", max_update=first, extra=EM_MIXED))
-    second = run_cli("train", tiny_train_args(tiny_data, tmp_path, arch="diverse_transformer", max_update=UPDATES,
-                                              extra=EM_MIXED))
-    text = second.stdout + second.stderr
+    fairseq_train(tiny_train_args(tiny_data, tmp_path, arch="diverse_transformer", max_update=first, extra=EM_MIXED))
+    text = fairseq_train(tiny_train_args(tiny_data, tmp_path, arch="diverse_transformer", max_update=UPDATES,
+                                         extra=EM_MIXED))
     assert "loaded checkpoint" in text.lower()
     rows = parse_log(text)
     assert [int(r["num_updates"]) for r in rows] == list(range(first + 1, UPDATES + 1))
@@ -501,11 +499,10 @@ def test_routed_model_resumes_and_keeps_training(em_run, tiny_data, tmp_path):
 def test_simple_routing_everywhere_with_disagreement(tiny_data, tmp_path):
     """Simple routing in encoder, decoder and encoder-decoder attention, trained with the disagreement
     criterion (D_out on the head outputs before aggregation): the loss and the output similarity fall."""
-    proc = run_cli("train", tiny_train_args(
+    rows = parse_log(fairseq_train(tiny_train_args(
         tiny_data, tmp_path, arch="diverse_transformer", max_update=UPDATES,
         extra=["--routing-type", "simple", *ALL_PLACEMENTS, "--no-save",
-               "--criterion", "label_smoothed_cross_entropy_with_disagreement", "--disagreement-terms", "out"]))
-    rows = parse_log(proc.stdout + proc.stderr)
+               "--criterion", "label_smoothed_cross_entropy_with_disagreement", "--disagreement-terms", "out"])))
     assert len(rows) == UPDATES
     losses = [r["loss"] for r in rows]
     assert sum(losses[-3:]) / 3 < losses[0] - 1.0, losses
@@ -518,12 +515,11 @@ def test_all_three_features_train_together(tiny_data, tmp_path):
     """The demo's "+ all three" row at tiny size: EM routing in the encoder, the disagreement criterion and the
     repulsive optimizer in one run. The loss falls, the aggregators and the Q/K/V blocks train, and the
     repulsive update really ran (its per-update statistics are logged)."""
-    proc = run_cli("train", tiny_train_args(
+    rows = parse_log(fairseq_train(tiny_train_args(
         tiny_data, tmp_path, arch="diverse_transformer", max_update=UPDATES,
         extra=["--routing-type", "em", "--routing-encoder-layers", "all",
                "--criterion", "label_smoothed_cross_entropy_with_disagreement", "--disagreement-terms", "out",
-               "--optimizer", "repulsive_adam", "--repulsive-method", "svgd", "--repulsive-alpha", "0.01"]))
-    rows = parse_log(proc.stdout + proc.stderr)
+               "--optimizer", "repulsive_adam", "--repulsive-method", "svgd", "--repulsive-alpha", "0.01"])))
     assert len(rows) == UPDATES
     losses = [r["loss"] for r in rows]
     assert sum(losses[-3:]) / 3 < losses[0] - 1.0, losses
@@ -533,13 +529,23 @@ def test_all_three_features_train_together(tiny_data, tmp_path):
     assert state["cfg"]["optimizer"]["_name"] == "repulsive_adam"
 
 
+ALL_THREE_GLOO = ["--routing-type", "em", *ALL_PLACEMENTS,
+                  "--criterion", "label_smoothed_cross_entropy_with_disagreement", "--disagreement-lambda", "1.0",
+                  "--optimizer", "repulsive_adam", "--repulsive-method", "spos", "--repulsive-beta", "0.001",
+                  "--no-save"]
+SIM_KEYS = ("sim_out_enc_self", "sim_out_dec_self", "sim_out_enc_dec")
+
+
 @pytest.mark.slow
-def test_two_process_gloo_ranks_stay_identical(tiny_data, tmp_path):
-    """Two data-parallel ranks (gloo, legacy_ddp) with EM routing in every attention type hold the same
-    parameters after training (fairseq also checks the all-reduced gradient norms agree every update)."""
+def test_two_process_gloo_with_all_three_methods_stays_identical_and_matches_update_freq_2(tiny_data, tmp_path):
+    """Two data-parallel ranks (gloo, legacy_ddp) with EM routing in every attention type, the disagreement
+    criterion and repulsive_adam with SPOS (whose noise must be the same on both ranks): both hold the same
+    parameters after training (fairseq also checks the all-reduced gradient norms agree every update), the
+    aggregators and the q projections really trained on both, and every update's logged loss, gradient norm and
+    output similarities equal those of one process with --update-freq 2 on the same batches."""
     def rank_args(rank, gloo):
         return tiny_train_args(tiny_data, tmp_path / "ckpt", arch="diverse_transformer", max_update=4,
-                               extra=["--routing-type", "em", *ALL_PLACEMENTS, "--no-save", *gloo])
+                               extra=[*ALL_THREE_GLOO, *gloo])
 
     outputs = run_two_gloo_ranks(rank_args, params_out=lambda rank: tmp_path / f"rank{rank}.pt", timeout=300)
     rows = parse_log(outputs[0].replace("INFO:train_inner:", "| train_inner |"))  # the helper's log format
@@ -551,6 +557,15 @@ def test_two_process_gloo_ranks_stay_identical(tiny_data, tmp_path):
         assert torch.equal(ranks[0][name], ranks[1][name]), name
     moved = [n for n in ranks[0] if ".aggregator.fc2.weight" in n and not torch.equal(ranks[0][n], start[n])]
     assert len(moved) == 6  # the aggregators really trained, on both ranks
+    moved = [n for n in ranks[0] if n.endswith("q_proj.weight") and not torch.equal(ranks[0][n], start[n])]
+    assert len(moved) == 6  # so did the q projections (particles of the SPOS update)
+
+    single = parse_log(fairseq_train(tiny_train_args(tiny_data, tmp_path / "single", arch="diverse_transformer",
+                                                     max_update=4, extra=[*ALL_THREE_GLOO, "--update-freq", "2"])))
+    assert len(single) == len(rows) == 4
+    for a, b in zip(rows, single):  # same batches per update: [b0 | b1] on 2 ranks vs [b0, b1] accumulated
+        for key in ("loss", "nll_loss", "gnorm", *SIM_KEYS):
+            assert a[key] == pytest.approx(b[key], abs=2e-3), (key, a, b)
 
 
 @pytest.mark.slow

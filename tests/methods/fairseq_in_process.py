@@ -1,0 +1,114 @@
+"""fairseq-train, fairseq-generate and fairseq-preprocess in the test's own process, their log returned as text.
+
+A fairseq subprocess pays ~6 s of CPU for importing torch and fairseq before it does anything; the methods' tests
+whose subject is a method (not the command line, which the workflow's tests run as a subprocess) call the commands'
+``main`` in process instead, on the same arguments. What a run changes in the process is put back afterwards: the
+root logger's level and handlers, the random number generators, torch's thread count (one, as the subprocesses of
+``conftest.run_cli`` get), fairseq's metrics and the best validation score that fairseq keeps between calls as
+function attributes (a second run in the process would otherwise save no checkpoint_best.pt that the first run's
+score beats).
+"""
+
+import contextlib
+import io
+import logging
+import random
+import traceback
+
+import numpy as np
+import torch
+
+#: the log format of fairseq_cli/train.py (``| train_inner |`` is what the tests' ``parse_log`` looks for)
+LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
+
+
+class FairseqFailed(AssertionError):
+    """A run that raised: ``text`` is its log followed by the traceback (what the subprocess would have printed)."""
+
+    def __init__(self, command, args, text):
+        super().__init__(f"fairseq-{command} {' '.join(args)} failed\n--- log ---\n{text[-6000:]}")
+        self.text = text
+
+
+def _forget_fairseq_state():
+    """What a fresh fairseq process starts without: the metrics, and the best validation score so far and the
+    patience count, which fairseq keeps as attributes of two functions."""
+    import fairseq_cli.train
+    from fairseq import checkpoint_utils
+    from fairseq.logging import metrics
+
+    metrics.reset()
+    for function, names in ((checkpoint_utils.save_checkpoint, ("best",)),
+                            (fairseq_cli.train.should_stop_early, ("best", "num_runs"))):
+        for name in names:
+            if hasattr(function, name):
+                delattr(function, name)
+
+
+@contextlib.contextmanager
+def _isolated(log):
+    root = logging.getLogger()
+    handler = logging.StreamHandler(log)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+    level, handlers, threads = root.level, list(root.handlers), torch.get_num_threads()
+    states = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    torch.set_num_threads(1)
+    try:
+        _forget_fairseq_state()  # imports fairseq_cli.train: after the handler above (see _run)
+        yield
+    finally:
+        _forget_fairseq_state()
+        for extra in root.handlers[:]:  # fairseq may add its own (a --log-file, generate's basicConfig)
+            if extra not in handlers:
+                root.removeHandler(extra)
+        handler.close()
+        root.setLevel(level)
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+
+
+def _run(command, args):
+    args = [str(a) for a in args]
+    log = io.StringIO()
+    with _isolated(log):  # imported here: fairseq_cli's modules call logging.basicConfig when imported
+        import fairseq_cli.generate
+        import fairseq_cli.preprocess
+        import fairseq_cli.train
+        from fairseq import options
+        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+        try:
+            with contextlib.redirect_stdout(log):  # fairseq-generate prints its hypotheses
+                if command == "train":
+                    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(),
+                                                                                     args))
+                    fairseq_cli.train.main(cfg)
+                elif command == "preprocess":
+                    fairseq_cli.preprocess.main(options.get_preprocessing_parser().parse_args(args))
+                else:
+                    fairseq_cli.generate.main(options.parse_args_and_arch(options.get_generation_parser(), args))
+        except (Exception, SystemExit):
+            raise FairseqFailed(command, args, log.getvalue() + traceback.format_exc()) from None
+    return log.getvalue()
+
+
+def fairseq_train(args):
+    """``fairseq-train args`` (with ``--data-buffer-size 0``, as ``conftest.run_cli`` adds) in this process; its
+    log. Raises :class:`FairseqFailed` if it fails."""
+    args = [str(a) for a in args]
+    return _run("train", args if "--data-buffer-size" in args else [*args, "--data-buffer-size", "0"])
+
+
+def fairseq_generate(args):
+    """``fairseq-generate args`` in this process: its output (hypotheses and log). Raises :class:`FairseqFailed` if
+    it fails."""
+    return _run("generate", args)
+
+
+def fairseq_preprocess(args):
+    """``fairseq-preprocess args`` in this process; its log. Raises :class:`FairseqFailed` if it fails."""
+    return _run("preprocess", args)
