@@ -135,6 +135,36 @@ def demo_text_prepared(tmp_path_factory):
     return root
 
 
+CUSTOM_CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"
+# the variables of scripts/prepare_data.sh, train.sh and evaluate.sh that would change a run on the custom corpus
+_CUSTOM_SCRIPT_KEYS = ("BPE", "DATASET_NAME", "SEPARATE_VOCAB", "PROGRESS_INTERVAL", "STOP_AFTER", "GPUS", "SAVE_DIR",
+                       "NNODES", "MAX_TOKENS", "UPDATE_FREQ", "PRECISION", "AVERAGE", "OUT", "SUBSET", "SLURM_NNODES")
+
+
+def custom_script_env(root) -> dict:
+    """The environment of ``scripts/*.sh`` (and of the tools they call) for tests/fixtures/custom_corpus
+    (subword-nmt, BPE size 200, one worker), in ``root``, with nothing of the caller's that would change the run."""
+    root = Path(root)
+    env = dict(os.environ, SRC="en", TGT="de", CORPUS_DIR=str(CUSTOM_CORPUS), BPE_SIZE="200", WORKERS="1",
+               DATA_BIN=str(root / "data-bin"), WORK_DIR=str(root / "work"), CHECKPOINTS=str(root / "checkpoints"),
+               MAX_UPDATE="3", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    for key in _CUSTOM_SCRIPT_KEYS:
+        env.pop(key, None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def custom_prepared(tmp_path_factory):
+    """``(root, output)``: ``scripts/prepare_data.sh custom`` run once per session on tests/fixtures/custom_corpus
+    with :func:`custom_script_env` (``root/data-bin/custom_en_de``): test_custom_data checks and trains on it,
+    test_interactive_command trains beside it. Tests write beside it (``checkpoints/``, ``run/``), never into it."""
+    root = tmp_path_factory.mktemp("custom")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "custom"], env=custom_script_env(root),
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return root, proc.stdout
+
+
 GLOO_FLAGS = ["--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-no-spawn",
               "--ddp-backend", "legacy_ddp"]
 
