@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 from conftest import CUSTOM_CORPUS as CORPUS
-from conftest import lines, run_cli
+from conftest import lines, one_update_model
 
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.interactive_command import main as interactive_command
-from diverse_fairseq.user_dir import USER_DIR
 
 pytestmark = pytest.mark.slow  # every test here uses a model trained by fairseq-train
 REPO = Path(__file__).resolve().parents[1]
@@ -27,30 +26,22 @@ RECIPES = {"subword-nmt": "200", "sentencepiece": "300"}  # BPE and BPE_SIZE
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, custom_prepared):
-    """{bpe: (dataset folder, checkpoint)}: the fixture corpus prepared with each segmentation (subword-nmt: the
-    session's ``custom_prepared``, by scripts/prepare_data.sh custom with these settings), and a tiny model trained
-    one update on it."""
-    out = {}
+def trained(tmp_path_factory, custom_model):
+    """{bpe: (dataset folder, checkpoint)}: the fixture corpus prepared with each segmentation, and a tiny model
+    trained one update on it (subword-nmt: the session's ``custom_model``, on the corpus as scripts/prepare_data.sh
+    custom prepares it with these settings)."""
+    data, checkpoint = custom_model
+    meta = json.loads((data / "prepare.json").read_text())
+    assert (meta["bpe"], meta["bpe_size"]) == ("subword-nmt", int(RECIPES["subword-nmt"]))
+    out = {"subword-nmt": (data, checkpoint)}
     for bpe, size in RECIPES.items():
-        if bpe == "subword-nmt":
-            root = custom_prepared[0]
-            meta = json.loads((root / "data-bin" / "custom_en_de" / "prepare.json").read_text())
-            assert (meta["bpe"], meta["bpe_size"]) == (bpe, int(size))
-        else:
-            root = tmp_path_factory.mktemp(bpe)
-            prepare(["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--work-dir",
-                     str(root / "work"), "--data-bin", str(root / "data-bin"), "--bpe", bpe, "--bpe-size", size,
-                     "--workers", "1"])
+        if bpe in out:
+            continue
+        root = tmp_path_factory.mktemp(bpe)
+        prepare(["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--work-dir", str(root / "work"),
+                 "--data-bin", str(root / "data-bin"), "--bpe", bpe, "--bpe-size", size, "--workers", "1"])
         data = root / "data-bin" / "custom_en_de"
-        run_cli("train", [data, "--user-dir", USER_DIR, "--cpu", "--task", "translation", "--source-lang", "en",
-                          "--target-lang", "de", "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers",
-                          "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim",
-                          "16", "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2",
-                          "--decoder-attention-heads", "2", "--share-all-embeddings", "--optimizer", "adam", "--lr",
-                          "0.001", "--max-tokens", "1000", "--max-update", "1", "--save-dir", root / "run",
-                          "--no-epoch-checkpoints", "--num-workers", "0", "--criterion", "cross_entropy"])
-        out[bpe] = data, root / "run" / "checkpoint_last.pt"
+        out[bpe] = data, one_update_model(data, root / "run")
     return out
 
 
