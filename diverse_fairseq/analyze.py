@@ -14,10 +14,12 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 from diverse_fairseq.runs.cli_logging import setup_cli_logging
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.analyze", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="fairseq checkpoint file(s)")
@@ -41,14 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=4, help="beam size for --ablation-bleu (default 4)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     setup_cli_logging()
-    import torch
-
     from diverse_fairseq.analysis.pipeline import Options, analyze_checkpoint, compare, unique_labels  # after logging
 
     args.max_sentences = args.max_sentences or None  # 0: all
@@ -70,6 +66,7 @@ def main(argv=None) -> int:
     print(report.read_text())
     print(f"wrote {out}")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,11 +3,11 @@
     python -m diverse_fairseq.average_checkpoints --inputs DIR --num-update-checkpoints 5 --output avg.pt
     python -m diverse_fairseq.average_checkpoints --inputs a.pt b.pt c.pt --output avg.pt
 
-The logic and command line are those of fairseq's ``scripts/average_checkpoints.py`` (MIT licence,
-Copyright (c) Facebook, Inc. and its affiliates), which the fairseq package does not install.
-Differences: checkpoints are read with ``torch.load(weights_only=True)``, which works because importing
-``diverse_fairseq`` allowlists the classes fairseq pickles; parameters are accumulated in float64 (and
-written as float32 for half-precision checkpoints, as fairseq does); integer buffers are floor-divided.
+The logic and command line are those of fairseq's ``scripts/average_checkpoints.py`` (MIT licence, Copyright (c)
+Facebook, Inc. and its affiliates), which the fairseq package does not install. Differences: checkpoints are read
+with ``torch.load(weights_only=True)``, which works because this package's ``__init__`` (imported before this
+module) allowlists the classes fairseq pickles; parameters are accumulated in float64 (and written as float32 for
+half-precision checkpoints, as fairseq does); integer buffers are floor-divided.
 """
 
 import argparse
@@ -16,8 +16,6 @@ from typing import Dict, List, Optional
 
 import torch
 from fairseq.checkpoint_utils import checkpoint_paths
-
-import diverse_fairseq  # noqa: F401  (side effect: allowlists fairseq's checkpoint globals for weights_only loading)
 
 
 def average_checkpoints(inputs: List[str]) -> Dict:
@@ -31,14 +29,10 @@ def average_checkpoints(inputs: List[str]) -> Dict:
         for k, p in state["model"].items():  # out of place: p may be a shared parameter
             acc = p.double() if p.is_floating_point() else p
             sums[k] = sums[k] + acc if k in sums else acc
-    averaged = {}
-    for k, total in sums.items():
+    for k, total in sums.items():  # half precision is averaged into float32, as fairseq does
         dtype = first["model"][k].dtype
-        if total.is_floating_point():  # half precision is averaged into float32, as fairseq does
-            averaged[k] = (total / len(inputs)).to(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
-        else:
-            averaged[k] = total // len(inputs)
-    first["model"] = averaged
+        dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        first["model"][k] = (total / len(inputs)).to(dtype) if total.is_floating_point() else total // len(inputs)
     return first
 
 
@@ -53,21 +47,14 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound: Optio
     return found[:n]
 
 
-def average_last(save_dir: str, n: int, update_based: bool, output: str,
-                 upper_bound: Optional[int] = None) -> List[str]:
-    """Average the last ``n`` checkpoints of ``save_dir`` (:func:`last_n_checkpoints`) into ``output``; return them."""
-    return average_files(last_n_checkpoints(save_dir, n, update_based, upper_bound), output)
-
-
-def average_files(inputs: List[str], output: str) -> List[str]:
-    """Average the checkpoint files ``inputs`` into ``output`` (written atomically); return ``inputs``."""
+def average_files(inputs: List[str], output: str):
+    """Average the checkpoint files ``inputs`` into ``output`` (written atomically)."""
     print("averaging checkpoints:\n  " + "\n  ".join(inputs), flush=True)
     state = average_checkpoints(inputs)
     tmp = output + ".tmp"
     torch.save(state, tmp)
     os.replace(tmp, output)
     print(f"wrote the average of {len(inputs)} checkpoints to {output}", flush=True)
-    return inputs
 
 
 def main(argv=None):
@@ -87,9 +74,8 @@ def main(argv=None):
     if n is not None:
         if len(inputs) != 1 or not os.path.isdir(inputs[0]):
             p.error("with --num-*-checkpoints, --inputs must be one directory")
-        average_last(inputs[0], n, args.num_update_checkpoints is not None, args.output, args.checkpoint_upper_bound)
-    else:
-        average_files(inputs, args.output)
+        inputs = last_n_checkpoints(inputs[0], n, args.num_update_checkpoints is not None, args.checkpoint_upper_bound)
+    average_files(inputs, args.output)
     return args.output
 
 

@@ -20,14 +20,19 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import torch
+from sacrebleu.metrics import BLEU
+
+from .data.text import compound_split, detokenize, tokenize
 from .methods.length_penalty import LENGTH_PENALTIES
 from .runs import env_checks, paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
+from .runs.env_checks import parse_choice, parse_float, parse_int
 from .runs.paper_bleu import authors_bleu
 from .runs.plan import PRECISIONS, task_args
 from .user_dir import USER_DIR  # the package directory, for --user-dir
@@ -73,8 +78,6 @@ def resolve_data(dataset: str, data_bin: str) -> Path:
 def bleu_scores(hyps_detok: List[str], refs_detok: List[str], hyps_tok: List[str], refs_tok: List[str],
                 meta: DatasetMeta) -> Dict[str, object]:
     """sacrebleu BLEU on detokenized text (with signature) and tokenized BLEU (tokenize=none)."""
-    from sacrebleu.metrics import BLEU
-
     sacre = BLEU(tokenize=meta.sacrebleu_tokenize, lowercase=meta.lowercase)
     score = sacre.corpus_score(hyps_detok, [refs_detok])
     tok_score = BLEU(tokenize="none", force=True).corpus_score(hyps_tok, [refs_tok])
@@ -89,8 +92,6 @@ def bleu_scores(hyps_detok: List[str], refs_detok: List[str], hyps_tok: List[str
 def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: List[str], data_dir: Path, subset: str,
                    meta: DatasetMeta):
     """The tokenized hypothesis and reference lines for the tokenized BLEU."""
-    from .data.text import compound_split, tokenize
-
     def tok(lines):  # a zh target without a recorded segmenter: characters, as WMT17 Zh results are commonly scored
         return [tokenize(s, meta.target_lang, aggressive_dash=meta.aggressive_dash, lowercase=meta.lowercase,
                          zh_seg=meta.zh_seg or "char") for s in lines]
@@ -99,8 +100,7 @@ def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: Lis
     ref_file = data_dir / f"{subset}.tok.{meta.target_lang}"
     refs = ref_file.read_text(encoding="utf-8").splitlines() if ref_file.exists() else tok(refs_detok)
     if meta.compound_split:
-        hyps = [compound_split(s) for s in hyps]
-        refs = [compound_split(s) for s in refs]
+        hyps, refs = [compound_split(s) for s in hyps], [compound_split(s) for s in refs]
     return hyps, refs
 
 
@@ -115,48 +115,14 @@ def run_logged(cmd: List[str], log_file: Path) -> int:
         return proc.wait()
 
 
-def _checked(parse, name: str, *bounds, optional: bool = False):
-    """An argparse type: ``parse(name, value, *bounds)`` of :mod:`.runs.env_checks` (a SystemExit naming the
-    variable) on the given value or the environment's default; with ``optional``, empty is None (the recipe's)."""
-    return lambda value: None if optional and value == "" else parse(name, value, *bounds)
+def _option(env: str, help: str, default=None, parse=None, *bounds):
+    """A field of :class:`EvalRequest` that is the option ``--field-name``, read from the variable ``env`` where not
+    given; ``parse(label, text, *bounds)`` of :mod:`.runs.env_checks` checks its text."""
+    return field(default=default, metadata={"env": env, "help": help, "parse": parse, "bounds": bounds})
 
 
-def build_parser():
-    """The options; each defaults to its environment variable (in brackets), checked before any work."""
-    env = os.environ.get
-    p = argparse.ArgumentParser(prog="evaluate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="checkpoint file (.pt)")
-    p.add_argument("dataset", help="dataset name under --data-bin, or a prepared dataset directory")
-    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
-    p.add_argument("--subset", default=env("SUBSET", "test"), help="valid or test [SUBSET]",
-                   type=_checked(env_checks.parse_choice, "SUBSET (--subset)", ("test", "valid")))
-    p.add_argument("--beam", default=env("BEAM"), help="default: the recipe's [BEAM]",
-                   type=_checked(env_checks.parse_int, "BEAM (--beam)", 1, optional=True))
-    p.add_argument("--lenpen", default=env("LENPEN"), help="default: the recipe's [LENPEN]",
-                   type=_checked(env_checks.parse_float, "LENPEN (--lenpen)", optional=True))
-    p.add_argument("--length-penalty", default=env("LENGTH_PENALTY", "fairseq"),
-                   type=_checked(env_checks.parse_choice, "LENGTH_PENALTY (--length-penalty)", LENGTH_PENALTIES),
-                   help="how --lenpen normalises a finished hypothesis' score by its length |y| (EOS included): "
-                        "'fairseq' divides by |y|^lenpen, 'gnmt' by ((5 + |y|)/6)^lenpen (GNMT's, as the THUMT "
-                        "papers decoded: their settings base and big use it) [LENGTH_PENALTY; default fairseq]")
-    p.add_argument("--max-len-a", default=env("MAX_LEN_A"),
-                   type=_checked(env_checks.parse_float, "MAX_LEN_A (--max-len-a)", optional=True),
-                   help="at most max-len-a * source length (with its EOS) + max-len-b output tokens; default: the "
-                        "recipe's (the THUMT settings: 1, with --max-len-b 49: |x| + 50 tokens) [MAX_LEN_A]")
-    p.add_argument("--max-len-b", default=env("MAX_LEN_B"), help="default: the recipe's [MAX_LEN_B]",
-                   type=_checked(env_checks.parse_int, "MAX_LEN_B (--max-len-b)", 0, optional=True))
-    p.add_argument("--batch-size", default=env("BATCH_SIZE", "128"), help="sentences per batch [BATCH_SIZE]",
-                   type=_checked(env_checks.parse_int, "BATCH_SIZE (--batch-size)", 1))
-    p.add_argument("--out", default=env("OUT"), help="output directory [OUT]")
-    p.add_argument("--cpu", action="store_true", help="decode on CPU even with a GPU [CPU=1]")
-    p.add_argument("--precision", default=env_checks.get(os.environ, "PRECISION"),
-                   type=_checked(env_checks.parse_choice, "PRECISION", PRECISIONS),
-                   help="decoding precision on a GPU (fp16, bf16; the others decode in fp32) [PRECISION]")
-    p.add_argument("--fp16", action="store_true",
-                   help="decode in fp16 on a GPU [PRECISION=fp16; bf16 decodes in bf16, the other training "
-                        "precisions (amp, memory-efficient-fp16, fp32) in fp32]")
-    return p
+def _precision(label: str, text: str) -> str:  # training's variable: its name alone, every training precision
+    return parse_choice("PRECISION", text, PRECISIONS)
 
 
 @dataclass(frozen=True)
@@ -166,29 +132,60 @@ class EvalRequest:
 
     checkpoint: Path
     data_dir: Path  # a prepared dataset (with prepare.json)
-    subset: str = "test"  # test | valid
-    beam: Optional[int] = None  # None: the recipe's (prepare.json)
-    lenpen: Optional[float] = None  # None: the recipe's
-    length_penalty: str = "fairseq"  # the penalty form: fairseq (|y|^lenpen) or gnmt (((5 + |y|)/6)^lenpen)
-    max_len_a: Optional[float] = None  # None: the recipe's length limit
-    max_len_b: Optional[int] = None
-    batch_size: int = 128
-    out: Optional[Path] = None  # None: <checkpoint dir>/eval-<dataset>-<subset>-<checkpoint name>
-    cpu: bool = False  # decode on the CPU even with a GPU
-    precision: str = "fp32"  # fp16 | bf16 decode in that precision on a GPU; fp32 otherwise
+    subset: str = _option("SUBSET", "valid or test", "test", parse_choice, ("test", "valid"))
+    beam: Optional[int] = _option("BEAM", "default: the recipe's (prepare.json)", None, parse_int, 1)
+    lenpen: Optional[float] = _option("LENPEN", "default: the recipe's", None, parse_float)
+    length_penalty: str = _option(
+        "LENGTH_PENALTY", "how --lenpen normalises a finished hypothesis' score by its length |y| (EOS included): "
+        "'fairseq' divides by |y|^lenpen, 'gnmt' by ((5 + |y|)/6)^lenpen (GNMT's, as the THUMT papers decoded: their "
+        "settings base and big use it); default fairseq", "fairseq", parse_choice, LENGTH_PENALTIES)
+    max_len_a: Optional[float] = _option(
+        "MAX_LEN_A", "at most max-len-a * source length (with its EOS) + max-len-b output tokens; default: the "
+        "recipe's (the THUMT settings: 1, with --max-len-b 49: |x| + 50 tokens)", None, parse_float)
+    max_len_b: Optional[int] = _option("MAX_LEN_B", "default: the recipe's", None, parse_int, 0)
+    batch_size: int = _option("BATCH_SIZE", "sentences per batch", 128, parse_int, 1)
+    out: Optional[Path] = _option("OUT", "output directory (default <checkpoint dir>/eval-<dataset>-<subset>-"
+                                         "<checkpoint name>)", None, lambda label, text: Path(text))
+    cpu: bool = _option("CPU=1", "decode on the CPU even with a GPU", False)
+    precision: str = _option("PRECISION", "decoding precision on a GPU: fp16 or bf16; the other training precisions "
+                                          "(amp, memory-efficient-fp16, fp32) decode in fp32", "fp32", _precision)
     generate_args: Tuple[str, ...] = ()  # extra fairseq-generate options
 
 
-#: the fields of :class:`EvalRequest` that are options of the command line (``--max-len-a``: ``max_len_a``)
-OPTIONS = [f.name for f in fields(EvalRequest) if f.name not in ("checkpoint", "data_dir", "generate_args")]
+#: the fields of :class:`EvalRequest` that are options of the command line
+OPTIONS = [f for f in fields(EvalRequest) if f.metadata]
+
+
+def _checked(label: str, f):
+    """An argparse type: the field's check; an optional field's empty text is None (the recipe's)."""
+    parse, bounds = f.metadata["parse"], f.metadata["bounds"]
+    return lambda text: None if f.default is None and text == "" else parse(label, text, *bounds)
+
+
+def build_parser():
+    """The options; each defaults to its environment variable (in brackets), checked before any work."""
+    p = argparse.ArgumentParser(prog="evaluate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="checkpoint file (.pt)")
+    p.add_argument("dataset", help="dataset name under --data-bin, or a prepared dataset directory")
+    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
+    for f in OPTIONS:
+        flag, env, help = "--" + f.name.replace("_", "-"), f.metadata["env"], f.metadata["help"]
+        if f.type is bool:  # a switch: parse_request reads its variable
+            p.add_argument(flag, action="store_true", help=f"{help} [{env}]")
+        else:  # argparse checks a text default (the variable's, the field's) where the option is not given
+            p.add_argument(flag, default=env_checks.get(os.environ, env) or f.default, help=f"{help} [{env}]",
+                           type=_checked(f"{env} ({flag})", f))
+    p.add_argument("--fp16", dest="precision", action="store_const", const="fp16", help="the same as --precision fp16")
+    return p
 
 
 def command_line(request: EvalRequest) -> List[str]:
     """``python -m diverse_fairseq.evaluate`` arguments that make ``request`` (every option spelled out, so
     that no environment variable changes it); what a dry run prints."""
     args = [str(request.checkpoint), str(request.data_dir)]
-    for name in OPTIONS:
-        value, flag = getattr(request, name), "--" + name.replace("_", "-")
+    for f in OPTIONS:
+        value, flag = getattr(request, f.name), "--" + f.name.replace("_", "-")
         if value is True:
             args.append(flag)
         elif value is not None and value is not False:  # a float as short as it reads back: 1.0 is "1"
@@ -202,12 +199,9 @@ def parse_request(argv=None) -> EvalRequest:
     if Path(args.dataset).suffix == ".pt":
         raise SystemExit(f"error: the second argument {args.dataset!r} is a checkpoint, not a dataset: name one "
                          "checkpoint (a checkpoints/NAME-*/ pattern matching several variants gives several)")
-    # PRECISION is shared with training: fp16 and bf16 decode in that precision on a GPU, the others in fp32
-    precision = "fp16" if args.fp16 else args.precision if args.precision in ("fp16", "bf16") else "fp32"
-    options = dict(vars(args), out=Path(args.out) if args.out else None, precision=precision,
-                   cpu=args.cpu or env_checks.parse_flag("CPU", os.environ.get("CPU")))
+    options = dict(vars(args), cpu=args.cpu or env_checks.parse_flag("CPU", os.environ.get("CPU")))
     return EvalRequest(checkpoint=Path(args.checkpoint), data_dir=resolve_data(args.dataset, args.data_bin),
-                       generate_args=tuple(extra), **{name: options[name] for name in OPTIONS})
+                       generate_args=tuple(extra), **{f.name: options[f.name] for f in OPTIONS})
 
 
 def main(argv=None):
@@ -243,16 +237,13 @@ def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu:
 def evaluate(request: EvalRequest) -> Dict:
     """Decode ``request.subset`` with the checkpoint, detokenize, score; write the outputs and ``results.json``
     into the output directory and return the results."""
-    data_dir, subset = Path(request.data_dir), request.subset
+    data_dir, subset, ckpt = Path(request.data_dir), request.subset, Path(request.checkpoint)
     meta = load_dataset_meta(data_dir)
-    src, tgt = meta.source_lang, meta.target_lang
-    ckpt = Path(request.checkpoint)
+    tgt = meta.target_lang
     # before any output: a truncated file, one that is not a checkpoint, or a model of another dataset
-    check_dataset(read_checkpoint(ckpt), ckpt, data_dir, src, tgt)
+    check_dataset(read_checkpoint(ckpt), ckpt, data_dir, meta.source_lang, tgt)
     out = Path(request.out or ckpt.parent / f"eval-{meta.dataset}-{subset}-{ckpt.stem}")
     out.mkdir(parents=True, exist_ok=True)
-
-    import torch
 
     on_gpu = torch.cuda.is_available() and not request.cpu
     cmd, d = generate_command(request, meta, out, on_gpu), decoding(request, meta)
@@ -260,8 +251,7 @@ def evaluate(request: EvalRequest) -> Dict:
           f"({request.length_penalty}), at most {d['max_len_a']:g}·|x|+{d['max_len_b']} tokens, "
           f"{'GPU' if on_gpu else 'CPU'})", flush=True)
     print("  " + " ".join(cmd[1:]), flush=True)
-    gen_file = out / f"generate-{subset}.txt"
-    log_file = out / f"generate-{subset}.log"
+    gen_file, log_file = out / f"generate-{subset}.txt", out / f"generate-{subset}.log"
     returncode = run_logged(cmd, log_file)
     if returncode != 0 or not gen_file.exists():
         raise SystemExit(f"error: fairseq-generate failed (exit {returncode}); its log is {log_file}")
@@ -274,7 +264,6 @@ def evaluate(request: EvalRequest) -> Dict:
     ref_name = meta.references.get(subset)
     # the targets: the reference without a raw one, and the IWSLT14 authors' BLEU (runs/paper_bleu.py)
     targets = _in_order(parsed["targets"], n, "targets") if parsed["targets"] or not ref_name else None
-    from .data.text import detokenize
 
     def detok(lines):
         return [detokenize(line, tgt) for line in lines] if meta.moses_tokenized else lines

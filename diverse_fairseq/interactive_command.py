@@ -1,10 +1,7 @@
-"""The ``fairseq-interactive`` command that translates raw text with a checkpoint, segmenting it as its dataset was.
-
-    python -m diverse_fairseq.interactive_command CHECKPOINT [DATASET] [--data-bin DIR]
-
-prints one command line (and, on stderr, what the command cannot do for this dataset). DATASET is a name under
-DATA_BIN or a prepared dataset's folder; without it, the dataset the checkpoint was trained on. Its ``prepare.json``
-says how the training text was made, and the command repeats that on the input:
+"""Print the ``fairseq-interactive`` command that translates raw text with a checkpoint, segmenting it as its
+dataset was (and, on stderr, what the command cannot do for this dataset). DATASET is a name under DATA_BIN or a
+prepared dataset's folder; without it, the dataset the checkpoint was trained on. Its ``prepare.json`` says how the
+training text was made, and the command repeats that on the input:
 
 * ``BPE=subword-nmt`` (the default recipe): Moses tokenization (``--tokenizer moses``, with ``--moses-no-dash-splits``
   unless the recipe split hyphens) and then the dataset's BPE codes. Without the tokenizer, ``--bpe subword_nmt``
@@ -22,7 +19,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from .evaluate import resolve_data
 from .runs import paths
@@ -51,39 +48,22 @@ def stored_decoding(state: Dict) -> Dict[str, object]:
     ``--length-penalty``; ``fairseq`` for the plain ``translation`` task) and, where ``--eval-bleu-args`` gave
     them, ``max_len_a`` / ``max_len_b``. ``state`` is :func:`~diverse_fairseq.runs.checkpoint_file.read_checkpoint`'s,
     which fairseq has upgraded: an argparse-era checkpoint's ``args`` are in its ``cfg`` too."""
-    task = (state.get("cfg") or {}).get("task") or {}
-    decoding = {"length_penalty": str(task.get("length_penalty") or "fairseq")}
-    try:
-        generation = json.loads(task.get("eval_bleu_args") or "{}") if task.get("eval_bleu") else {}
-    except ValueError:
-        generation = {}
-    decoding.update({k: generation[k] for k in ("max_len_a", "max_len_b") if k in generation})
-    return decoding
+    task = state["cfg"]["task"]
+    # valid JSON where --eval-bleu is on: fairseq's translation task parsed it when it built the model
+    generation = json.loads(task.get("eval_bleu_args") or "{}") if task.get("eval_bleu") else {}
+    return {"length_penalty": str(task.get("length_penalty") or "fairseq"),
+            **{k: generation[k] for k in ("max_len_a", "max_len_b") if k in generation}}
 
 
-def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Optional[Dict[str, object]] = None
-                  ) -> List[str]:
+def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Dict[str, object]) -> List[str]:
     """``fairseq-interactive`` with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
     decoding settings, with ``decoding`` (:func:`stored_decoding`) over them."""
-    d = {"length_penalty": "fairseq", "max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **(decoding or {})}
+    d = {"max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **decoding}
     return ["fairseq-interactive", str(data_dir), "--path", str(checkpoint), "--user-dir", USER_DIR,
             *task_args(str(d["length_penalty"])), "--source-lang", meta.source_lang,
             "--target-lang", meta.target_lang, *segmentation_options(data_dir, meta),
             "--beam", str(meta.beam), "--lenpen", str(meta.lenpen),
             "--max-len-a", str(d["max_len_a"]), "--max-len-b", str(d["max_len_b"])]
-
-
-def caveats(meta: DatasetMeta) -> List[str]:
-    """What the command does not repeat of the dataset's preparation, for the user to do on the input."""
-    notes = []
-    if meta.lowercase:
-        notes.append("the dataset was lowercased: give lowercase input (fairseq-interactive does not lowercase); "
-                     "the output is lowercase too")
-    if meta.source_lang == "zh" and meta.moses_tokenized:
-        seg = meta.zh_seg or "jieba"  # prepare_data's default segmenter
-        notes.append(f"the Chinese source was segmented ({seg}) before Moses tokenization: give input segmented "
-                     f"the same way (words separated by spaces" + (", characters" if seg == "char" else "") + ")")
-    return notes
 
 
 def main(argv=None) -> int:
@@ -99,8 +79,14 @@ def main(argv=None) -> int:
     data_dir = resolve_data(args.dataset, args.data_bin) if args.dataset else stored_data_dir(state, checkpoint)
     meta = load_dataset_meta(data_dir)
     check_dataset(state, checkpoint, data_dir, meta.source_lang, meta.target_lang)
-    for note in caveats(meta):
-        print(f"note: {note}", file=sys.stderr)
+    # what the command does not repeat of the preparation, for the user to do on the input
+    if meta.lowercase:
+        print("note: the dataset was lowercased: give lowercase input (fairseq-interactive does not lowercase); "
+              "the output is lowercase too", file=sys.stderr)
+    if meta.source_lang == "zh" and meta.moses_tokenized:
+        seg = meta.zh_seg or "jieba"  # prepare_data's default segmenter
+        print(f"note: the Chinese source was segmented ({seg}) before Moses tokenization: give input segmented the "
+              f"same way (words separated by spaces{', characters' if seg == 'char' else ''})", file=sys.stderr)
     print(shlex.join(build_command(checkpoint, data_dir, meta, stored_decoding(state))))
     return 0
 

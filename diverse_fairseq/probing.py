@@ -10,10 +10,11 @@ import torch
 
 from diverse_fairseq.analysis import probing
 from diverse_fairseq.data import senteval
+from diverse_fairseq.data.download import DownloadError
 from diverse_fairseq.runs.cli_logging import setup_cli_logging
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv=None) -> int:
     d = probing.ProbeSettings()
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.probing", description=probing.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,11 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice, one per core)")
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     setup_cli_logging()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -46,8 +43,6 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: checkpoint {args.checkpoint} not found")
     data_dir = Path(args.data_dir) if args.data_dir else senteval.default_dir()
     if args.download:
-        from diverse_fairseq.data.download import DownloadError
-
         try:
             senteval.download(tasks, data_dir)
         except DownloadError as e:

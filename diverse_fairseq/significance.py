@@ -1,9 +1,4 @@
-"""Is system B significantly better than baseline A on the same references?
-
-    python -m diverse_fairseq.significance --ref REF --baseline A.txt --system B.txt [B2.txt ...]
-        [--tokenize 13a|none|zh|intl] [--lowercase] [--samples 1000] [--seed 12345] [--json]
-
-Two tests, both on corpus BLEU:
+"""Is system B significantly better than baseline A on the same references? Two tests, both on corpus BLEU:
 
 * **paired bootstrap resampling** (Koehn 2004), computed by sacrebleu's own implementation
   (``sacrebleu.significance.PairedTest``, the ``--paired-bs`` of its command line): 1000 resamples, a p-value and
@@ -24,10 +19,16 @@ be equal by their paths relative to their common folder.
 
 import argparse
 import json
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
+from unittest import mock
+
+import numpy as np
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
 
 DEFAULT_SAMPLES = 1000
 DEFAULT_SEED = 12345
@@ -46,10 +47,8 @@ def read_lines(path, role: str = "input") -> List[str]:
 
 
 def system_labels(paths: Sequence) -> List[str]:
-    """One distinct label per file: in the layout of :mod:`diverse_fairseq.evaluate` (a ``results.json`` beside the
-    file, naming the checkpoint; every system's file there is ``hyp.detok.<lang>``) ``<save dir>/<checkpoint name>``,
-    e.g. ``transformer_seed1/checkpoint_best``, else the file's name; where two would be equal, the files' paths
-    relative to their common folder."""
+    """One distinct label per file, as the module's docstring says (every system's file in an evaluation folder is
+    ``hyp.detok.<lang>``, so the checkpoint that ``results.json`` names tells them apart)."""
     labels = {}  # resolved path -> label; a file named twice keeps one label
     for path in map(Path, paths):
         try:
@@ -65,8 +64,6 @@ def system_labels(paths: Sequence) -> List[str]:
 
 
 def _metric(tokenize: str, lowercase: bool, effective_order: bool = False):
-    from sacrebleu.metrics import BLEU
-
     return BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none", effective_order=effective_order)
 
 
@@ -77,21 +74,15 @@ def length_ratio(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a"
 
 
 def sign_test_p(plus: int, minus: int) -> float:
-    """Exact two-sided binomial p-value of ``plus`` successes out of ``plus + minus`` with p = ½."""
+    """Exact two-sided binomial p-value of ``plus`` successes out of ``plus + minus`` with p = ½ (1 for none)."""
     n = plus + minus
-    if n == 0:
-        return 1.0
-    k = min(plus, minus)
-    tail = sum(math.comb(n, i) for i in range(k + 1))
-    return min(1.0, 2 * tail / 2 ** n)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(plus, minus) + 1)) / 2 ** n)
 
 
 def sentence_statistics(metric, hyps: Sequence[str], refs: Sequence[str]):
     """Per-sentence BLEU sufficient statistics as an (N, 2 + 2·max order) array
     ``[hyp length, ref length, matches n=1.., hyp n-grams n=1..]``, from the public fields of
     ``BLEU.sentence_score``; summed over sentences they are the corpus statistics that ``corpus_score`` scores."""
-    import numpy as np
-
     scores = [metric.sentence_score(hyp, [ref]) for hyp, ref in zip(hyps, refs)]
     return np.array([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype=np.float64)
 
@@ -111,8 +102,7 @@ def sign_test(baseline: Sequence[str], system: Sequence[str], refs: Sequence[str
     replacing its translation by the system's."""
     # effective_order only silences sacrebleu's advice for sentence-level *scores*; the statistics are the same
     stats_metric, metric = _metric(tokenize, lowercase, effective_order=True), _metric(tokenize, lowercase)
-    base_stats = sentence_statistics(stats_metric, baseline, refs)
-    sys_stats = sentence_statistics(stats_metric, system, refs)
+    base_stats, sys_stats = (sentence_statistics(stats_metric, hyps, refs) for hyps in (baseline, system))
     total = base_stats.sum(0)
     base_bleu = bleu_from_statistics(metric, total)
     counts = {"better": 0, "worse": 0, "ties": 0}
@@ -127,11 +117,6 @@ def paired_bootstrap(baseline: Sequence[str], systems: Dict[str, Sequence[str]],
                      tokenize: str = "13a", lowercase: bool = False, samples: int = DEFAULT_SAMPLES,
                      seed: int = DEFAULT_SEED) -> Tuple[str, Dict[str, Dict[str, float]]]:
     """sacrebleu's paired bootstrap resampling; returns (signature, {name: score, mean, ci, p_value})."""
-    import logging
-    from unittest import mock
-
-    from sacrebleu.significance import PairedTest
-
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)
     named = [("baseline", list(baseline))] + [(name, list(h)) for name, h in systems.items()]
     with mock.patch.dict(os.environ, SACREBLEU_SEED=str(seed)):  # sacrebleu reads its seed there only

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional
 
-from .average_checkpoints import average_last
+from .average_checkpoints import average_files, last_n_checkpoints
 from .runs import env_checks, paths
 from .runs.checkpoint_file import finished, refuse_damaged_last, trained_updates
 from .runs.identity import ARGS_FILE, RESUME_ENV, check_resume, write_args
@@ -46,31 +46,26 @@ from .runs.plan import PRECISIONS, Plan, TrainOptions, TrainRequest, plan, selec
 from .runs.settings import EMBEDDINGS, SETTINGS, default_setting
 
 
-def _int(env, name, default, minimum, maximum=None):
-    """The integer environment variable ``name`` (``default`` when unset or empty), validated."""
+def _var(env, name, default, *bounds, parse=env_checks.parse_int):
+    """The environment variable ``name`` (``default`` when unset or empty), parsed and validated."""
     value = env_checks.get(env, name)
-    return default if value is None else env_checks.parse_int(name, value, minimum, maximum)
-
-
-def _choice(env, name, choices):
-    value = env_checks.get(env, name)
-    return None if value is None else env_checks.parse_choice(name, value, choices)
+    return default if value is None else parse(name, value, *bounds)
 
 
 def options_from_env(env) -> TrainOptions:
     """The validated launch options of the environment (SystemExit naming a bad variable)."""
-    nnodes = _int(env, "NNODES", None, 1)
+    nnodes, choice, flag = _var(env, "NNODES", None, 1), env_checks.parse_choice, env_checks.parse_flag
     return TrainOptions(
-        nnodes=nnodes, slurm_nnodes=_int(env, "SLURM_NNODES", 1, 1),
-        max_tokens=_int(env, "MAX_TOKENS", None, 1), update_freq=_int(env, "UPDATE_FREQ", None, 1),
-        max_update=_int(env, "MAX_UPDATE", None, 1), average=_int(env, "AVERAGE", None, 0),
-        node_rank=_int(env, "NODE_RANK", 0, 0, (nnodes or 1) - 1),
+        nnodes=nnodes, slurm_nnodes=_var(env, "SLURM_NNODES", 1, 1),
+        max_tokens=_var(env, "MAX_TOKENS", None, 1), update_freq=_var(env, "UPDATE_FREQ", None, 1),
+        max_update=_var(env, "MAX_UPDATE", None, 1), average=_var(env, "AVERAGE", None, 0),
+        node_rank=_var(env, "NODE_RANK", 0, 0, (nnodes or 1) - 1),
         master_addr=env_checks.get(env, "MASTER_ADDR") or "127.0.0.1",
-        master_port=_int(env, "MASTER_PORT", None, 1, 65535), slurm_job_id=_int(env, "SLURM_JOB_ID", 0, 0),
-        slurm_node_id=_int(env, "SLURM_NODEID", 0, 0), precision=_choice(env, "PRECISION", PRECISIONS),
-        dry_run=env_checks.parse_flag("DRY_RUN", env.get("DRY_RUN")),
-        resume_anyway=env_checks.parse_flag(RESUME_ENV, env.get(RESUME_ENV)),
-        embeddings=_choice(env, "EMBEDDINGS", EMBEDDINGS), checkpoints=paths.from_env("CHECKPOINTS", env),
+        master_port=_var(env, "MASTER_PORT", None, 1, 65535), slurm_job_id=_var(env, "SLURM_JOB_ID", 0, 0),
+        slurm_node_id=_var(env, "SLURM_NODEID", 0, 0), precision=_var(env, "PRECISION", None, PRECISIONS, parse=choice),
+        embeddings=_var(env, "EMBEDDINGS", None, EMBEDDINGS, parse=choice),
+        dry_run=_var(env, "DRY_RUN", False, parse=flag), resume_anyway=_var(env, RESUME_ENV, False, parse=flag),
+        checkpoints=paths.from_env("CHECKPOINTS", env),
     )
 
 
@@ -80,13 +75,10 @@ def request_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=N
     process's environment) checked before anything runs. ``gpus`` overrides ``GPUS`` (None: every visible GPU)."""
     env = dict(os.environ if env is None else env)
     options = options_from_env(env)  # every variable, before anything else
-    seed = _int(env, "SEED", 1, 0)
-    if gpus is None:
-        gpus = _int(env, "GPUS", None, 0)
     save_dir = env_checks.get(env, "SAVE_DIR")
-    return TrainRequest(dataset=dataset, setting=setting_or_arch, extra=tuple(extra), seed=seed,
-                        save_dir=Path(save_dir) if save_dir else None,
-                        data_bin=paths.from_env("DATA_BIN", env), gpus=gpus, options=options)
+    return TrainRequest(dataset=dataset, setting=setting_or_arch, extra=tuple(extra), seed=_var(env, "SEED", 1, 0),
+                        save_dir=save_dir and Path(save_dir), data_bin=paths.from_env("DATA_BIN", env),
+                        gpus=_var(env, "GPUS", None, 0) if gpus is None else gpus, options=options)
 
 
 def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=None,
@@ -271,24 +263,20 @@ def failure_message(rc: int, last_error: str, save_dir: Path) -> str:
 
 def remove_unused(save_dir: Path) -> bool:
     """After a training that wrote no checkpoint: delete our :data:`ARGS_FILE` and every empty folder in
-    ``save_dir`` (an unused tensorboard folder, then ``save_dir`` itself). Nothing else is touched, so a folder
-    holding anything else (logs, a user's files) stays. Returns whether ``save_dir`` is gone."""
+    ``save_dir``, the deepest first (an unused tensorboard folder, then ``save_dir`` itself). Nothing else is
+    touched, so a folder holding anything else (logs, a user's files) stays. Returns whether ``save_dir`` is gone."""
     if not save_dir.is_dir() or any(save_dir.glob("checkpoint*.pt")):
         return False
     (save_dir / ARGS_FILE).unlink(missing_ok=True)
-    for folder in sorted(save_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # the deepest first
+    for folder in [*sorted(save_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True), save_dir]:
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
-    if any(save_dir.iterdir()):
-        return False
-    save_dir.rmdir()
-    return True
+    return not save_dir.exists()
 
 
 def _average(p: Plan, reuse: bool = False) -> int:
     """``AVERAGE=N``: average the last N checkpoints into ``p.checkpoint(N)`` (rank 0 only); return how many were
-    averaged (0: none, the single model is evaluated). ``reuse``: keep an average written before (a finished
-    run's)."""
+    averaged (0: none, the single model is evaluated). ``reuse``: keep an average written before."""
     if not (p.average and p.rank0):
         return 0
     out = p.checkpoint(p.average)
@@ -296,7 +284,7 @@ def _average(p: Plan, reuse: bool = False) -> int:
         return p.average
     print(f"[train] averaging the last {p.average} checkpoints into {out}", flush=True)
     try:
-        average_last(str(p.save_dir), p.average, p.update_based, str(out))
+        average_files(last_n_checkpoints(str(p.save_dir), p.average, p.update_based), str(out))
         return p.average
     except SystemExit as e:  # too few checkpoints (a short run): training itself succeeded
         print(f"[train] warning: no average written: {e}", flush=True)
@@ -305,10 +293,9 @@ def _average(p: Plan, reuse: bool = False) -> int:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    seed = env_checks.get(os.environ, "SEED") or 1
     for warning in env_checks.foreign_variables(os.environ, {  # ``SEEDS=3`` would otherwise silently train seed 1
-        "SEEDS": f"SEED (one seed per training; now training with SEED={seed}; SEEDS is the table runner's: make "
-                 "table-<id>, python -m diverse_fairseq.tables)",
+        "SEEDS": f"SEED (one seed per training; now training with SEED={env_checks.get(os.environ, 'SEED') or 1}; "
+                 "SEEDS is the table runner's: make table-<id>, python -m diverse_fairseq.tables)",
         "TRAIN_ARGS": "extra fairseq-train options after the setting on the command line (TRAIN_ARGS is the table "
                       "runner's)"}, "scripts/train.sh"):
         print(f"[train] warning: {warning}", flush=True)

@@ -19,9 +19,8 @@ from diverse_fairseq.analysis import plots
 from diverse_fairseq.analysis.scores import (
     ScoreAccumulator,
     combine_layers,
-    mean_pair_cosine,
-    offdiag_cosine,
     output_score,
+    pair_cosines,
     position_score,
     sentence_position_overlap,
     subspace_score,
@@ -59,8 +58,8 @@ def test_orthogonal_heads_score_exp_minus_one_over_h(heads):
     pad[1, 4:] = True
     assert output_score(o, pad) == pytest.approx(math.exp(-1 / heads), abs=1e-12)
     assert subspace_score(o) == pytest.approx(math.exp(-1 / heads), abs=1e-12)
-    assert mean_pair_cosine(o).numpy() == pytest.approx(np.full((3, 6), 1 / heads), abs=1e-12)
-    assert offdiag_cosine(o).numpy() == pytest.approx(np.zeros((3, 6)), abs=1e-12)
+    assert pair_cosines(o)[0].numpy() == pytest.approx(np.full((3, 6), 1 / heads), abs=1e-12)
+    assert pair_cosines(o)[1].numpy() == pytest.approx(np.zeros((3, 6)), abs=1e-12)
     if heads == 8:
         assert f"{output_score(o):.3f}" == "0.882"
 
@@ -70,7 +69,7 @@ def test_identical_heads_score_e_to_minus_one():
     pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
     assert subspace_score(v) == pytest.approx(math.exp(-1), abs=1e-9)
     assert output_score(v, pad) == pytest.approx(math.exp(-1), abs=1e-9)
-    assert offdiag_cosine(v).numpy() == pytest.approx(np.ones((2, 5)), abs=1e-12)
+    assert pair_cosines(v)[1].numpy() == pytest.approx(np.ones((2, 5)), abs=1e-12)
 
 
 @pytest.mark.parametrize("heads", [2, 4])
@@ -80,14 +79,14 @@ def test_cancelling_heads_score_one(heads):
     o = torch.cat([x, -x] if heads == 2 else [x, -x, 2 * y, -y], dim=1)
     assert output_score(o) == pytest.approx(1.0, abs=1e-12)
     assert subspace_score(o) == pytest.approx(1.0, abs=1e-12)
-    assert float(offdiag_cosine(o).mean()) == pytest.approx(-1 / (heads - 1), abs=1e-12)  # its lower bound
+    assert float(pair_cosines(o)[1].mean()) == pytest.approx(-1 / (heads - 1), abs=1e-12)  # its lower bound
 
 
 def test_zero_vectors_give_no_nan():
     o = torch.zeros(1, 3, 2, 4)
     o[0, 0] = 1.0  # head 1 nonzero, heads 2 and 3 zero: only cos(x_1, x_1) = 1 is nonzero among 9 pairs
     assert output_score(o) == pytest.approx(math.exp(-1 / 9))
-    assert float(offdiag_cosine(o).mean()) == 0.0
+    assert float(pair_cosines(o)[1].mean()) == 0.0
 
 
 def test_scores_match_a_double_loop_over_head_pairs():
@@ -97,7 +96,7 @@ def test_scores_match_a_double_loop_over_head_pairs():
     all_pairs, offdiag = _pairs_loop(v, pad)
     assert subspace_score(v, pad) == pytest.approx(math.exp(-all_pairs), rel=1e-12)
     assert output_score(v, pad) == pytest.approx(math.exp(-all_pairs), rel=1e-12)
-    assert float(offdiag_cosine(v)[~pad].mean()) == pytest.approx(offdiag, rel=1e-12)
+    assert float(pair_cosines(v)[1][~pad].mean()) == pytest.approx(offdiag, rel=1e-12)
     assert subspace_score(v) == pytest.approx(math.exp(-_pairs_loop(v)[0]), rel=1e-12)
     # the padded tokens matter: without the mask the score differs
     assert subspace_score(v) != pytest.approx(subspace_score(v, pad), rel=1e-6)
@@ -163,11 +162,11 @@ def test_accumulator_is_a_token_mean_over_the_whole_set():
     acc = ScoreAccumulator()
     acc.update({"v": v1, "o": v1, "a": a1}, key_pad=pad1, query_pad=pad1)
     acc.update({"v": v2, "o": v2, "a": a2}, key_pad=pad2, query_pad=pad2)
-    tokens = torch.cat([mean_pair_cosine(v1)[~pad1], mean_pair_cosine(v2)[~pad2]])  # 7 + 6 tokens
+    tokens = torch.cat([pair_cosines(v1)[0][~pad1], pair_cosines(v2)[0][~pad2]])  # 7 + 6 tokens
     assert acc.scores()["sub"] == pytest.approx(math.exp(-float(tokens.mean())))
     assert acc.scores()["out"] == pytest.approx(math.exp(-float(tokens.mean())))
     assert acc.similarities()["sub"] == pytest.approx(float(tokens.mean()))
-    offdiag = torch.cat([offdiag_cosine(v1)[~pad1], offdiag_cosine(v2)[~pad2]])
+    offdiag = torch.cat([pair_cosines(v1)[1][~pad1], pair_cosines(v2)[1][~pad2]])
     assert acc.offdiag() == pytest.approx({"sub": float(offdiag.mean()), "out": float(offdiag.mean())})
     # the two figures are tied for nonzero vectors: all pairs = 1/H + (H−1)/H · off-diagonal
     assert acc.similarities()["out"] == pytest.approx(1 / 4 + 3 / 4 * acc.offdiag()["out"])
@@ -320,8 +319,7 @@ def test_plots_write_valid_pngs(tmp_path):
     maps = {layer: rng.dirichlet(np.ones(6), size=(4, 5)) for layer in range(2)}  # [H, T, S]
     plots.plot_attention_heatmaps(maps, [f"t{i}" for i in range(5)], [f"s{i}" for i in range(6)], "heatmaps",
                                   tmp_path / "heat.png")
-    panels = {"enc_self": {"layer 1": (rng.normal(size=(4, 8)), ["h1", "h2", "h3", "h4"]),
-                           "layer 2": (rng.normal(size=(4, 8)), ["h1", "h2", "h3", "h4"])}}
+    panels = {"enc_self": {"layer 1": rng.normal(size=(4, 8)), "layer 2": rng.normal(size=(4, 8))}}
     plots.plot_tsne(panels, tmp_path / "tsne.png", seed=1, title="tsne")
     layers = {"enc_self": [{"sub": 0.8, "pos": 0.01, "out": 0.9}, {"sub": 0.85, "pos": 0.005, "out": 0.95}]}
     plots.plot_layer_scores({"a": layers, "b": layers}, tmp_path / "layers.png", "layers")
@@ -401,9 +399,9 @@ def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoint
         ("enc_self", 0), ("enc_self", 1), ("dec_self", 0), ("dec_self", 1), ("enc_dec", 0), ("enc_dec", 1)]
     fast = head_importance(loaded.model, loaded.task, sites, batches, pad, progress=False, replay=True)
     slow = head_importance(loaded.model, loaded.task, sites, batches, pad, progress=False, replay=False)
-    assert fast.base_nll == slow.base_nll
-    assert [h.nll for h in fast.heads] == pytest.approx([h.nll for h in slow.heads], rel=1e-6)
-    assert all(abs(h.delta_nll) > 0 for h in fast.heads)
+    assert fast["base_nll"] == slow["base_nll"]
+    assert [h["nll"] for h in fast["heads"]] == pytest.approx([h["nll"] for h in slow["heads"]], rel=1e-6)
+    assert all(abs(h["delta_nll"]) > 0 for h in fast["heads"])
     assert len(loaded.model.encoder.layers) == 2 and all(
         type(layer).__name__ != "_Replayed" for layer in [*loaded.model.encoder.layers, *loaded.model.decoder.layers])
 
@@ -411,19 +409,16 @@ def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoint
 @pytest.mark.slow
 def test_score_checkpoint_equals_the_full_pass(tiny_checkpoints, tiny_data):
     """The scores-only pass (no output projection, no NLL, its own batching) gives the analysis' scores."""
-    from diverse_fairseq.analysis.collect import collect
     from diverse_fairseq.analysis.loading import load_batches, load_checkpoint
-    from diverse_fairseq.analysis.pipeline import Options, score_checkpoint
-    from diverse_fairseq.analysis.report import scores_payload
+    from diverse_fairseq.analysis.pipeline import Options, collect, score_checkpoint
     from diverse_fairseq.methods.sites import attention_sites
 
     ckpt = str(tiny_checkpoints["diverse_transformer"])
     fast = score_checkpoint(ckpt, Options(data=str(tiny_data), max_sentences=None, max_tokens=300, progress=False))
     loaded = load_checkpoint(ckpt, str(tiny_data))
     sites = attention_sites(loaded.model)
-    collected = collect(loaded.model, sites, load_batches(loaded.task, "valid", None, 4096),
-                        loaded.task.target_dictionary.pad(), progress=False)
-    full = scores_payload(collected, sites, {})
+    full, _ = collect(loaded.model, sites, load_batches(loaded.task, "valid", None, 4096),
+                      loaded.task.target_dictionary.pad(), progress=False)
     assert fast["nll"] is None and full["nll"] > 0
     assert fast["sentences"] == full["sentences"] == 60 and fast["max_sentences"] is None
     for atype, layers in full["by_layer"].items():

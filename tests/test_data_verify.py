@@ -160,7 +160,8 @@ def test_a_user_checksum_never_overrides_a_published_one():
 
 
 def test_member_line_counts(tmp_path):
-    from diverse_fairseq.data.verify import VerificationError, check_member_lines, count_lines
+    from diverse_fairseq.data.text import count_lines
+    from diverse_fairseq.data.verify import VerificationError, check_member_lines
 
     (tmp_path / "en-zh").mkdir()
     (tmp_path / "en-zh" / "UNv1.0.en-zh.en").write_text("a\nb\nc")  # no final newline: still three lines

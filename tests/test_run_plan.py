@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_default_folders_are_the_repositorys_whatever_the_current_directory(tmp_path, monkeypatch):
     """The shell scripts default to the repository's data-bin/, checkpoints/ and work/; so does Python."""
-    from diverse_fairseq.data.prepare import build_parser as prepare_parser
+    from diverse_fairseq.data.prepare import parse_options
     from diverse_fairseq.evaluate import build_parser as evaluate_parser
 
     for name in ("DATA_BIN", "CHECKPOINTS", "WORK_DIR"):
@@ -27,8 +27,8 @@ def test_default_folders_are_the_repositorys_whatever_the_current_directory(tmp_
     request = request_from_env("demo", "tiny", [], env={}, gpus=0)
     assert request.data_bin == REPO / "data-bin" and request.options.checkpoints == REPO / "checkpoints"
     assert evaluate_parser().parse_args(["a.pt", "demo"]).data_bin == str(REPO / "data-bin")
-    prepared = prepare_parser().parse_args(["demo"])
-    assert prepared.data_bin == str(REPO / "data-bin") and prepared.work_dir == str(REPO / "work")
+    prepared = parse_options(["demo"])  # an option neither given nor in the environment: the field's default
+    assert Path(prepared.data_bin) == REPO / "data-bin" and Path(prepared.work_dir) == REPO / "work"
     assert paths.from_env("DATA_BIN", {"DATA_BIN": "mine"}) == Path("mine")  # a set variable is used as given
 
 

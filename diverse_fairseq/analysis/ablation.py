@@ -1,17 +1,15 @@
 """Head importance by ablation at test time (Michel, Levy, Neubig 2019, "Are Sixteen Heads Really Better than
 One?"; An et al., EMNLP 2020, Figure 2 "Distribution of heads by performance drop after masking at test time").
 
-Each head of each attention module is masked in turn by zeroing its output O_h before the heads are combined
-(the head mask of :func:`diverse_fairseq.methods.sites.observe`), and the set is scored again: a head's
-importance is the **increase** of the teacher-forced token NLL (nats per target token; negative: the model got
-better without it) and, optionally, the **drop** of beam-search BLEU. For the NLL the layers below the masked
-module are replayed from the unmasked pass (:class:`LayerReplay`; they cannot depend on the mask), which
-roughly halves the cost.
+Each head is masked in turn by zeroing its output O_h before the heads are combined (the head mask of
+:func:`diverse_fairseq.methods.sites.observe`): its importance is the **increase** of the teacher-forced token
+NLL (negative: the model got better without it) and, optionally, the **drop** of beam-search BLEU. The NLL
+passes replay the layers below the masked module from the unmasked pass (:class:`LayerReplay`).
 """
 
 import contextlib
-from dataclasses import asdict, dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence
+import statistics
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -19,30 +17,9 @@ from tqdm import tqdm
 
 from diverse_fairseq.methods.sites import AttentionSite, observe
 
-from .collect import batch_nll
-
-
-@dataclass
-class HeadImportance:
-    attention_type: str
-    layer: int  # 0-based
-    head: int  # 0-based
-    nll: float
-    delta_nll: float  # masked − unmasked (positive: the head helps)
-    bleu: Optional[float] = None
-    delta_bleu: Optional[float] = None  # unmasked − masked (positive: the head helps)
-
-    def as_dict(self) -> Dict:
-        """For ``importance.json``: layer and head numbered from 1."""
-        return {**asdict(self), "layer": self.layer + 1, "head": self.head + 1}
-
-
-@dataclass
-class Importance:
-    base_nll: float
-    heads: List[HeadImportance] = field(default_factory=list)
-    base_bleu: Optional[float] = None
-    bleu_sentences: Optional[int] = None
+METHOD = ("Michel et al. 2019 head ablation: zero one head's output O_h before the output projection; "
+          "delta_nll = masked - unmasked teacher-forced NLL (nats/target token), "
+          "delta_bleu = unmasked - masked BLEU; layer and head numbers are 1-based")
 
 
 class _Replayed(nn.Module):
@@ -63,15 +40,14 @@ class LayerReplay:
 
     def __init__(self, model):
         self.stacks = {"encoder": model.encoder.layers, "decoder": model.decoder.layers}
-        self.outputs = {(name, j): [] for name, layers in self.stacks.items() for j in range(len(layers))}
+        self.outputs = {layer: [] for layers in self.stacks.values() for layer in layers}
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         for recorded in self.outputs.values():
             recorded.clear()
-        handles = [layer.register_forward_hook(lambda module, inputs, output, key=(name, j):
-                                               self.outputs[key].append(output))
-                   for name, layers in self.stacks.items() for j, layer in enumerate(layers)]
+        handles = [layer.register_forward_hook(lambda module, inputs, output: self.outputs[module].append(output))
+                   for layer in self.outputs]
         try:
             yield
         finally:
@@ -87,11 +63,20 @@ class LayerReplay:
                 layers = self.stacks[name]
                 for j in range(depth):
                     originals.append((layers, j, layers[j]))
-                    layers[j] = _Replayed(self.outputs[(name, j)])
+                    layers[j] = _Replayed(self.outputs[layers[j]])
             yield
         finally:
             for layers, j, layer in reversed(originals):
                 layers[j] = layer
+
+
+def batch_nll(model, sample: Dict, net_output, pad: int) -> Tuple[float, int]:
+    """Summed token NLL (nats) of the reference under teacher forcing, and the number of target tokens."""
+    lprobs = model.get_normalized_probs(net_output, log_probs=True)  # [B, T, V]
+    target = sample["target"]
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    keep = target.ne(pad)
+    return float(nll[keep].double().sum()), int(keep.sum())
 
 
 @torch.no_grad()
@@ -127,31 +112,34 @@ def corpus_bleu(model, task, batches: List[Dict], beam: int = 4) -> float:
 @torch.no_grad()
 def head_importance(model, task, sites: Sequence[AttentionSite], batches: List[Dict], pad: int,
                     bleu_batches: Optional[List[Dict]] = None, beam: int = 4, progress: bool = True,
-                    replay: bool = True) -> Importance:
-    """Mask every head of every site in turn.
+                    replay: bool = True) -> Dict:
+    """Mask every head of every site in turn: the ``importance.json`` payload less the run's metadata.
 
     All passes, the unmasked reference NLL/BLEU included, run inside one :func:`observe` block, i.e. on the
     path where head masks apply, so the differences are due to the mask alone. With ``replay`` the NLL
     passes reuse the unmasked outputs of the layers below the masked module.
     """
-    layers = LayerReplay(model) if replay else None
+    layers = LayerReplay(model)
     with observe(sites) as seen:
-        with layers.recording() if replay else contextlib.nullcontext():
-            result = Importance(base_nll=mean_nll(model, batches, pad))
-        if bleu_batches is not None:
-            result.base_bleu = corpus_bleu(model, task, bleu_batches, beam)
-            result.bleu_sentences = sum(b["target"].size(0) for b in bleu_batches)
+        with layers.recording():
+            base_nll = mean_nll(model, batches, pad)
+        base_bleu = corpus_bleu(model, task, bleu_batches, beam) if bleu_batches is not None else None
+        heads = []
         jobs = [(site, h) for site in sites for h in range(site.num_heads)]
         for site, head in tqdm(jobs, desc="ablation", unit="head", disable=not progress):
             seen.mask_head(site, head)
             # the layers a mask on ``site`` cannot change: all below it (the whole encoder for a decoder-side site)
             below = {"encoder": site.layer} if site.attention_type == "enc_self" else \
                 {"encoder": len(model.encoder.layers), "decoder": site.layer}
-            with layers.replaying(below) if replay else contextlib.nullcontext():
+            with layers.replaying(below if replay else {}):
                 nll = mean_nll(model, batches, pad)
-            entry = HeadImportance(site.attention_type, site.layer, head, nll, nll - result.base_nll)
-            if bleu_batches is not None:
-                entry.bleu = corpus_bleu(model, task, bleu_batches, beam)
-                entry.delta_bleu = result.base_bleu - entry.bleu
-            result.heads.append(entry)
-    return result
+            bleu = corpus_bleu(model, task, bleu_batches, beam) if bleu_batches is not None else None
+            heads.append({"attention_type": site.attention_type, "layer": site.layer + 1, "head": head + 1,
+                          "nll": nll, "delta_nll": nll - base_nll,  # positive: the head helps
+                          "bleu": bleu, "delta_bleu": None if bleu is None else base_bleu - bleu})
+    deltas = [h["delta_nll"] for h in heads]
+    return {"method": METHOD, "base_nll": base_nll, "base_bleu": base_bleu,
+            "bleu_sentences": None if bleu_batches is None else sum(b["target"].size(0) for b in bleu_batches),
+            "summary": {"heads": len(deltas), "mean_delta_nll": statistics.fmean(deltas), "max_delta_nll": max(deltas),
+                        "min_delta_nll": min(deltas), "heads_improving_when_masked": sum(d < 0 for d in deltas)},
+            "heads": heads}

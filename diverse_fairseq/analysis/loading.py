@@ -2,27 +2,22 @@
 as a fixed list of collated batches. A stock ``transformer`` is rebuilt as the ``diverse_transformer`` with the
 same weights (same parameter names, same outputs), whose attention heads can be observed."""
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 import torch
 from fairseq import checkpoint_utils, utils
 from fairseq.data import data_utils
 from fairseq.dataclass.utils import overwrite_args_by_name
+from fairseq.models.transformer import TransformerModel
 
 import diverse_fairseq  # noqa: F401  (registrations, checkpoint allowlist)
+from diverse_fairseq.methods.transformer import DiverseTransformerModel
 
 from ..runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_dir, stored_task
 
-
-@dataclass
-class LoadedModel:
-    model: torch.nn.Module
-    task: object
-    arch: str
-    data: Path
+LoadedModel = NamedTuple("LoadedModel", [("model", torch.nn.Module), ("task", object), ("arch", str), ("data", Path)])
 
 
 def load_checkpoint(checkpoint: str, data: Optional[str] = None, device: str = "cpu") -> LoadedModel:
@@ -50,10 +45,6 @@ def as_diverse(model: torch.nn.Module, cfg, task) -> torch.nn.Module:
     """``model`` if its heads can be observed; a stock fairseq ``TransformerModel`` rebuilt as the
     ``diverse_transformer`` with the same state dict (strict: every parameter and buffer matches); otherwise
     a clear error."""
-    from fairseq.models.transformer import TransformerModel
-
-    from diverse_fairseq.methods.transformer import DiverseTransformerModel
-
     if isinstance(model, DiverseTransformerModel):
         return model
     if type(model) is not TransformerModel:
@@ -73,9 +64,7 @@ def load_batches(task, subset: str, max_sentences: Optional[int], max_tokens: in
     count = len(dataset) if max_sentences is None else min(max_sentences, len(dataset))
     if count == 0:
         raise SystemExit(f"error: subset {subset!r} is empty")
-    indices = np.arange(count, dtype=np.int64)
-    sizes = np.array([dataset.num_tokens(int(i)) for i in indices])
-    indices = indices[np.argsort(sizes, kind="stable")]
+    indices = np.argsort([dataset.num_tokens(i) for i in range(count)], kind="stable")
     chunks = data_utils.batch_by_size(indices, dataset.num_tokens, max_tokens=max_tokens)
     return [_collate(dataset, chunk, device) for chunk in chunks]
 
@@ -91,9 +80,8 @@ def heatmap_sentence(task, subset: str, index: Optional[int], limit: Optional[in
     both within [5, 20], else sentence 0."""
     dataset = task.dataset(subset)
     if index is None:
-        tgt_sizes = dataset.tgt_sizes if dataset.tgt_sizes is not None else np.zeros(len(dataset))
         index = next((i for i in range(min(limit or len(dataset), len(dataset)))
-                      if 5 <= dataset.src_sizes[i] <= 20 and 5 <= tgt_sizes[i] <= 20), 0)
+                      if 5 <= dataset.src_sizes[i] <= 20 and 5 <= dataset.tgt_sizes[i] <= 20), 0)
     if not 0 <= index < len(dataset):
         raise SystemExit(f"error: --sentence-id {index} out of range (subset {subset!r} has {len(dataset)} sentences)")
     return index, _collate(dataset, [index], device)

@@ -1,6 +1,9 @@
 """The whole analysis of one checkpoint (scores, head importance, pictures) written to a directory, the
-side-by-side view of several (``compare.md``, joint pictures), and the scores alone for the table runner. The
-files are listed in docs/analysis.md#head-diversity-analysis."""
+side-by-side view of several (``compare.md``, joint pictures), and the scores alone for the table runner (the
+files: docs/analysis.md#head-diversity-analysis). The numbers come from teacher-forced passes over the reference,
+one forward per batch with every attention module tapped: the disagreement scores (:mod:`.scores`), each head's
+output averaged over the non-padding query tokens (the journal version's Figure 3 t-SNE), the token NLL and the
+attention maps of one sentence."""
 
 import json
 import logging
@@ -8,21 +11,79 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from torch import Tensor
+from tqdm import tqdm
 
-from diverse_fairseq.methods.sites import ATTENTION_TYPES, TOKEN_SIDES, attention_sites
+from diverse_fairseq.methods.sites import ATTENTION_TYPES, TOKEN_SIDES, AttentionSite, attention_sites, observe
 
 from . import plots
-from .ablation import head_importance
-from .collect import attention_maps, collect
+from .ablation import batch_nll, head_importance
 from .loading import heatmap_sentence, load_batches, load_checkpoint
-from .report import comparison_markdown, importance_payload, scores_markdown, scores_payload
-from .scores import SCALE, check_heads
+from .report import comparison_markdown, scores_markdown
+from .scores import SCALE, TOKEN_SIDE, ScoreAccumulator, check_heads, combine_layers
 
 logger = logging.getLogger("diverse_fairseq.analysis")
+
+DEFINITION = (
+    f"EMNLP 2018 Tables 4-5 on the paper's scale, {SCALE}: sub, out = exp(-mean over non-padding tokens of "
+    "(1/H^2) sum_i sum_j cos(x_i, x_j)) of projected values V (sub, key tokens) and head outputs O (out, query "
+    "tokens); pos = mean over sentences of exp(-(1/H^2) sum_i sum_j sum_{t,s} A_i[t,s] A_j[t,s]) (query tokens "
+    "t). Tokens: source for enc_self and for sub of enc_dec, target otherwise. Teacher-forced forward on the "
+    "reference. Per attention type: exp(-mean over layers of the similarity) = geometric mean of the layer "
+    "scores. sub/out: e^-1 = identical heads, exp(-1/H) = mutually orthogonal heads (0.882 at H = 8, 0.779 at "
+    "H = 4), 1.0 (the maximum) = the heads' unit vectors cancel; pos: 1.0 = heads attend to disjoint positions. "
+    "offdiag_cos (a second figure, not a score): mean over tokens of the mean cosine over head pairs i != j "
+    "(1 = identical, 0 = orthogonal, -1/(H-1) = cancelling); per attention type its mean over layers."
+)
+
+
+@torch.no_grad()
+def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int, progress: bool = True,
+            nll: bool = True) -> Tuple[Dict, Dict[Tuple[str, int], Tensor]]:
+    """The ``scores.json`` content of ``batches`` less the run's metadata, and each head's mean output over the
+    query tokens, ``(type, layer) -> [H, d]``.
+
+    ``nll=False`` skips the NLL (``None``) and the decoder's output projection (``features_only``), which is
+    most of the cost of a pass that only wants the scores."""
+    scores = {s.key: ScoreAccumulator() for s in sites}
+    out_sums: Dict[Tuple[str, int], Tensor] = {}
+    out_counts: Dict[Tuple[str, int], int] = {}
+    nll_sum, sentences, src_tokens, tgt_tokens = 0.0, 0, 0, 0
+    for sample in tqdm(batches, desc="scores", unit="batch", disable=not progress, leave=False):
+        with observe(sites, {"v", "a", "o"}) as seen:
+            net_output = model(**sample["net_input"], features_only=not nll)
+        # True at padding (fairseq left-pads sources: any side works)
+        masks = {"source": sample["net_input"]["src_tokens"].eq(pad), "target": sample["target"].eq(pad)}
+        for site in sites:
+            key, side = site.key, TOKEN_SIDE[site.attention_type]
+            tapped = seen.heads(site)
+            scores[key].update(tapped, key_pad=masks[side["sub"]], query_pad=masks[side["out"]])
+            o = tapped["o"].double()  # [B, H, T, d]
+            keep = (~masks[side["out"]]).to(o.dtype)  # [B, T]
+            out_sums[key] = out_sums.get(key, 0.0) + torch.einsum("bhtd,bt->hd", o, keep)  # [H, d]
+            out_counts[key] = out_counts.get(key, 0) + int(keep.sum())
+        if nll:
+            nll_sum += batch_nll(model, sample, net_output, pad)[0]
+        tgt_tokens += int((~masks["target"]).sum())
+        src_tokens += int((~masks["source"]).sum())
+        sentences += sample["target"].size(0)
+    by_layer: Dict[str, List[Dict]] = {}
+    for site in sites:
+        acc = scores[site.key]
+        entry = {"layer": site.layer + 1, "heads": site.num_heads, **acc.scores(),
+                 "similarity": acc.similarities(), "offdiag_cos": acc.offdiag()}
+        by_layer.setdefault(site.attention_type, []).append(entry)
+    for entries in by_layer.values():
+        entries.sort(key=lambda e: e["layer"])
+    by_type = {t: combine_layers(by_layer[t]) for t in ATTENTION_TYPES if t in by_layer}
+    payload = {"sentences": sentences, "source_tokens": src_tokens, "target_tokens": tgt_tokens,
+               "nll": nll_sum / max(tgt_tokens, 1) if nll else None, "scale": SCALE, "definition": DEFINITION,
+               "token_side": {t: TOKEN_SIDE[t] for t in by_type}, "by_type": by_type, "by_layer": by_layer}
+    return payload, {key: (out_sums[key] / max(out_counts[key], 1)).float().cpu() for key in out_sums}
 
 
 @dataclass
@@ -41,13 +102,8 @@ class Options:
     progress: bool = True
 
 
-@dataclass
-class Analysis:
-    label: str
-    out: Path
-    scores: Dict
-    importance: Optional[Dict]
-    head_means: Dict  # (type, layer) -> [H, d] tensor
+Analysis = NamedTuple("Analysis", [("label", str), ("out", Path), ("scores", Dict), ("importance", Optional[Dict]),
+                                   ("head_means", Dict[Tuple[str, int], Tensor])])
 
 
 def _write_json(path: Path, payload) -> None:
@@ -79,11 +135,9 @@ def score_checkpoint(checkpoint: str, opts: Options, label: Optional[str] = None
     """
     start = time.time()
     loaded, batches, sites, meta = _prepare(checkpoint, opts, label)
-    collected = collect(loaded.model, sites, batches, loaded.task.target_dictionary.pad(), progress=opts.progress,
+    scores, _ = collect(loaded.model, sites, batches, loaded.task.target_dictionary.pad(), progress=opts.progress,
                         nll=False)
-    scores = scores_payload(collected, sites, {**meta, "max_tokens": opts.max_tokens})
-    scores["seconds"] = round(time.time() - start, 2)
-    return scores
+    return {**meta, "max_tokens": opts.max_tokens, **scores, "seconds": round(time.time() - start, 2)}
 
 
 def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optional[str] = None) -> Analysis:
@@ -95,35 +149,32 @@ def analyze_checkpoint(checkpoint: str, out: Path, opts: Options, label: Optiona
     model, task, label = loaded.model, loaded.task, meta["label"]
     pad = task.target_dictionary.pad()
 
-    collected = collect(model, sites, batches, pad, progress=opts.progress)
+    scores, head_means = collect(model, sites, batches, pad, progress=opts.progress)
     sentence_id, sentence = heatmap_sentence(task, opts.subset, opts.sentence_id, opts.max_sentences, opts.device)
-    maps = attention_maps(model, sites, sentence)
+    with torch.no_grad(), observe(sites, {"a"}) as seen:
+        model(**sentence["net_input"])
+    maps = {s.key: seen.heads(s)["a"][0].float().cpu() for s in sites}  # (type, layer) -> [H, T, S]
     imp = None
     if opts.ablation:
         bleu_batches = (load_batches(task, opts.subset, opts.bleu_sentences, opts.max_tokens, device=opts.device)
                         if opts.ablation_bleu else None)
-        imp = importance_payload(head_importance(model, task, sites, batches, pad, bleu_batches=bleu_batches,
-                                                 beam=opts.beam, progress=opts.progress), meta)
+        imp = {**meta, **head_importance(model, task, sites, batches, pad, bleu_batches=bleu_batches, beam=opts.beam,
+                                         progress=opts.progress)}
         _write_json(out / "importance.json", imp)
-    scores = scores_payload(collected, sites, {**meta, "heatmap_sentence": sentence_id})
+    scores = {**meta, "heatmap_sentence": sentence_id, **scores}
     _write_json(out / "scores.json", scores)
     (out / "scores.md").write_text(scores_markdown(scores, imp))
-    _plot_one(out, label, scores, imp, collected.head_means, maps, sentence, sentence_id, task, pad, opts.seed)
+    _plot_one(out, label, scores, imp, head_means, maps, sentence, sentence_id, task, pad, opts.seed)
     scores["seconds"] = round(time.time() - start, 1)
     _write_json(out / "scores.json", scores)
     logger.info("%s: analysis written to %s in %.1fs", label, out, scores["seconds"])
-    return Analysis(label, out, scores, imp, collected.head_means)
+    return Analysis(label, out, scores, imp, head_means)
 
 
 def _head_mean(head_means: Dict, atype: str) -> Optional[np.ndarray]:
     """``[H, d]``: the heads' mean outputs of one attention type averaged over its layers (journal Fig. 3)."""
     layers = [m for (t, _), m in sorted(head_means.items()) if t == atype]
     return torch.stack(layers).mean(0).numpy() if layers else None
-
-
-def _heads(matrix: np.ndarray):
-    """A t-SNE group: the points ``[H, d]`` and their names h1 ... hH."""
-    return matrix, [f"h{h + 1}" for h in range(matrix.shape[0])]
 
 
 def _plot_one(out: Path, label: str, scores: Dict, imp: Optional[Dict], head_means: Dict, maps: Dict,
@@ -142,8 +193,8 @@ def _plot_one(out: Path, label: str, scores: Dict, imp: Optional[Dict], head_mea
                 out / f"attention_{atype}.png")
         layers = sorted(layer for (t, layer) in head_means if t == atype)
         if layers:
-            panels[atype] = {**{f"layer {layer + 1}": _heads(head_means[(atype, layer)].numpy()) for layer in layers},
-                             "mean over layers": _heads(_head_mean(head_means, atype))}
+            panels[atype] = {**{f"layer {layer + 1}": head_means[(atype, layer)].numpy() for layer in layers},
+                             "mean over layers": _head_mean(head_means, atype)}
     plots.plot_tsne(panels, out / "tsne.png", seed,
                     f"{label}: t-SNE of the heads' mean outputs (journal Fig. 3; seed {seed})")
     plots.plot_layer_scores({label: scores["by_layer"]}, out / "layer_scores.png",
@@ -176,7 +227,7 @@ def compare(analyses: Sequence[Analysis], out: Path, seed: int) -> None:
     for atype in ATTENTION_TYPES:
         means = {a.label: _head_mean(a.head_means, atype) for a in analyses}
         if all(m is not None for m in means.values()) and len({m.shape[1] for m in means.values()}) == 1:
-            panels[atype] = {label: _heads(m) for label, m in means.items()}
+            panels[atype] = means
     if panels:
         plots.plot_tsne(panels, out / "tsne.png", seed,
                         f"t-SNE of the heads' outputs averaged over words and layers (journal Fig. 3; seed {seed})")

@@ -4,7 +4,7 @@ curves), and the NLL increase when one head is masked (EMNLP 2020 Figure 2). Col
 (``C0``, ``C1``, ...), so a model keeps its colour in every panel."""
 
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -36,8 +36,7 @@ def plot_attention_heatmaps(maps: Mapping[int, np.ndarray], query_labels: Sequen
     Each panel's colours run from 0 to that head's largest probability, so that the pattern of a flat
     head stays visible; the panel title gives that maximum."""
     layers = sorted(maps)
-    heads = maps[layers[0]].shape[0]
-    tgt_len, src_len = maps[layers[0]].shape[1:]
+    heads, tgt_len, src_len = maps[layers[0]].shape
     cell = 0.9 + 0.12 * max(tgt_len, src_len)
     fig = _figure(min(2 + heads * cell, 40), min(1 + len(layers) * cell, 40))
     axes = fig.subplots(len(layers), heads, squeeze=False)
@@ -70,19 +69,18 @@ def _tsne(points: np.ndarray, seed: int) -> np.ndarray:
     return tsne.fit_transform(points.astype(np.float64))
 
 
-def plot_tsne(panels: Mapping[str, Mapping[str, Tuple[np.ndarray, List[str]]]], path: Path, seed: int,
-              title: str) -> Path:
-    """One panel per key of ``panels`` (an attention type); in each, groups ``{label: ([N, D], names)}``
-    are projected jointly and coloured by group, each point annotated with its name."""
+def plot_tsne(panels: Mapping[str, Mapping[str, np.ndarray]], path: Path, seed: int, title: str) -> Path:
+    """One panel per key of ``panels`` (an attention type); in each, groups ``{label: [H, D]}`` of heads are
+    projected jointly and coloured by group, each point annotated with its head (h1 ... hH)."""
     fig = _figure(5.0 * len(panels), 4.8)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (panel, groups) in zip(axes, panels.items()):
-        sizes = [len(pts) for pts, _ in groups.values()]
-        coords = _tsne(np.concatenate([pts for pts, _ in groups.values()], axis=0), seed)
+        sizes = [len(pts) for pts in groups.values()]
+        coords = _tsne(np.concatenate(list(groups.values()), axis=0), seed)
         for gi, (group, xy) in enumerate(zip(groups, np.split(coords, np.cumsum(sizes)[:-1]))):
             ax.scatter(xy[:, 0], xy[:, 1], color=f"C{gi}", label=group, s=40)
-            for (x, y), name in zip(xy, groups[group][1]):
-                ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            for h, (x, y) in enumerate(xy):
+                ax.annotate(f"h{h + 1}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set_title(TYPE_TITLES.get(panel, panel), fontsize=10)
         ax.set(xticks=[], yticks=[])
         ax.legend(fontsize=7, loc="best")

@@ -90,10 +90,8 @@ def encode(dictionary, sentences: Sequence[str], max_positions: Optional[int] = 
 @torch.no_grad()
 def sentence_features(model, tokens: Sequence[torch.Tensor], pad: int, eos: int, left_pad: bool = True,
                       max_tokens: int = 4096, device: str = "cpu") -> torch.Tensor:
-    """[N, C] float32: per sentence, the mean of the top encoder layer's outputs over its non-padding positions.
-
-    Sentences are batched by length (at most ``max_tokens`` tokens with padding per batch) and padded as the
-    model was trained (``left_pad``); the encoder runs in eval mode without gradients."""
+    """[N, C] float32: the sentences' features (step 2 above), in batches of at most ``max_tokens`` tokens with
+    padding, padded as the model was trained (``left_pad``)."""
     from fairseq.data import data_utils
 
     model.eval()
@@ -124,11 +122,9 @@ def accuracy(classifier: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int
 
 def train_classifier(x_train: torch.Tensor, y_train: torch.Tensor, x_valid: torch.Tensor, y_valid: torch.Tensor,
                      classes: int, settings: ProbeSettings):
-    """Train SentEval's MLP (linear, dropout, sigmoid, linear; a linear layer when ``hidden`` is 0) on (x_train,
-    y_train), keep the epoch with the best validation accuracy.
-
-    Returns ``(classifier, best validation accuracy, best epoch, epochs run)``. Runs on the CPU under its own
-    random state (``settings.seed``: initialisation, shuffling, dropout), leaving the global one untouched."""
+    """Step 3 above (a linear layer when ``hidden`` is 0): ``(classifier, best validation accuracy, best epoch,
+    epochs run)``. Runs on the CPU under its own random state (``settings.seed``: initialisation, shuffling,
+    dropout), leaving the global one untouched."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         generator = torch.Generator().manual_seed(settings.seed)

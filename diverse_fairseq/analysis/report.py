@@ -1,81 +1,15 @@
-"""Markdown and JSON reports of the head-diversity analysis.
+"""The markdown reports of the head-diversity analysis: ``scores.md`` of one checkpoint (the disagreement scores
+exp(D) of EMNLP 2018 Table 4 per attention type and Table 5 per layer, on the paper's scale of :mod:`.scores`;
+the effect of masking each head, Michel et al. 2019, EMNLP 2020 Figure 2) and ``compare.md`` of several."""
 
-``scores.json`` and ``scores.md``: the disagreement scores exp(D) of EMNLP 2018 Table 4 (per attention type) and
-Table 5 (per layer; the paper shows the encoder's positions, we give all three measures of all three types), on
-the paper's scale (:mod:`.scores`); ``importance.json`` and the last table of ``scores.md``: the effect of
-masking each head (Michel et al. 2019; EMNLP 2020 Figure 2).
-"""
-
-import statistics
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from diverse_fairseq.methods.sites import ATTENTION_TYPES, AttentionSite
+from diverse_fairseq.methods.sites import ATTENTION_TYPES
 
-from .ablation import Importance
-from .collect import Collected
-from .scores import COSINE_NAMES, SCALE, SCORE_NAMES, TOKEN_SIDE, combine_layers
+from .scores import COSINE_NAMES, SCALE, SCORE_NAMES
 
-DEFINITION = (
-    f"EMNLP 2018 Tables 4-5 on the paper's scale, {SCALE}: sub, out = exp(-mean over non-padding tokens of "
-    "(1/H^2) sum_i sum_j cos(x_i, x_j)) of projected values V (sub, key tokens) and head outputs O (out, query "
-    "tokens); pos = mean over sentences of exp(-(1/H^2) sum_i sum_j sum_{t,s} A_i[t,s] A_j[t,s]) (query tokens "
-    "t). Tokens: source for enc_self and for sub of enc_dec, target otherwise. Teacher-forced forward on the "
-    "reference. Per attention type: exp(-mean over layers of the similarity) = geometric mean of the layer "
-    "scores. sub/out: e^-1 = identical heads, exp(-1/H) = mutually orthogonal heads (0.882 at H = 8, 0.779 at "
-    "H = 4), 1.0 (the maximum) = the heads' unit vectors cancel; pos: 1.0 = heads attend to disjoint positions. "
-    "offdiag_cos (a second figure, not a score): mean over tokens of the mean cosine over head pairs i != j "
-    "(1 = identical, 0 = orthogonal, -1/(H-1) = cancelling); per attention type its mean over layers."
-)
 PAPER_REFERENCE = ("EMNLP 2018 Table 4 (Zh=>En validation, encoder, H = 8): baseline sub 0.882 / pos 0.007 / "
                    "out 0.881; Out regularization: out 0.997; Pos regularization: pos 0.219")
-
-
-def scores_payload(collected: Collected, sites: Sequence[AttentionSite], meta: Mapping) -> Dict:
-    """The content of ``scores.json``."""
-    by_layer: Dict[str, List[Dict]] = {}
-    for site in sites:
-        acc = collected.scores[(site.attention_type, site.layer)]
-        entry = {"layer": site.layer + 1, "heads": site.num_heads, **acc.scores(),
-                 "similarity": acc.similarities(), "offdiag_cos": acc.offdiag()}
-        by_layer.setdefault(site.attention_type, []).append(entry)
-    for entries in by_layer.values():
-        entries.sort(key=lambda e: e["layer"])
-    by_type = {t: combine_layers(by_layer[t]) for t in ATTENTION_TYPES if t in by_layer}
-    return {
-        **meta,
-        "sentences": collected.sentences,
-        "source_tokens": collected.source_tokens,
-        "target_tokens": collected.target_tokens,
-        "nll": collected.nll,
-        "scale": SCALE,
-        "definition": DEFINITION,
-        "token_side": {t: TOKEN_SIDE[t] for t in by_type},
-        "by_type": by_type,
-        "by_layer": by_layer,
-    }
-
-
-def importance_payload(importance: Importance, meta: Mapping) -> Dict:
-    """The content of ``importance.json``."""
-    deltas = [h.delta_nll for h in importance.heads]
-    summary = {
-        "heads": len(deltas),
-        "mean_delta_nll": statistics.fmean(deltas) if deltas else None,
-        "max_delta_nll": max(deltas) if deltas else None,
-        "min_delta_nll": min(deltas) if deltas else None,
-        "heads_improving_when_masked": sum(d < 0 for d in deltas),
-    }
-    return {
-        **meta,
-        "method": "Michel et al. 2019 head ablation: zero one head's output O_h before the output projection; "
-                  "delta_nll = masked - unmasked teacher-forced NLL (nats/target token), "
-                  "delta_bleu = unmasked - masked BLEU; layer and head numbers are 1-based",
-        "base_nll": importance.base_nll,
-        "base_bleu": importance.base_bleu,
-        "bleu_sentences": importance.bleu_sentences,
-        "summary": summary,
-        "heads": [h.as_dict() for h in importance.heads],
-    }
 
 
 def fmt(value: Optional[float], digits: int = 3) -> str:
@@ -105,23 +39,9 @@ def _layer_table(first: str, rows: Mapping[str, Sequence[Mapping]], score: str) 
     """EMNLP 2018 Table 5 layout for one measure: a row per attention type (or model) of its ``by_layer``
     entries, a column per layer."""
     layers = range(1, max(len(entries) for entries in rows.values()) + 1)
-    body = []
-    for name, entries in rows.items():
-        values = {e["layer"]: e[score] for e in entries}
-        body.append([name, *(fmt(values.get(layer)) for layer in layers)])
-    return _table([first, *map(str, layers)], body)
-
-
-def importance_table(imp: Mapping) -> List[str]:
-    """Δ NLL (and BLEU drop) per head: rows attention type × layer, columns heads."""
-    heads: Dict[tuple, Dict[int, Dict]] = {}
-    for h in imp["heads"]:
-        heads.setdefault((h["attention_type"], h["layer"]), {})[h["head"]] = h
-    width = max(len(v) for v in heads.values())
-    cell = "{delta_nll:+.4f} / {delta_bleu:+.2f}" if imp.get("base_bleu") is not None else "{delta_nll:+.4f}"
-    rows = [[f"{atype} {layer}", *(cell.format(**by_head[i]) if i in by_head else "" for i in range(1, width + 1))]
-            for (atype, layer), by_head in heads.items()]
-    return _table(["attention, layer", *(f"head {i}" for i in range(1, width + 1))], rows)
+    values = {name: {e["layer"]: e[score] for e in entries} for name, entries in rows.items()}
+    return _table([first, *map(str, layers)], [[name, *(fmt(v.get(layer)) for layer in layers)]
+                                               for name, v in values.items()])
 
 
 def scores_markdown(payload: Mapping, importance: Optional[Mapping] = None) -> str:
@@ -146,12 +66,17 @@ def scores_markdown(payload: Mapping, importance: Optional[Mapping] = None) -> s
     for score in SCORE_NAMES:
         lines += ["", f"**{score}** per layer", "", *_layer_table("attention", payload["by_layer"], score)]
     lines += ["", f"Definition: {payload['definition']}"]
-    if importance is not None:
+    if importance is not None:  # Δ NLL (and BLEU drop) per head: rows attention type × layer, columns heads
         s = importance["summary"]
-        bleu = ""
+        bleu, cell = "", "{delta_nll:+.4f}"
         if importance.get("base_bleu") is not None:
             bleu = (f" Cells: Δ NLL / BLEU drop (BLEU {importance['base_bleu']:.2f} unmasked on the first "
                     f"{importance['bleu_sentences']} sentences).")
+            cell += " / {delta_bleu:+.2f}"
+        heads: Dict[tuple, Dict[int, Dict]] = {}
+        for h in importance["heads"]:
+            heads.setdefault((h["attention_type"], h["layer"]), {})[h["head"]] = h
+        width = range(1, max(len(v) for v in heads.values()) + 1)
         lines += [
             "",
             "## Head importance by ablation (Michel et al. 2019; EMNLP 2020 Figure 2)",
@@ -161,7 +86,9 @@ def scores_markdown(payload: Mapping, importance: Optional[Mapping] = None) -> s
             f"Mean {fmt(s['mean_delta_nll'], 4)}, max {fmt(s['max_delta_nll'], 4)}; "
             f"{s['heads_improving_when_masked']} of {s['heads']} heads improve the NLL when masked.",
             "",
-            *importance_table(importance),
+            *_table(["attention, layer", *(f"head {i}" for i in width)],
+                    [[f"{atype} {layer}", *(cell.format(**by_head[i]) if i in by_head else "" for i in width)]
+                     for (atype, layer), by_head in heads.items()]),
         ]
     return "\n".join(lines) + "\n"
 
@@ -180,15 +107,11 @@ def comparison_markdown(payloads: Mapping[str, Mapping], importances: Mapping[st
             lines += ["", f"{atype}, **{score}** per layer (EMNLP 2018 Table 5 layout)", "",
                       *_layer_table("model", {label: p["by_layer"].get(atype, []) for label, p in payloads.items()},
                                     score)]
-    if any(i is not None for i in importances.values()):
-        lines += ["", "## Head importance (Δ NLL when one head is masked)", ""]
-        rows = []
-        for label, imp in importances.items():
-            if imp is not None:
-                s = imp["summary"]
-                rows.append([label, *(fmt(v, 4) for v in (imp["base_nll"], s["mean_delta_nll"], s["max_delta_nll"],
-                                                          s["min_delta_nll"])),
-                             f"{s['heads_improving_when_masked']}/{s['heads']}"])
-        lines += _table(["model", "NLL", "mean Δ", "max Δ", "min Δ", "heads better masked"], rows)
+    summaries = {label: {"nll": i["base_nll"], **i["summary"]} for label, i in importances.items() if i is not None}
+    if summaries:
+        lines += ["", "## Head importance (Δ NLL when one head is masked)", "",
+                  *_table(["model", "NLL", "mean Δ", "max Δ", "min Δ", "heads better masked"],
+                          [[label, *(fmt(s[k], 4) for k in ("nll", "mean_delta_nll", "max_delta_nll", "min_delta_nll")),
+                            f"{s['heads_improving_when_masked']}/{s['heads']}"] for label, s in summaries.items()])]
     lines += ["", f"Definition: {next(iter(payloads.values()))['definition']}"]
     return "\n".join(lines) + "\n"

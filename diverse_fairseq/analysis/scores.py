@@ -1,22 +1,19 @@
-"""Disagreement scores as reported in EMNLP 2018 Tables 4–5, on the paper's scale.
+"""Disagreement scores as reported in EMNLP 2018 Tables 4–5, on the paper's scale (docs/methods.md#disagreement-scores).
 
 Li, Tu, Yang, Lyu, Zhang. *Multi-Head Attention with Disagreement Regularization*. EMNLP 2018, §5.5 lists
 ``exp(D)`` ("larger value denotes more disagreement (at most 1.0)") of the measures of §3.2, Eqs. 1–3, as the
-mean over **all H² head pairs, self-pairs included**: exactly the similarities that training minimises, from
-the same O(H) per-token sums (:func:`~diverse_fairseq.methods.disagreement.similarity.token_cosine_sums`,
-:func:`~diverse_fairseq.methods.disagreement.similarity.token_overlap_sums`), here in fp64 (statistics, not
-training terms), over the same tokens (:func:`diverse_fairseq.methods.sites.token_side`):
+mean over **all H² head pairs, self-pairs included**: the similarities that training minimises, from the same
+per-token sums (:mod:`diverse_fairseq.methods.disagreement.similarity`), here in fp64, over the same tokens
+(:func:`diverse_fairseq.methods.sites.token_side`):
 
 * sub (Eq. 1, V) / out (Eq. 3, O): per token ``exp(−(1/H²) Σ_i Σ_j cos(x_i, x_j))``, the exponent averaged over
   the non-padding tokens (keys for sub, queries for out); a zero vector has cosine 0 with every head, itself too;
 * pos (Eq. 2, A): per sentence ``exp(−(1/H²) Σ_i Σ_j Σ_{t,s} A_i[t,s] A_j[t,s])`` summed over its non-padding
-  queries t, then the mean over sentences (hence the paper's 0.007 for a baseline whose heads attend alike).
+  queries t, then the mean over sentences.
 
-The off-diagonal mean cosine ``mean_{i≠j} cos`` is a second, separately labelled figure (``offdiag_cos``). Per
-attention type the layers are combined as training combines them, ``exp(−mean_l sim_l)``: the geometric mean
-of the layer scores, which turns the paper's Table 5 into its Table 4 (baseline positions 0.040 0.009 0.002
-0.003 0.008 0.006 -> 0.007; the arithmetic mean would be 0.011). The scale's landmarks (e^−1 identical heads,
-exp(−1/H) orthogonal, 1 cancelling): docs/methods.md#disagreement-scores.
+``offdiag_cos``, the mean cosine over distinct head pairs, is a second, separately labelled figure. Per attention
+type the layers are combined as training combines them, ``exp(−mean_l sim_l)``: the geometric mean of the layer
+scores, which turns the paper's Table 5 into its Table 4.
 """
 
 import math
@@ -55,27 +52,17 @@ def _check(x: Tensor, name: str) -> None:
     assert x.size(1) >= 2, f"{name}: disagreement needs at least 2 heads, got H = {x.size(1)}"
 
 
-def _pair_cosines(x: Tensor, name: str, eps: float = NORM_EPS) -> Tuple[Tensor, Tensor]:
-    """Per token of ``x`` [B, H, N, d]: the mean cosine over all H² head pairs and over the H(H−1) distinct ones,
-    both [B, N] fp64. The diagonal ``Σ_i cos(x_i, x_i) = Σ_i ‖u_i‖²`` is H less one per zero vector."""
+def pair_cosines(x: Tensor, name: str = "pair_cosines", eps: float = NORM_EPS) -> Tuple[Tensor, Tensor]:
+    """Per token of ``x`` [B, H, N, d] (V or O), both ``[B, N]`` fp64: the mean cosine over all H² head pairs,
+    ``(1/H²) Σ_i Σ_j cos(x_i, x_j)`` in [0, 1] (1 identical heads, 1/H orthogonal, 0 cancelling), and over the
+    H(H−1) distinct ones, ``mean_{i≠j} cos`` in [−1/(H−1), 1] (1 identical heads, 0 orthogonal). The diagonal
+    ``Σ_i cos(x_i, x_i) = Σ_i ‖u_i‖²`` is H less one per zero vector."""
     _check(x, name)
     num_heads, xf = x.size(1), x.double()
     all_pairs = token_cosine_sums(xf, eps)  # [B, N] = ‖Σ_i u_i‖²
     norm = torch.linalg.vector_norm(xf, dim=-1)  # [B, H, N]
     diagonal = (norm / norm.clamp_min(eps)).pow(2).sum(dim=1)  # [B, N]
     return all_pairs / num_heads ** 2, (all_pairs - diagonal) / (num_heads * (num_heads - 1))
-
-
-def mean_pair_cosine(x: Tensor, eps: float = NORM_EPS) -> Tensor:
-    """``(1/H²) Σ_i Σ_j cos(x_i, x_j)`` per token of x ``[B, H, N, d]`` (V or O): ``[B, N]`` fp64 in [0, 1]
-    (1 identical heads, 1/H orthogonal, 0 cancelling)."""
-    return _pair_cosines(x, "mean_pair_cosine", eps)[0]
-
-
-def offdiag_cosine(x: Tensor, eps: float = NORM_EPS) -> Tensor:
-    """``mean_{i≠j} cos(x_i, x_j)`` per token of x ``[B, H, N, d]``: ``[B, N]`` fp64 in [−1/(H−1), 1]
-    (1 identical heads, 0 orthogonal)."""
-    return _pair_cosines(x, "offdiag_cosine", eps)[1]
 
 
 def sentence_position_overlap(a: Tensor, query_pad_mask: Optional[Tensor] = None) -> Tensor:
@@ -100,7 +87,7 @@ def _keep(pad_mask: Optional[Tensor], x: Tensor) -> Tensor:
 def subspace_score(v: Tensor, pad_mask: Optional[Tensor] = None) -> float:
     """EMNLP 2018 Table 4 "Sub." of V ``[B,H,S,d]`` (and "Out." of O ``[B,H,T,d]``): ``exp(−token mean of
     (1/H²) Σ_i Σ_j cos)`` over the tokens that ``pad_mask`` leaves."""
-    return math.exp(-float(mean_pair_cosine(v)[_keep(pad_mask, v)].mean()))
+    return math.exp(-float(pair_cosines(v, "subspace_score")[0][_keep(pad_mask, v)].mean()))
 
 
 output_score = subspace_score  # Eqs. 1 and 3 are the same measure, of V and of O
@@ -123,7 +110,7 @@ class ScoreAccumulator:
 
     def _add_cosines(self, name: str, x: Tensor, pad: Tensor) -> None:
         keep = _keep(pad, x)
-        all_pairs, offdiag = _pair_cosines(x, name)
+        all_pairs, offdiag = pair_cosines(x, name)
         self.sums[name] += float(all_pairs[keep].sum())
         self.offdiag_sums[name] += float(offdiag[keep].sum())
         self.counts[name] += int(keep.sum())

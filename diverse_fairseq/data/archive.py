@@ -1,11 +1,7 @@
-"""Extract downloaded archives (tar, tar.gz, split tar.gz parts, zip) safely and verifiably.
+"""Extract downloaded archives (tar, tar.gz, split tar.gz parts, zip) safely and verifiably: :func:`extract`.
 
-Extraction reads the whole compressed stream, so a truncated or corrupt archive is detected (gzip CRC/length
-check, tar header checksums, zip CRCs) and reported with what to do. Members are written into a temporary
-directory that is renamed into place only when everything succeeded, and an archive found corrupt is renamed to
-``NAME.corrupt`` so that the next run downloads it again. Only regular files are extracted (directories are made
-for them); absolute paths and ``..`` are refused. (``shutil.unpack_archive`` reads no split archive and cannot
-select the members a recipe reads.)
+(``shutil.unpack_archive`` reads no split archive, cannot select the members a recipe reads, and checks no gzip
+trailer.)
 """
 
 import contextlib
@@ -72,20 +68,19 @@ def _zip_members(path: Path) -> Iterator[Tuple[str, IO[bytes]]]:
 
 
 def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], bool]] = None, log=print,
-            check: Optional[Callable[[Path], None]] = None) -> Path:
+            check: Optional[Callable[[Path], None]] = None):
     """Extract the archive made of ``parts`` (one file, or the pieces of a split archive) into ``dest``.
 
-    ``wanted(member_name)`` selects the members to write (default: all). ``check(folder)`` is called on the
-    extracted members before they are renamed into place (the member line counts); whatever it raises leaves
-    nothing behind. ``dest`` appears only once the whole archive was read without error. Returns ``dest``.
+    The whole compressed stream is read, so a truncated or corrupt archive is detected (gzip CRC and length, tar
+    header checksums, zip CRCs); such an archive is renamed ``NAME.corrupt`` so that the next run downloads it
+    again. Only the regular files that ``wanted(member_name)`` selects (default: all) are written, never an absolute
+    path or one with ``..``, into a temporary folder that ``check(folder)`` (the member line counts) sees first and
+    that is renamed to ``dest`` only when everything succeeded; whatever fails leaves nothing behind.
     """
-    parts = [Path(p) for p in parts]
-    dest = Path(dest)
     tmp = dest.with_name(dest.name + ".extracting")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    written = 0
     try:  # whatever goes wrong leaves no .extracting folder behind
         try:
             members = _zip_members(parts[0]) if len(parts) == 1 and zipfile.is_zipfile(parts[0]) else \
@@ -99,9 +94,8 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
                     target.parent.mkdir(parents=True, exist_ok=True)
                     with open(target, "wb") as out:
                         shutil.copyfileobj(content, out, CHUNK)
-                    written += 1
-        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zipfile.BadZipFile, OSError) as e:
-            if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and e.errno is not None:
+        except (tarfile.TarError, EOFError, zlib.error, zipfile.BadZipFile, OSError) as e:
+            if isinstance(e, OSError) and e.errno is not None:  # gzip.BadGzipFile has none
                 raise  # a real I/O problem (disk full, permissions), not a corrupt archive
             names = ", ".join(p.name for p in parts)
             for p in parts:
@@ -112,7 +106,7 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
                 f"archive {names} is corrupt or truncated ({type(e).__name__}: {e}). It was renamed to *.corrupt; "
                 f"run the command again to download it anew. If it came from a mirror (--mirror / "
                 f"$DIVERSE_FAIRSEQ_MIRROR) or was put there by hand, replace that copy first.") from e
-        if written == 0:
+        if not any(tmp.iterdir()):
             raise CorruptArchiveError(f"archive {parts[0].name} contains none of the expected files; is it the "
                                       f"right file? Delete it and run the command again.")
         if check is not None:
@@ -123,4 +117,3 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)
-    return dest

@@ -1,15 +1,12 @@
-"""Learn and apply subword segmentation: subword-nmt BPE or sentencepiece (BPE model type).
+"""Learn and apply subword segmentation: subword-nmt BPE or sentencepiece (BPE model type). ``size`` is the number of
+merge operations for subword-nmt and the vocabulary size for sentencepiece. Joint models are learned on both
+languages' training text together."""
 
-``size`` is the number of merge operations for subword-nmt and the vocabulary size for sentencepiece.
-Joint models are learned on the concatenation of both languages' training text.
-"""
-
+import contextlib
 import functools
-import os
+import io
 import random
-import shutil
-import subprocess
-import sys
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -42,8 +39,7 @@ def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joi
     BPE_SIZE, where the corpus supports fewer merges or pieces than ``size``."""
     if kind not in KINDS:
         raise ValueError(f"unknown BPE kind {kind!r}: use one of {', '.join(KINDS)}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     models = model_files(kind, out_dir, list(train_files), joint)
     groups = [(list(train_files), list(train_files.values()))] if joint else \
         [([lang], [path]) for lang, path in train_files.items()]
@@ -67,32 +63,26 @@ def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joi
 
 
 def _learn_subword_nmt(files: List[Path], target: Path, size: int, workers: int) -> int:
-    """subword-nmt's ``learn_bpe`` in its own process, with tqdm's progress bar off through tqdm's own
-    ``TQDM_DISABLE`` (tqdm reads its ``TQDM_*`` variables when it is imported, so only a fresh process can be
-    told; subword-nmt has no option for its bar). Returns the number of merges learned."""
-    joined = target.with_name(target.name + ".input")
-    with open(joined, "wb") as out:
-        for f in files:
-            with open(f, "rb") as src:
-                shutil.copyfileobj(src, out)
+    """subword-nmt's ``learn_bpe`` on the word counts of ``files`` together (the sum of its ``get_vocabulary`` of each,
+    as of their concatenation), its messages and tqdm's progress bar kept off the console. Returns the number of
+    merges learned."""
+    from subword_nmt.learn_bpe import get_vocabulary, learn_bpe
+
+    vocab = Counter()
+    for f in files:
+        with open(f, encoding="utf-8", newline="\n") as inp:  # workers reopen it by name
+            vocab.update(get_vocabulary(inp, num_workers=max(1, workers)))
     tmp = target.with_name(target.name + ".tmp")
-    cmd = [sys.executable, "-m", "subword_nmt.learn_bpe", "--input", str(joined), "--output", str(tmp),
-           "--symbols", str(size), "--num-workers", str(max(1, workers))]
     try:
-        proc = subprocess.run(cmd, env=dict(os.environ, TQDM_DISABLE="1"), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, errors="replace")
-        if proc.returncode != 0:
-            lines = proc.stderr.strip().splitlines()
-            if not (lines and lines[-1].startswith("ValueError")):
-                raise RuntimeError(f"subword-nmt learn_bpe failed on {', '.join(Path(f).name for f in files)} "
-                                   f"(exit {proc.returncode}):\n"
-                                   + "\n".join(lines[-20:]))
-            # max() of no pair statistics: no symbol pair occurs at all (e.g. Chinese in single characters)
-            tmp.write_text("#version: 0.2\n", encoding="utf-8")
+        with open(tmp, "w", encoding="utf-8") as out, contextlib.redirect_stderr(io.StringIO()):
+            try:
+                learn_bpe([f"{word} {n}" for word, n in vocab.items()], out, size, is_dict=True)
+            except ValueError as e:  # max() of no pair statistics: no symbol pair occurs at all (e.g. Chinese
+                if "empty" not in str(e):  # in single characters); the codes keep their header alone
+                    raise
         learned = count_merges(tmp)
         tmp.replace(target)
     finally:
-        joined.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
     return learned
 

@@ -1,11 +1,6 @@
 """Download files with resume (``NAME.part``, an HTTP ``Range`` request), verification (:mod:`.verify`), atomic
-rename and a mirror override (:func:`fetch`).
-
-Mirrors: ``--mirror BASE`` or the environment variable ``DIVERSE_FAIRSEQ_MIRROR`` replaces the real addresses.
-``BASE`` is a URL (``https://mirror.example.org/nmt``) or a local directory (read through ``file://`` URLs, by the
-same code); the file is looked up there by its name (``BASE/training-parallel-nc-v9.tgz``), so a mirror is simply a
-flat directory of the original archives.
-"""
+rename and a mirror override (``--mirror BASE`` or ``$DIVERSE_FAIRSEQ_MIRROR``: a URL or a local directory, a flat
+folder of the original files looked up by name): :func:`fetch`. docs/usage.md says why not pooch or mtdata."""
 
 import http.client
 import os
@@ -18,10 +13,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .progress import Progress
-from .verify import Expected, VerificationError, check_file, mark_verified, reject, verified_sha256
+from .verify import CHUNK, Expected, VerificationError, check_file, mark_verified, reject, verified_sha256
 
 MIRROR_ENV = "DIVERSE_FAIRSEQ_MIRROR"
-CHUNK = 1 << 20
 
 
 class DownloadError(RuntimeError):
@@ -34,13 +28,9 @@ class HTMLResponse(DownloadError):
 
 @dataclass(frozen=True)
 class Source:
-    """One file to download.
-
-    ``filename`` is the local name and the name looked up in a mirror; ``urls`` are the real public
-    addresses, tried in order. ``size`` (bytes) and ``md5``/``sha256`` are the values a published source
-    records for the file (see :func:`published_md5`), and ``checksum_source`` names that source. ``extra["hint"]``
-    is added to the error when the file cannot be had.
-    """
+    """One file to download: ``filename`` (local, and looked up in a mirror), the public ``urls`` tried in order,
+    the ``size`` and ``md5``/``sha256`` that a published source (``checksum_source``) records for it, and an
+    ``extra["hint"]`` added to the error when it cannot be had."""
 
     filename: str
     urls: Sequence[str]
@@ -75,10 +65,8 @@ def read_checksum_file(path) -> Dict[str, str]:
 def expected_for(source: Source, checksums: Optional[Dict[str, str]] = None,
                  manifest: Optional[Dict[str, Expected]] = None) -> Expected:
     """What ``source`` must be: a manifest's entry (fixtures), else the published values, completed by a digest
-    from the user's checksum file (``CHECKSUMS``) where nothing is published.
-
-    A user digest that contradicts a published one is refused: the published value wins, always.
-    """
+    from the user's checksum file (``CHECKSUMS``) where nothing is published; a user digest that contradicts a
+    published one is refused: the published value wins, always."""
     if manifest and source.filename in manifest:
         return manifest[source.filename]
     expected = Expected(source.size, source.sha256, source.md5, source.checksum_source or "published checksum")
@@ -102,57 +90,43 @@ def where_to_get(source: Source, mirror: Optional[str] = None) -> str:
     return urls + (f" (the mirror {mirror} has a wrong copy: replace it)" if mirror else "")
 
 
-def mirror_location(mirror: str, filename: str) -> str:
-    """The URL of ``filename`` in ``mirror`` (a URL, or a local directory: a ``file://`` URL)."""
-    if "://" not in mirror:
-        mirror = Path(mirror).expanduser().resolve().as_uri()
-    return mirror.rstrip("/") + "/" + urllib.parse.quote(filename)
-
-
-def _fetch_once(url: str, part: Path, timeout: float, log=print):
-    """Append the missing bytes of ``url`` to ``part`` (resuming with a Range request where the server allows)."""
-    start = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"User-Agent": "diverse-fairseq-data/1.0"})
-    if start:
-        request.add_header("Range", f"bytes={start}-")
-    try:
-        response = urllib.request.urlopen(request, timeout=timeout)
-    except urllib.error.HTTPError as e:
-        if e.code == 416 and start:  # nothing left to fetch: the .part file is already complete
-            return
-        raise
-    with response:
-        status = getattr(response, "status", 200)
-        kind = (response.headers.get("Content-Type") or "").lower()
-        if kind.startswith(("text/html", "application/xhtml")) and not part.name[:-5].endswith((".html", ".htm")):
-            raise HTMLResponse(f"{url} answered an HTML page (status {status}, Content-Type {kind}), not the file")
-        length = response.headers.get("Content-Length")
-        if not (start and status == 206):  # the server ignored the Range header (or a local file): start over
-            start = 0
-        total = start + int(length) if length is not None else None
-        verb = "copy" if url.startswith("file:") else "download"
-        with open(part, "ab" if start else "wb") as out, \
-                Progress(f"{verb} {part.name[:-5]}", total=total, unit="bytes", initial=start, log=log) as meter:
-            for block in iter(lambda: response.read(CHUNK), b""):
-                out.write(block)
-                meter.update(len(block))
-    if total is not None and part.stat().st_size < total:
-        raise DownloadError(f"connection closed after {part.stat().st_size} of {total} bytes")
-
-
-def _fetch_with_retries(url: str, part: Path, retries: int, timeout: float, errors: List[str], log) -> bool:
-    """Fetch ``url`` into ``part``; True when the bytes are all there (not yet verified)."""
-    local = url.startswith("file:")
+def _fetch(url: str, part: Path, retries: int, timeout: float, errors: List[str], log) -> bool:
+    """Append the missing bytes of ``url`` to ``part`` (resuming with a Range request where the server allows),
+    retrying where that may help; True when the bytes are all there (not yet verified)."""
+    local, name = url.startswith("file:"), part.name[:-5]
     for attempt in range(1, retries + 1):
+        start = part.stat().st_size if part.exists() else 0
         try:
-            log(f"  {part.name[:-5]}: {'copying' if local else 'fetching'} {url}"
+            log(f"  {name}: {'copying' if local else 'fetching'} {url}"
                 + (" (resuming)" if part.exists() and not local else ""))
-            _fetch_once(url, part, timeout, log)
+            request = urllib.request.Request(url, headers={"User-Agent": "diverse-fairseq-data/1.0"})
+            if start:
+                request.add_header("Range", f"bytes={start}-")
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                status = getattr(response, "status", 200)
+                kind = (response.headers.get("Content-Type") or "").lower()
+                if kind.startswith(("text/html", "application/xhtml")) and not name.endswith((".html", ".htm")):
+                    raise HTMLResponse(f"{url} answered an HTML page (status {status}, Content-Type {kind}), not "
+                                       f"the file")
+                length = response.headers.get("Content-Length")
+                if not (start and status == 206):  # the server ignored the Range header (or a local file): anew
+                    start = 0
+                total = start + int(length) if length is not None else None
+                with open(part, "ab" if start else "wb") as out, Progress(
+                        f"{'copy' if local else 'download'} {name}", total=total, unit="bytes", initial=start,
+                        log=log) as meter:
+                    for block in iter(lambda: response.read(CHUNK), b""):
+                        out.write(block)
+                        meter.update(len(block))
+            if total is not None and part.stat().st_size < total:
+                raise DownloadError(f"connection closed after {part.stat().st_size} of {total} bytes")
             return True
         except (urllib.error.URLError, http.client.HTTPException, OSError, DownloadError) as e:
+            if isinstance(e, urllib.error.HTTPError) and e.code == 416 and start:
+                return True  # nothing left to fetch: the .part file is already complete
             reason = getattr(e, "reason", None) or e
             errors.append(f"{url} (try {attempt}/{retries}): {reason}")
-            log(f"  {part.name[:-5]}: {reason}")
+            log(f"  {name}: {reason}")
             if isinstance(e, HTMLResponse) or local or (
                     isinstance(e, urllib.error.HTTPError) and e.code in (401, 403, 404, 410)):
                 return False  # retrying will not make the file appear
@@ -165,12 +139,11 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
           retries: int = 3, timeout: float = 60.0, log=print, expected: Optional[Expected] = None) -> Path:
     """Make ``dest_dir/source.filename`` exist, complete and verified; return its path.
 
-    ``expected`` replaces the published values (an expectations manifest); by default they are
-    :func:`expected_for` ``(source, checksums)``. An existing final file is used when its ``.verified`` record
-    matches, else verified first (a file placed by hand; refused: moved to ``NAME.rejected``). Otherwise the file is
-    fetched from the mirror (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real addresses in order,
-    resuming a ``.part`` file left by an earlier interrupted run; a location whose file fails verification is given
-    up for the next.
+    ``expected`` replaces the published values (an expectations manifest); by default they are :func:`expected_for`
+    ``(source, checksums)``. An existing final file is used when its ``.verified`` record matches, else verified first
+    (a file placed by hand; refused: moved to ``NAME.rejected``). Otherwise the file is fetched from the mirror
+    (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real addresses in order, resuming a ``.part`` file left
+    by an earlier interrupted run; a location whose file fails verification is given up for the next.
     """
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -193,9 +166,12 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
     part = dest_dir / (source.filename + ".part")
     if part.exists() and expected.size is not None and part.stat().st_size > expected.size:
         part.unlink()  # longer than the published file: not a prefix of it
-    errors = []
-    for url in [mirror_location(mirror, source.filename)] if mirror else source.urls:
-        if not _fetch_with_retries(url, part, retries, timeout, errors, log):
+    errors, urls = [], source.urls
+    if mirror:  # a URL, or a local directory read through a file:// URL
+        urls = [(mirror if "://" in mirror else Path(mirror).expanduser().resolve().as_uri()).rstrip("/") + "/"
+                + urllib.parse.quote(source.filename)]
+    for url in urls:
+        if not _fetch(url, part, retries, timeout, errors, log):
             continue
         try:
             sha256 = check_file(part, source.filename, expected, where)

@@ -10,16 +10,14 @@ an interrupted run continues where it stopped. Intermediate files go to WORK_DIR
 DATA_BIN/DATASET (defaults: the repository's work/ and data-bin/), with ``prepare.json`` (how the data was made,
 read through :mod:`diverse_fairseq.runs.dataset_meta`), the test references (``test.ref.TGT`` raw,
 ``test.tok.TGT`` tokenized) and the BPE model. Long steps print progress lines every PROGRESS_INTERVAL seconds.
-
-Every option also has an environment variable (in brackets). Other code calls :func:`prepare` with typed
-:class:`PrepareOptions`, which it checks before any work; only :func:`parse_options` reads argv and the environment.
+Every option also has an environment variable (in brackets).
 """
 
 import argparse
 import functools
+import hashlib
 import itertools
 import json
-import logging
 import os
 import shutil
 import time
@@ -27,20 +25,18 @@ from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 from ..runs import env_checks, paths
 from . import bpe as bpe_mod
 from . import progress
 from .archive import CorruptArchiveError, extract
 from .download import DownloadError, expected_for, fetch, read_checksum_file, where_to_get
-from .progress import Pipeline, Progress, StopPipeline, atomic_path, heartbeat
+from .progress import Progress, atomic_path, begin_step, heartbeat
 from .recipes import RECIPES, TEMPLATES, Context, Recipe, get
 from .recipes.base import SPLITS
 from .text import clean_pair, count_lines, iter_lines, map_file, normalize, tokenize
 from .verify import Expectations, VerificationError, check_member_lines, reject, verified_sha256
-
-ZH_SEGS = ("jieba", "char")
 
 
 def _option(env: str, help: str, default=None, metavar=None, custom_only=False):
@@ -106,13 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", choices=sorted([*RECIPES, *TEMPLATES]),
                    help="which dataset to prepare; custom: your own corpus (--src, --tgt, --corpus-dir)")
-    for f in fields(PrepareOptions)[1:]:
-        flag, help = f"--{f.name.replace('_', '-')}", f"{f.metadata['help']} [{f.metadata['env']}]"
-        if f.default is False:  # a switch: parse_options reads its variable
-            p.add_argument(flag, action="store_true", default=None, help=help)
-        else:
-            default = env_checks.get(os.environ, f.metadata["env"]) or (None if f.default is None else str(f.default))
-            p.add_argument(flag, default=default, metavar=f.metadata["metavar"], help=help)
+    for f in fields(PrepareOptions)[1:]:  # None where not given: parse_options reads the variable
+        p.add_argument(f"--{f.name.replace('_', '-')}", help=f"{f.metadata['help']} [{f.metadata['env']}]",
+                       **({"action": "store_true", "default": None} if f.default is False
+                          else {"metavar": f.metadata["metavar"]}))
     p.add_argument("--progress-interval", default=env_checks.get(os.environ, progress.ENV) or progress.DEFAULT_INTERVAL,
                    help=f"seconds between progress lines of a long step, 0 = every update [{progress.ENV}] "
                         f"(default {progress.DEFAULT_INTERVAL:g})")
@@ -120,44 +113,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_options(argv) -> PrepareOptions:
-    """The :class:`PrepareOptions` of a command line and the environment (SystemExit naming a bad switch
-    variable); also sets the progress interval (``PROGRESS_INTERVAL``) of this process."""
+    """The :class:`PrepareOptions` of a command line and the environment: an option not given is its variable's
+    value, else the field's default (SystemExit naming a bad switch variable); also sets the progress interval
+    (``PROGRESS_INTERVAL``) of this process."""
     args = vars(build_parser().parse_args(argv))
     progress.set_interval(args.pop("progress_interval"))
     for f in fields(PrepareOptions)[1:]:
-        var, _, on = f.metadata["env"].partition("=")
-        if on and not args[f.name]:  # a switch not given on the command line: its variable
-            text = env_checks.get(os.environ, var)
-            if text not in (None, on, *(("0",) if on == "1" else ())):
-                raise env_checks.bad(var, text, f"use {var}={on} ({f.metadata['help']}), or leave it unset")
-            args[f.name] = text == on
+        var, _, on = f.metadata["env"].partition("=")  # VAR=on: a switch
+        text = env_checks.get(os.environ, var)
+        if on and args[f.name] is None and text not in (None, on, *(("0",) if on == "1" else ())):
+            raise env_checks.bad(var, text, f"use {var}={on} ({f.metadata['help']}), or leave it unset")
+        if args[f.name] is None:
+            args[f.name] = (text == on) if on else (text or f.default)
     return PrepareOptions(**args)
 
 
-def _checked(options: PrepareOptions, recipe: Recipe) -> PrepareOptions:
-    """``options`` with their values parsed, before any work (SystemExit naming the variable and what to use)."""
-    checks = {"bpe": functools.partial(env_checks.parse_choice, choices=bpe_mod.KINDS),
-              "bpe_size": functools.partial(env_checks.parse_int, minimum=1),
-              "workers": functools.partial(env_checks.parse_int, minimum=1),
-              "zh_seg": functools.partial(env_checks.parse_choice, choices=ZH_SEGS),
-              "stop_after": functools.partial(env_checks.parse_choice, choices=step_ids(recipe))}
-    return replace(options, **{f.name: checks[f.name](_label(f), getattr(options, f.name)) for f in fields(options)
-                               if f.name in checks and getattr(options, f.name) is not None})
+class StopPipeline(Exception):
+    """Raised after the step named by ``--stop-after`` (a deliberate, resumable stop)."""
 
 
 class Preparer:
-    """Runs one recipe's pipeline with the user's options."""
+    """Runs one recipe's pipeline with the user's options: its steps in order, each printing ``[name] step i/n:
+    title`` and whether it ran or was skipped."""
 
     def __init__(self, recipe: Recipe, args: PrepareOptions):
-        if recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored
-            given = [_label(f) for f in fields(args)[1:] if f.metadata["custom_only"] and getattr(args, f.name)]
-            if given:
-                raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} "
-                                 f"has fixed languages and sources. Unset them, or prepare your corpus with "
-                                 f"SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom")
+        """The options are checked before any work: SystemExit naming the variable and what to use."""
+        given = [_label(f) for f in fields(args)[1:] if f.metadata["custom_only"] and getattr(args, f.name)]
+        if given and recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored
+            raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} has "
+                             f"fixed languages and sources. Unset them, or prepare your corpus with SRC=xx TGT=yy "
+                             f"CORPUS_DIR=dir scripts/prepare_data.sh custom")
         options = {**asdict(args), "source": args.wmt17_source}
         self.r = recipe = recipe.configure(recipe, options) if recipe.configure else recipe
-        self.args = args = _checked(args, recipe)
+        checks = {"bpe": functools.partial(env_checks.parse_choice, choices=bpe_mod.KINDS),
+                  "bpe_size": functools.partial(env_checks.parse_int, minimum=1),
+                  "workers": functools.partial(env_checks.parse_int, minimum=1),
+                  "zh_seg": functools.partial(env_checks.parse_choice, choices=("jieba", "char")),
+                  "stop_after": functools.partial(env_checks.parse_choice, choices=step_ids(recipe))}
+        values = {f: getattr(args, f.name) for f in fields(args) if f.name in checks}
+        self.args = args = replace(args, **{f.name: checks[f.name](_label(f), value)
+                                            for f, value in values.items() if value is not None})
         self.kind = args.bpe or recipe.bpe
         self.size = args.bpe_size or recipe.bpe_size
         self.expect = Expectations.load(args.expect) if args.expect else None
@@ -171,6 +166,8 @@ class Preparer:
         self.models = bpe_mod.model_files(self.kind, self.work / "bpe", recipe.langs, recipe.joint_bpe)
         self.checksums = read_checksum_file(args.checksums) if args.checksums else {}
         self.ctx = Context(recipe, self.work, options, log=self.log)
+        self.chain = hashlib.sha256(recipe.name.encode()).hexdigest()  # the key of the steps so far
+        self.ran, self.skipped = [], []
 
     log = staticmethod(functools.partial(print, flush=True))
 
@@ -185,14 +182,13 @@ class Preparer:
         return bool(cleaned and not self.r.clean_after_bpe)
 
     # ------------------------------------------------------------------------------------------ pipeline
-    def run(self):
-        r = self.r
+    def run(self) -> Path:
+        r, kind, size, langs = self.r, self.kind, self.size, self.r.langs
         self.log(f"[{r.name}] preparing {r.description}\n"
-                 f"[{r.name}] {r.src}->{r.tgt}, {self.kind} {self.size}{' joint' if r.joint_bpe else ' per language'}, "
+                 f"[{r.name}] {r.src}->{r.tgt}, {kind} {size}{' joint' if r.joint_bpe else ' per language'}, "
                  f"work dir {self.work}, output {self.dest}")
         if r.check:
             r.check(self.ctx)
-        pipe = Pipeline(r.name, self.work, len(step_ids(r)), stop_after=self.args.stop_after, log=self.log)
         if self.expect:
             self.log(f"[{r.name}] expectations from the manifest {self.expect.path} ({self.expect.name!r}), not the "
                      f"published ones: the data goes to {self.dest}")
@@ -204,30 +200,110 @@ class Preparer:
         # fetched, so that a wrong file is refused before anything else is done
         for archive in r.archives:
             for source in archive.parts:
-                expected = self._expected(source)
-                name = source.filename
-                pipe.step(f"download-{name}", f"download {name}", [self.downloads / name],
-                          {"file": name, "expected": expected.describe()},
-                          functools.partial(self._download, source, expected))
+                expected, name = self._expected(source), source.filename
+                self.step(f"download-{name}", f"download {name}", [self.downloads / name],
+                           {"file": name, "expected": expected.describe()},
+                           functools.partial(self._download, source, expected))
             files = [self.downloads / s.filename for s in archive.parts]
-            pipe.step(f"extract-{archive.name}", f"extract {' + '.join(f.name for f in files)}",
-                      [self.ctx.extracted(archive.name)],
-                      {"parts": [(f.name, f.stat().st_size if f.exists() else None) for f in files],
-                       "lines": self._expected_lines(archive)},
-                      functools.partial(self._extract, archive, files))
-        raw_outputs = [self.ctx.raw_path(s, lang) for s in r.raw_splits() for lang in r.langs]
-        if r.corpora_file:
-            raw_outputs.append(self.ctx.raw / r.corpora_file)
-        pipe.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
-                  r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
-        self._text_steps(pipe)
-        self._bpe_steps(pipe)
-        pipe.step("binarize", "binarize with fairseq-preprocess"
-                  f"{' (joined dictionary)' if r.joined_dictionary else ''} into {self.dest}",
-                  [self.dest / "prepare.json"], {"dest": str(self.dest), "joined": r.joined_dictionary}, self._binarize)
-        self.log(f"[{r.name}] done: {self.dest} (ran {len(pipe.ran)} steps, skipped {len(pipe.skipped)})")
+            self.step(f"extract-{archive.name}", f"extract {' + '.join(f.name for f in files)}",
+                       [self.ctx.extracted(archive.name)],
+                       {"parts": [(f.name, f.stat().st_size if f.exists() else None) for f in files],
+                        "lines": self._expected_lines(archive)},
+                       functools.partial(self._extract, archive, files))
+        splits = r.raw_splits()
+        raw_outputs = ([self.ctx.raw_path(s, lang) for s in splits for lang in langs]
+                       + ([self.ctx.raw / r.corpora_file] if r.corpora_file else []))
+        self.step("collect", "collect the raw parallel text (strip XML/SGM, concatenate corpora)", raw_outputs,
+                   r.collect_key(self.ctx) if r.collect_key else {}, lambda: r.collect(self.ctx))
+        what = [w for w, on in ((" punctuation", r.punct_norm), (", remove non-printing characters", r.non_printing),
+                                (", ’ -> '", r.apostrophe_splits)) if on]
+        self.step("normalize", "normalize" + "".join(what) if what else "normalize (nothing to do: copy)",
+                   [self.path("norm", s, lang) for s in splits for lang in langs],
+                   {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
+                    "apostrophe": r.apostrophe_splits},
+                   lambda: [map_file(functools.partial(normalize, lang=lang, apostrophe=s in r.apostrophe_splits,
+                                                       punct=r.punct_norm and s in r.normalize_splits,
+                                                       non_printing=r.non_printing and s in r.normalize_splits),
+                                     self.ctx.raw_path(s, lang), self.path("norm", s, lang), self.args.workers,
+                                     desc=f"normalize {s}.{lang}") for s in splits for lang in langs])
+        tok_pairs = [(s, lang) for s in splits for lang in langs if self.needs_tok(s, lang)]
+        self.step("tokenize", "tokenize with sacremoses ("
+                   f"{'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
+                   f"{'lowercase, ' if r.lowercase else ''}{len(tok_pairs)} files)",
+                   [self.path("tok", s, lang) for s, lang in tok_pairs],
+                   {"pairs": tok_pairs, "aggressive": r.aggressive_dash, "lowercase": r.lowercase,
+                    "zh_seg": self.args.zh_seg if "zh" in langs else None},
+                   functools.partial(self._tokenize, tok_pairs))
+        before = not r.clean_after_bpe
+        what = (f"clean (ratio {r.clean_ratio}, {r.clean_min}-{r.clean_max} tokens) " if before else "") + \
+               (f"and split valid = every {r.valid_every}-th line " if r.valid_every else "")
+        self.step("clean", (what or "collect splits ") + ("" if before else "(cleaning happens after BPE)"),
+                   [self.path("clean", s, lang, "txt") for s in SPLITS for lang in langs]
+                   + ([self.pair_stats] if before else []),
+                   {"before_bpe": before, "max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio,
+                    "splits": r.clean_splits, "valid_every": r.valid_every, "lowercase": r.lowercase},
+                   lambda: [self._clean(s, "clean") for s in splits])
+        ext = "tok" if kind == "subword-nmt" else "txt"
+        self.step("learn-bpe", f"learn {kind} ({size}, {'joint' if r.joint_bpe else 'per language'})",
+                   sorted(set(self.models.values())), {"kind": kind, "size": size, "joint": r.joint_bpe},
+                   lambda: bpe_mod.learn(kind, {lang: self.path("clean", "train", lang, ext) for lang in langs},
+                                         self.work / "bpe", size, r.joint_bpe, self.args.workers, log=self.log))
+        self.step("apply-bpe", f"apply {kind} to train, valid, test",
+                   [self.path("bpe", s, lang) for s in SPLITS for lang in langs], {},
+                   lambda: [bpe_mod.apply(kind, self.models[lang], self.path("clean", s, lang, ext),
+                                          self.path("bpe", s, lang), self.args.workers)
+                            for s in SPLITS for lang in langs])
+        if r.clean_after_bpe:  # clean_splits (train among them) cleaned, the others copied as they are
+            self.step("clean-bpe", f"clean after BPE ({', '.join(r.clean_splits)}: ratio {r.clean_ratio}, "
+                       f"{r.clean_min}-{r.clean_max} tokens)",
+                       [self.path("final", s, lang) for s in SPLITS for lang in langs] + [self.pair_stats],
+                       {"max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio, "splits": r.clean_splits},
+                       lambda: [self._clean(s, "final") for s in SPLITS])
+        self.step("binarize", "binarize with fairseq-preprocess"
+                   f"{' (joined dictionary)' if r.joined_dictionary else ''} into {self.dest}",
+                   [self.dest / "prepare.json"], {"dest": str(self.dest), "joined": r.joined_dictionary},
+                   self._binarize)
+        self.log(f"[{r.name}] done: {self.dest} (ran {len(self.ran)} steps, skipped {len(self.skipped)})")
         for line in compare_with_paper(json.loads((self.dest / "prepare.json").read_text())["train_pairs"], r.name):
             self.log(line)
+        return self.dest
+
+    def step(self, step_id: str, title: str, outputs: List[Path], params: Dict, fn: Callable[[], None]):
+        """Run ``fn`` unless step ``step_id`` already completed with the same parameters and inputs. A finished step
+        leaves a stamp ``WORK/.stamps/<step>.json`` with a key made of its parameters and the keys of all steps before
+        it; the next run skips it when the key matches and its outputs exist, else runs it (and, as their keys
+        change, everything after it) again."""
+        blob = json.dumps({"step": step_id, "params": params, "before": self.chain}, sort_keys=True, default=str)
+        key = self.chain = hashlib.sha256(blob.encode()).hexdigest()
+        label = f"[{self.r.name}] step {len(self.ran) + len(self.skipped) + 1}/{len(step_ids(self.r))}"
+        stamp = self.work / ".stamps" / f"{step_id}.json"
+        try:
+            done = all(o.exists() for o in outputs) and json.loads(stamp.read_text()).get("key") == key
+        except (OSError, ValueError):
+            done = False
+        if done:
+            self.log(f"{label}: {title} -- done already, skipped")
+            self.skipped.append(step_id)
+        else:
+            stamp.unlink(missing_ok=True)
+            self.log(f"{label}: {title}")
+            started = time.time()
+            begin_step(label)
+            try:
+                fn()
+            finally:
+                begin_step("")
+            missing = [str(o) for o in outputs if not o.exists()]
+            if missing:
+                raise RuntimeError(f"step {step_id} finished without producing {', '.join(missing)} (a bug)")
+            seconds = round(time.time() - started, 1)
+            with atomic_path(stamp) as tmp:
+                tmp.write_text(json.dumps({"key": key, "params": params, "outputs": [str(o) for o in outputs],
+                                           "seconds": seconds}, indent=1, default=str))
+            self.log(f"[{self.r.name}]   finished {step_id} in {seconds:.1f}s")
+            self.ran.append(step_id)
+        if step_id == self.args.stop_after:
+            raise StopPipeline(f"stopped after step {step_id} as asked (--stop-after); run again to continue")
 
     def _expected(self, source):
         return expected_for(source, self.checksums, self.expect.files if self.expect else None)
@@ -263,81 +339,32 @@ class Preparer:
             raise SystemExit(f"error: {e} The archive was moved to {', '.join(m.name for m in moved)}; run the "
                              f"command again to download it anew.") from None
 
-    # normalise, tokenize, clean ----------------------------------------------------------------------
-    def _text_steps(self, pipe: Pipeline):
-        r = self.r
-        splits = r.raw_splits()
-        what = [w for w, on in ((" punctuation", r.punct_norm), (", remove non-printing characters", r.non_printing),
-                                (", ’ -> '", r.apostrophe_splits)) if on]
-        pipe.step("normalize", "normalize" + "".join(what) if what else "normalize (nothing to do: copy)",
-                  [self.path("norm", s, lang) for s in splits for lang in r.langs],
-                  {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
-                   "apostrophe": r.apostrophe_splits}, self._normalize)
-        tok_pairs = [(s, lang) for s in splits for lang in r.langs if self.needs_tok(s, lang)]
-        pipe.step("tokenize", "tokenize with sacremoses ("
-                  f"{'aggressive hyphen splitting, ' if r.aggressive_dash else ''}"
-                  f"{'lowercase, ' if r.lowercase else ''}{len(tok_pairs)} files)",
-                  [self.path("tok", s, lang) for s, lang in tok_pairs],
-                  {"pairs": tok_pairs, "aggressive": r.aggressive_dash, "lowercase": r.lowercase,
-                   "zh_seg": self.args.zh_seg if "zh" in r.langs else None},
-                  functools.partial(self._tokenize, tok_pairs))
-        before = not r.clean_after_bpe
-        what = (f"clean (ratio {r.clean_ratio}, {r.clean_min}-{r.clean_max} tokens) " if before else "") + \
-               (f"and split valid = every {r.valid_every}-th line " if r.valid_every else "")
-        pipe.step("clean", (what or "collect splits ") + ("" if before else "(cleaning happens after BPE)"),
-                  [self.path("clean", s, lang, "txt") for s in SPLITS for lang in r.langs]
-                  + ([self.pair_stats] if before else []),
-                  {"before_bpe": before, "max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio,
-                   "splits": r.clean_splits, "valid_every": r.valid_every, "lowercase": r.lowercase},
-                  self._clean)
-
-    def _normalize(self):
-        r = self.r
-        for split in r.raw_splits():
-            for lang in r.langs:
-                on = split in r.normalize_splits
-                fn = functools.partial(normalize, lang=lang, punct=r.punct_norm and on,
-                                       non_printing=r.non_printing and on, apostrophe=split in r.apostrophe_splits)
-                map_file(fn, self.ctx.raw_path(split, lang), self.path("norm", split, lang), self.args.workers,
-                         desc=f"normalize {split}.{lang}")
-
     def _tokenize(self, pairs):
-        r = self.r
         for split, lang in pairs:
-            fn = functools.partial(tokenize, lang=lang, aggressive_dash=r.aggressive_dash, lowercase=r.lowercase,
-                                   zh_seg=self.args.zh_seg)
+            fn = functools.partial(tokenize, lang=lang, aggressive_dash=self.r.aggressive_dash,
+                                   lowercase=self.r.lowercase, zh_seg=self.args.zh_seg)
             n = map_file(fn, self.path("norm", split, lang), self.path("tok", split, lang), self.args.workers,
                          desc=f"tokenize {split}.{lang}")
             self.log(f"  tokenized {split}.{lang}: {n:,} lines")
 
-    def _clean(self):
-        """Write clean/{split}.{lang}.txt, and .tok where the tokenized text is used later, for train/valid/test."""
-        r = self.r
-        for split in r.raw_splits():
+    def _clean(self, split: str, stage: str):
+        """Copy ``split``'s line-aligned files into ``stage``/{target}.{lang}.{ext} (clean/: the normalized .txt, and
+        the tokenized .tok where it is used later; final/: the BPE text) without the pairs that clean-corpus-n.perl
+        drops, where this stage is the recipe's cleaning one (on .tok before BPE, or after BPE); into clean/, every
+        ``valid_every``-th kept training pair goes to valid. The cleaning stage writes the training pairs per corpus
+        before and after (:attr:`pair_stats`)."""
+        r, after_bpe = self.r, stage == "final"
+        cleaning = after_bpe == r.clean_after_bpe
+        if after_bpe:
+            inputs = {(lang, ""): self.path("bpe", split, lang) for lang in r.langs}
+        else:
             inputs = {(lang, ext): self.path("norm" if ext == "txt" else "tok", split, lang)
                       for lang in r.langs for ext in ("txt", "tok") if ext == "txt" or self.needs_tok(split, lang)}
-            cleaned = not r.clean_after_bpe and split in r.clean_splits
-            self._clean_pairs(split, inputs, "clean", ["train", "valid"] if split == "train" and r.valid_every
-                              else [split], "tok" if cleaned else None, stats=not r.clean_after_bpe)
-
-    def _clean_after_bpe(self):
-        r = self.r
-        for split in SPLITS:
-            if split in r.clean_splits:
-                self._clean_pairs(split, {(lang, ""): self.path("bpe", split, lang) for lang in r.langs}, "final",
-                                  [split], "", stats=True)
-                continue
-            for lang in r.langs:
-                with atomic_path(self.path("final", split, lang)) as tmp:
-                    shutil.copyfile(self.path("bpe", split, lang), tmp)
-
-    def _clean_pairs(self, split: str, inputs: Dict[Tuple[str, str], Path], stage: str, targets: List[str],
-                     clean_ext: Optional[str], stats: bool):
-        """Copy the line-aligned ``inputs`` ({(lang, ext): file}) to ``stage``/{target}.{lang}.{ext} without the
-        pairs that clean-corpus-n.perl drops on their ``clean_ext`` lines (None: no cleaning); with two targets
-        (train, valid), every ``valid_every``-th kept pair goes to valid. ``stats``: for train, write the pairs per
-        corpus before and after (:attr:`pair_stats`)."""
-        r = self.r
+        clean_ext = ("" if after_bpe else "tok") if cleaning and split in r.clean_splits else None
+        targets = ["train", "valid"] if not after_bpe and split == "train" and r.valid_every else [split]
+        path = self.ctx.corpora_path("train")  # the corpus of each raw training line, in order
+        sizes = json.loads(path.read_text()) if path.exists() else []
+        corpora = itertools.chain(*(itertools.repeat(name, n) for name, n in sizes), itertools.repeat(r.name))
         kept_by, total_by = Counter(), Counter()
         with ExitStack() as stack:
             out = {}
@@ -345,8 +372,9 @@ class Preparer:
                 for lang, ext in inputs:
                     tmp = stack.enter_context(atomic_path(self.path(stage, target, lang, ext)))
                     out[target, lang, ext] = stack.enter_context(open(tmp, "w", encoding="utf-8"))
-            meter = Progress(f"clean {split}", total=count_lines(next(iter(inputs.values()))), unit="pairs")
-            for row, corpus in zip(zip(*map(iter_lines, inputs.values())), self._corpora()):
+            meter = stack.enter_context(Progress(f"clean {split}", total=count_lines(next(iter(inputs.values()))),
+                                                 unit="pairs"))
+            for row, corpus in zip(zip(*map(iter_lines, inputs.values())), corpora):
                 meter.update()
                 total_by[corpus] += 1
                 values = dict(zip(inputs, row))
@@ -360,52 +388,47 @@ class Preparer:
                 target = "valid" if len(targets) == 2 and kept_by.total() % r.valid_every == 0 else targets[0]
                 for (lang, ext), text in values.items():
                     out[target, lang, ext].write((text.lower() if ext == "txt" and r.lowercase else text) + "\n")
-            meter.close()
         kept, total = kept_by.total(), total_by.total()
         self.log(f"  {split}: kept {kept:,} of {total:,} pairs"
                  + (f" ({total - kept:,} removed)" if clean_ext is not None else "")
                  + (f", every {r.valid_every}-th kept pair -> valid" if len(targets) == 2 else ""))
-        if stats and split == "train":
+        if split == "train" and cleaning:
             stats = {name: {"before_cleaning": n, "after_cleaning": kept_by[name]} for name, n in total_by.items()}
             with atomic_path(self.pair_stats) as tmp:
                 tmp.write_text(json.dumps(stats, indent=1) + "\n")
             for name, n in total_by.items():
                 self.log(f"  train {name}: {n:,} pairs before cleaning, {kept_by[name]:,} after")
 
-    def _corpora(self):
-        """The corpus of each raw training line in order (``raw/train.corpora.json``), then the recipe's name."""
-        path = self.ctx.corpora_path("train")
-        sizes = json.loads(path.read_text()) if path.exists() else []
-        return itertools.chain(*(itertools.repeat(name, n) for name, n in sizes), itertools.repeat(self.r.name))
-
-    # BPE ----------------------------------------------------------------------------------------------
-    def _bpe_steps(self, pipe: Pipeline):
-        r = self.r
-        ext = "tok" if self.kind == "subword-nmt" else "txt"
-        pipe.step("learn-bpe", f"learn {self.kind} ({self.size}, {'joint' if r.joint_bpe else 'per language'})",
-                  sorted(set(self.models.values())), {"kind": self.kind, "size": self.size, "joint": r.joint_bpe},
-                  lambda: bpe_mod.learn(self.kind, {lang: self.path("clean", "train", lang, ext) for lang in r.langs},
-                                        self.work / "bpe", self.size, r.joint_bpe, self.args.workers, log=self.log))
-        pipe.step("apply-bpe", f"apply {self.kind} to train, valid, test",
-                  [self.path("bpe", s, lang) for s in SPLITS for lang in r.langs], {},
-                  lambda: [bpe_mod.apply(self.kind, self.models[lang], self.path("clean", s, lang, ext),
-                                         self.path("bpe", s, lang), self.args.workers)
-                           for s in SPLITS for lang in r.langs])
-        if r.clean_after_bpe:
-            pipe.step("clean-bpe", f"clean after BPE ({', '.join(r.clean_splits)}: ratio {r.clean_ratio}, "
-                      f"{r.clean_min}-{r.clean_max} tokens)",
-                      [self.path("final", s, lang) for s in SPLITS for lang in r.langs] + [self.pair_stats],
-                      {"max": r.clean_max, "min": r.clean_min, "ratio": r.clean_ratio, "splits": r.clean_splits},
-                      self._clean_after_bpe)
-
-    # binarize ---------------------------------------------------------------------------------------
     def _binarize(self):
+        """fairseq-preprocess into ``dest.binarizing``, where the references, BPE models and prepare.json join it
+        before it is renamed to ``dest`` (which so only ever holds a complete dataset). fairseq runs in this process
+        (a subprocess would pay for importing torch and fairseq again)."""
+        from fairseq import options
+        from fairseq_cli import preprocess
+
         r = self.r
         if self.dest.exists() and not (self.dest / "prepare.json").exists():
             raise SystemExit(f"error: {self.dest} exists but was not made by this script (no prepare.json); "
                              f"move it away or choose another DATA_BIN")
         final = self.work / ("final" if r.clean_after_bpe else "bpe")
-        tmp = self._fairseq_preprocess(final)
+        tmp = self.dest.with_name(self.dest.name + ".binarizing")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        argv = ["--source-lang", r.src, "--target-lang", r.tgt,
+                *(a for s in SPLITS for a in (f"--{s}pref", str(final / s))), "--destdir", str(tmp),
+                "--workers", str(self.args.workers)] + (["--joined-dictionary"] if r.joined_dictionary else [])
+        self.log("  fairseq-preprocess " + " ".join(argv))
+        before = list(preprocess.logger.handlers)
+        try:
+            with heartbeat("fairseq-preprocess", log=self.log):
+                preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            for handler in set(preprocess.logger.handlers) - set(before):  # main adds a preprocess.log file handler
+                preprocess.logger.removeHandler(handler)
+                handler.close()
         counts = {split: count_lines(final / f"{split}.{r.src}") for split in SPLITS}
         # references: raw (for sacrebleu) where the split is the untouched raw split, tokenized for tok-BLEU
         refs = {}
@@ -452,39 +475,8 @@ class Preparer:
         (tmp / "prepare.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
         if self.dest.exists():
             shutil.rmtree(self.dest)
-        self.dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, self.dest)
+        os.replace(tmp, self.dest)  # tmp is dest's sibling, made by fairseq-preprocess
         self.log("  sentences: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
-
-    def _fairseq_preprocess(self, prefix: Path) -> Path:
-        """fairseq-preprocess of ``prefix``/{train,valid,test}.{src,tgt} into ``dest.binarizing``, returned: the caller
-        adds its own files there and renames it to ``dest``, so that ``dest`` only ever holds a complete dataset.
-        fairseq runs in this process (a subprocess would pay for importing torch and fairseq again)."""
-        from fairseq import options
-        from fairseq_cli import preprocess
-
-        r = self.r
-        tmp = self.dest.with_name(self.dest.name + ".binarizing")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        argv = ["--source-lang", r.src, "--target-lang", r.tgt,
-                *(a for s in SPLITS for a in (f"--{s}pref", str(prefix / s))), "--destdir", str(tmp),
-                "--workers", str(self.args.workers)] + (["--joined-dictionary"] if r.joined_dictionary else [])
-        self.log("  fairseq-preprocess " + " ".join(argv))
-        root = logging.getLogger()
-        before = list(root.handlers)
-        try:
-            with heartbeat("fairseq-preprocess", log=self.log):
-                preprocess.main(options.get_preprocessing_parser().parse_args(argv))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        finally:
-            for handler in root.handlers[:]:  # preprocess.main adds a log file handler per call
-                if handler not in before:
-                    root.removeHandler(handler)
-                    handler.close()
-        return tmp
 
     def _verification_record(self):
         """What each fetched file was checked against, and its sha256 (to compare two machines' data)."""
@@ -504,33 +496,24 @@ class Preparer:
                                  else "published"), "files": files}
 
 
-#: a final training pair count further than this fraction from the paper's is a warning
-PAPER_TOLERANCE = 0.05
-#: a corpus that loses more than this fraction of its pairs in cleaning is named as short
-CORPUS_LOSS = 0.10
-
-
-def compare_with_paper(record, dataset: str) -> List[str]:
-    """Lines that print the final training pair count beside the paper's; a warning naming the short corpus
-    when they differ by more than :data:`PAPER_TOLERANCE`."""
+def compare_with_paper(record, dataset: str, tolerance: float = 0.05, corpus_loss: float = 0.10) -> List[str]:
+    """Lines that print the final training pair count beside the paper's; a warning when they differ by more than
+    ``tolerance``, naming the corpora that lost more than ``corpus_loss`` of their pairs in cleaning."""
     paper, final = record.get("paper"), record["final_train"]
     if not paper:
         return [f"[{dataset}] training pairs: {final:,} (no paper count to compare with)"]
     diff = (final - paper) / paper
     out = [f"[{dataset}] training pairs: {final:,}, the paper's {paper:,} ({diff:+.1%}; {record['paper_source']})"]
-    if abs(diff) <= PAPER_TOLERANCE:
+    if abs(diff) <= tolerance:
         return out
     corpora = (record.get("corpora") or {}).items()
     lossy = "; ".join(f"{name} kept {v['after_cleaning']:,} of {v['before_cleaning']:,}" for name, v in corpora
-                      if v["after_cleaning"] < (1 - CORPUS_LOSS) * v["before_cleaning"])
+                      if v["after_cleaning"] < (1 - corpus_loss) * v["before_cleaning"])
     listing = "; ".join(f"{name} {v['before_cleaning']:,} -> {v['after_cleaning']:,}" for name, v in corpora)
-    if diff > 0:
-        why = f"more pairs than the paper's: {listing}"
-    elif lossy:
-        why = f"short: {lossy} (lost more than {CORPUS_LOSS:.0%} in cleaning)"
-    else:
-        why = (f"no corpus lost more than {CORPUS_LOSS:.0%} in cleaning, so a corpus is smaller than the paper's or "
-               f"missing: {listing}")
+    why = (f"more pairs than the paper's: {listing}" if diff > 0
+           else f"short: {lossy} (lost more than {corpus_loss:.0%} in cleaning)" if lossy
+           else f"no corpus lost more than {corpus_loss:.0%} in cleaning, so a corpus is smaller than the paper's or "
+                f"missing: {listing}")
     label = "" if record.get("expectations") == "published" else f" [{record.get('expectations')}]"
     out.append(f"[{dataset}] warning{label}: {abs(diff):.0%} {'fewer' if diff < 0 else 'more'} training pairs than "
                f"the paper; {why}")
@@ -549,22 +532,19 @@ def prepare(options: PrepareOptions) -> Path:
     """Prepare ``options.dataset`` (each step skipped when its output is complete); return its folder under
     ``options.data_bin``. The options are checked first (SystemExit naming the variable); a download or
     verification that fails raises its error, and :class:`StopPipeline` where ``stop_after`` stops it."""
-    preparer = Preparer(get(options.dataset), options)
-    preparer.run()
-    return preparer.dest
+    return Preparer(get(options.dataset), options).run()
 
 
 def main(argv=None):
     options = parse_options(argv)
-    name = get(options.dataset).name
     try:
         prepare(options)
     except StopPipeline as e:
-        print(f"[{name}] {e}", flush=True)
+        print(f"[{options.dataset}] {e}", flush=True)
     except (CorruptArchiveError, DownloadError, VerificationError) as e:
         raise SystemExit(f"error: {e}") from None
     except KeyboardInterrupt:
-        raise SystemExit(f"\n[{name}] interrupted; run the same command again to resume") from None
+        raise SystemExit(f"\n[{options.dataset}] interrupted; run the same command again to resume") from None
 
 
 if __name__ == "__main__":

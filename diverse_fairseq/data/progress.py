@@ -1,34 +1,29 @@
-"""The resumable pipeline of data preparation and its progress lines.
+"""Progress lines of data preparation, and atomic file writes.
 
-:class:`Pipeline` runs named steps. A finished step leaves a stamp ``WORK/.stamps/<step>.json`` with a key made of
-its parameters and the keys of all steps before it; the next run skips it when the key matches and its outputs
-exist, else runs it (and, as their keys change, everything after it) again. Outputs are written through
-:func:`atomic_path`, so an interrupted step leaves no half file under the final name.
-
-Inside a step, :class:`Progress` reports a known amount of work (lines, pairs, bytes) and :func:`heartbeat` work
-that tells nothing about itself (learning BPE, fairseq-preprocess), at most every :data:`interval` seconds
-(``PROGRESS_INTERVAL``, default 10; 0: every update) and once at the end when it took at least that long::
+Inside a step of the pipeline (:meth:`..prepare.Preparer.step`), :class:`Progress` reports a known amount of work
+(lines, pairs, bytes) and :func:`heartbeat` work that tells nothing about itself (learning BPE, fairseq-preprocess), at
+most every :data:`interval` seconds (``PROGRESS_INTERVAL``, default 10; 0: every update) and once at the end when it
+took at least that long. Outputs are written through :func:`atomic_path`, so an interrupted step leaves no half file
+under the final name::
 
     [wmt14_en_de] step 7/14 tokenize train.en: 1,200,000/4,508,785 lines (27%), 5m02s elapsed, about 13m40s left
     [wmt14_en_de] step 9/14 learn subword-nmt: running, 20m00s elapsed
 """
 
 import functools
-import hashlib
-import json
 import os
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Optional
 
 from ..runs import env_checks
 
 ENV = "PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 10.0
 interval = DEFAULT_INTERVAL  # seconds between two progress lines of one piece of work
-_step = ""  # "[dataset] step i/n", set by the pipeline while a step runs
+_step = ""  # "[dataset] step i/n " before every progress line, set while a step of the pipeline runs
 _print = functools.partial(print, flush=True)
 
 
@@ -41,11 +36,7 @@ def set_interval(seconds):
 def begin_step(label: str):
     """Prefix the progress lines of the work that follows with ``label`` (``[dataset] step i/n``; "": none)."""
     global _step
-    _step = label
-
-
-def _prefixed(what: str) -> str:
-    return f"{_step} {what}" if _step else what
+    _step = f"{label} " if label else ""
 
 
 def duration(seconds: float) -> str:
@@ -75,7 +66,7 @@ class Progress:
 
     def __init__(self, what: str, total: Optional[int] = None, unit: str = "lines", initial: int = 0,
                  log: Optional[Callable[[str], None]] = None):
-        self.what = _prefixed(what)
+        self.what = _step + what
         self.total = total
         self.unit = unit
         self.done = self.initial = initial
@@ -98,8 +89,7 @@ class Progress:
             self.log(self.line(now))
 
     def close(self):
-        """The last line, when the work took at least :data:`interval` seconds and the last line printed
-        does not already show all of it."""
+        """The last line, when the work took at least :data:`interval` seconds and no line showed all of it yet."""
         now = time.monotonic()
         if now - self.started >= interval and self.shown != self.done:
             self.log(self.line(now, finished=True))
@@ -125,7 +115,7 @@ def heartbeat(what: str, log: Optional[Callable[[str], None]] = None):
     """Print ``what: running, T elapsed`` every :data:`interval` seconds while the block runs (work that
     reports no progress of its own), and ``what: done in T`` at the end when it took at least that long."""
     log = log or _print
-    label = _prefixed(what)
+    label = _step + what
     started = time.monotonic()
     stop = threading.Event()
 
@@ -156,57 +146,3 @@ def atomic_path(path):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-class StopPipeline(Exception):
-    """Raised after the step named by ``--stop-after`` (a deliberate, resumable stop)."""
-
-
-class Pipeline:
-    """Runs steps in order, printing ``[name] step i/n: title`` and whether each ran or was skipped."""
-
-    def __init__(self, name: str, work_dir: Path, total_steps: int, stop_after: Optional[str] = None, log=print):
-        self.name = name
-        self.stamp_dir = Path(work_dir) / ".stamps"
-        self.total = total_steps
-        self.index = 0
-        self.chain = hashlib.sha256(name.encode()).hexdigest()
-        self.stop_after = stop_after
-        self.log = log
-        self.ran = []
-        self.skipped = []
-
-    def step(self, step_id: str, title: str, outputs: Iterable[Path], params: Dict, fn: Callable[[], None]):
-        """Run ``fn`` unless step ``step_id`` already completed with the same parameters and inputs."""
-        self.index += 1
-        outputs = [Path(o) for o in outputs]
-        blob = json.dumps({"step": step_id, "params": params, "before": self.chain}, sort_keys=True, default=str)
-        key = self.chain = hashlib.sha256(blob.encode()).hexdigest()
-        label = f"[{self.name}] step {self.index}/{self.total}"
-        stamp = self.stamp_dir / f"{step_id}.json"
-        try:
-            done = all(o.exists() for o in outputs) and json.loads(stamp.read_text()).get("key") == key
-        except (OSError, ValueError):
-            done = False
-        if done:
-            self.log(f"{label}: {title} -- done already, skipped")
-            self.skipped.append(step_id)
-        else:
-            stamp.unlink(missing_ok=True)
-            self.log(f"{label}: {title}")
-            started = time.time()
-            begin_step(label)
-            try:
-                fn()
-            finally:
-                begin_step("")
-            missing = [str(o) for o in outputs if not o.exists()]
-            if missing:
-                raise RuntimeError(f"step {step_id} finished without producing {', '.join(missing)} (a bug)")
-            with atomic_path(stamp) as tmp:
-                tmp.write_text(json.dumps({"key": key, "params": params, "outputs": [str(o) for o in outputs],
-                                           "seconds": round(time.time() - started, 1)}, indent=1, default=str))
-            self.log(f"[{self.name}]   finished {step_id} in {time.time() - started:.1f}s")
-            self.ran.append(step_id)
-        if step_id == self.stop_after:
-            raise StopPipeline(f"stopped after step {step_id} as asked (--stop-after); run again to continue")

@@ -2,16 +2,12 @@
 
 Conneau, Kruszewski, Lample, Barrault, Baroni. *What you can cram into a single $&!#* vector: Probing sentence
 embeddings for linguistic properties*. ACL 2018. The data is SentEval's ``data/probing/`` folder
-(github.com/facebookresearch/SentEval): one text file per task, each line ``split<TAB>label<TAB>sentence``
-(split ``tr``/``va``/``te``; the sentence, Moses-tokenized, is the last field), 100k training and 10k
-validation and test sentences per task, balanced across the classes.
+(github.com/facebookresearch/SentEval): one text file per task, each line ``split<TAB>label<TAB>sentence`` (split
+``tr``/``va``/``te``; the sentence, Moses-tokenized, is the last field).
 
-Files are fetched with :func:`diverse_fairseq.data.download.fetch` (:func:`download`); SentEval publishes no
-checksums, so each file is checked against the sizes SentEval publishes (:func:`check_sizes`): a file that falls
-short is a stand-in (a test fixture, a truncated copy), refused unless the caller accepts stand-ins. Files from a
-mirror go to a cache of that mirror's own (:func:`default_dir`), never to ``work/senteval_probing``, the cache that
-real runs read.
-``python -m diverse_fairseq.data.senteval [--dest DIR] [--tasks SentLen,WC,...]`` downloads them.
+SentEval publishes no checksums: :func:`download` checks each file against the published sizes instead, and keeps
+a mirror's files (stand-ins) out of the cache that real runs read. ``python -m diverse_fairseq.data.senteval
+[--dest DIR] [--tasks SentLen,WC,...]`` downloads them.
 """
 
 import argparse
@@ -44,7 +40,6 @@ class Task:
     name: str  # Conneau et al.'s name
     filename: str  # SentEval's file
     column: str  # the column title of NAACL 2019 Table 1 and the journal's Table 7
-    kind: str  # "surface", "syntactic" or "semantic" (the papers' grouping)
 
     @property
     def paper_key(self) -> str:
@@ -55,18 +50,18 @@ class Task:
         return Source(self.filename, tuple(base + self.filename for base in BASE_URLS))
 
 
-# in the papers' column order
+# in the papers' column order: surface (SentLen, WC), syntactic (TreeDepth, TopConst, BShift), then semantic tasks
 TASKS = (
-    Task("SentLen", "sentence_length.txt", "SeLen", "surface"),
-    Task("WC", "word_content.txt", "WC", "surface"),
-    Task("TreeDepth", "tree_depth.txt", "TrDep", "syntactic"),
-    Task("TopConst", "top_constituents.txt", "ToCo", "syntactic"),
-    Task("BShift", "bigram_shift.txt", "BShif", "syntactic"),
-    Task("Tense", "past_present.txt", "Tense", "semantic"),
-    Task("SubjNum", "subj_number.txt", "SubNm", "semantic"),
-    Task("ObjNum", "obj_number.txt", "ObjNm", "semantic"),
-    Task("SOMO", "odd_man_out.txt", "SOMO", "semantic"),
-    Task("CoordInv", "coordination_inversion.txt", "CoIn", "semantic"),
+    Task("SentLen", "sentence_length.txt", "SeLen"),
+    Task("WC", "word_content.txt", "WC"),
+    Task("TreeDepth", "tree_depth.txt", "TrDep"),
+    Task("TopConst", "top_constituents.txt", "ToCo"),
+    Task("BShift", "bigram_shift.txt", "BShif"),
+    Task("Tense", "past_present.txt", "Tense"),
+    Task("SubjNum", "subj_number.txt", "SubNm"),
+    Task("ObjNum", "obj_number.txt", "ObjNm"),
+    Task("SOMO", "odd_man_out.txt", "SOMO"),
+    Task("CoordInv", "coordination_inversion.txt", "CoIn"),
 )
 BY_NAME = {t.name.lower(): t for t in TASKS}
 
@@ -138,8 +133,7 @@ def default_dir(mirror: Optional[str] = None) -> Path:
     if os.environ.get(DEFAULT_DIR_ENV):
         return Path(os.environ[DEFAULT_DIR_ENV])
     if mirror:
-        digest = hashlib.sha256(str(mirror).encode()).hexdigest()[:12]
-        return real_dir().with_name("senteval_probing-mirrors") / digest
+        return real_dir().with_name("senteval_probing-mirrors") / hashlib.sha256(str(mirror).encode()).hexdigest()[:12]
     return real_dir()
 
 
@@ -153,8 +147,7 @@ def split_sizes(path) -> Dict[str, int]:
 def check_sizes(path) -> Optional[str]:
     """Why ``path`` is not SentEval's published file (too few sentences in a split), or None."""
     found = split_sizes(path)
-    short = [s for s in SPLITS if found[s] < PUBLISHED_MIN[s]]
-    if not short:
+    if all(found[s] >= PUBLISHED_MIN[s] for s in SPLITS):
         return None
     return (f"{Path(path).name} has {' / '.join(f'{found[s]:,}' for s in SPLITS)} sentences tr / va / te, SentEval "
             f"publishes at least {' / '.join(f'{PUBLISHED_MIN[s]:,}' for s in SPLITS)} ({SIZES_SOURCE})")
@@ -163,10 +156,8 @@ def check_sizes(path) -> Optional[str]:
 def download(tasks: Sequence[Task], dest, mirror: Optional[str] = None, checksums: Optional[Dict[str, str]] = None,
              log=print, require_published: bool = True) -> Dict[str, Path]:
     """Make ``dest/<file>`` exist for every task (:func:`fetch`: present files are kept); ``{task name: path}``.
-
-    Every file, new or present, is checked with :func:`check_sizes`. With ``require_published`` a short file is
-    renamed to ``NAME.rejected`` and a :class:`DownloadError` names it; without, it is kept as a stand-in with a
-    warning, but never in :func:`real_dir`."""
+    Every file is checked with :func:`check_sizes`: a short one is renamed ``NAME.rejected`` (a :class:`DownloadError`
+    names it) with ``require_published``, else kept as a stand-in with a warning, but never in :func:`real_dir`."""
     dest = Path(dest)
     if not require_published and dest.resolve() == real_dir().resolve():
         raise DownloadError(f"stand-in probing files are not allowed in {real_dir()}, the cache that real runs read; "
@@ -194,14 +185,12 @@ def sizes(data: TaskData) -> Tuple[int, int, int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.data.senteval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dest", default=None, help=f"folder for the task files (default ${DEFAULT_DIR_ENV} or "
-                   "work/senteval_probing)")
+    p.add_argument("--dest", help=f"folder for the task files (default ${DEFAULT_DIR_ENV} or work/senteval_probing)")
     p.add_argument("--tasks", default="all", help="comma-separated task names or all (default)")
-    p.add_argument("--mirror", default=None, help="a folder or URL with the files by name [DIVERSE_FAIRSEQ_MIRROR]")
+    p.add_argument("--mirror", help="a folder or URL with the files by name [DIVERSE_FAIRSEQ_MIRROR]")
     p.add_argument("--checksums", default=os.environ.get("CHECKSUMS"), help="md5sum/sha256sum file [CHECKSUMS]")
-    p.add_argument("--stand-ins", action="store_true",
-                   help="accept files smaller than SentEval's published sizes (test fixtures); never into "
-                        "work/senteval_probing")
+    p.add_argument("--stand-ins", action="store_true", help="accept files smaller than SentEval's published sizes "
+                   "(test fixtures); never into work/senteval_probing")
     args = p.parse_args(argv)
     mirror = args.mirror or os.environ.get(MIRROR_ENV) or None
     dest = Path(args.dest) if args.dest else default_dir(mirror)

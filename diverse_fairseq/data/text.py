@@ -1,11 +1,10 @@
-"""Line files and their text: reading (plain or gzip) and a parallel map with progress lines;
-SGM/XML segment extraction, normalisation, Moses tokenization, cleaning.
+"""Line files and their text: reading (plain or gzip) and a parallel map with progress lines; SGM/XML segment
+extraction, normalisation, Moses tokenization, cleaning.
 
-Moses tools come from sacremoses (no Perl checkout): ``normalize-punctuation.perl`` is
-``MosesPunctNormalizer``, ``remove-non-printing-char.perl`` is :func:`normalize` with ``non_printing``,
-``tokenizer.perl`` is ``MosesTokenizer`` and ``clean-corpus-n.perl`` is :func:`clean_pair`.
-Chinese is segmented into words with jieba (``zh_seg="jieba"``, optional dependency) or into
-characters with sacrebleu's Chinese tokenizer (``zh_seg="char"``).
+Moses tools come from sacremoses (no Perl checkout): ``normalize-punctuation.perl`` is ``MosesPunctNormalizer``,
+``remove-non-printing-char.perl`` is :func:`normalize` with ``non_printing``, ``tokenizer.perl`` is ``MosesTokenizer``
+and ``clean-corpus-n.perl`` is :func:`clean_pair`. Chinese is segmented into words with jieba (``zh_seg="jieba"``,
+optional dependency) or into characters with sacrebleu's Chinese tokenizer (``zh_seg="char"``).
 """
 
 import contextlib
@@ -24,8 +23,7 @@ CHUNK_LINES = 2000
 
 
 def iter_lines(path) -> Iterator[str]:
-    """The lines of a UTF-8 file (``*.gz`` gunzipped) without line terminators (``\\n``, ``\\r\\n``) or a
-    leading BOM."""
+    """The lines of a UTF-8 file (``*.gz`` gunzipped) without line terminators (``\\n``, ``\\r\\n``) or leading BOM."""
     opener = gzip.open if Path(path).suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8", errors="strict", newline="\n") as f:
         for i, line in enumerate(f):
@@ -34,8 +32,13 @@ def iter_lines(path) -> Iterator[str]:
 
 
 def count_lines(path) -> int:
+    """The lines of a file as :func:`iter_lines` reads them: ``wc -l``'s count, plus a last line without a newline."""
+    n, last = 0, b"\n"
     with open(path, "rb") as f:
-        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+        for block in iter(lambda: f.read(1 << 20), b""):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
 
 
 def map_file(fn: Callable[[str], str], src, dst, workers: int = 1, desc: str = "") -> int:
@@ -43,14 +46,13 @@ def map_file(fn: Callable[[str], str], src, dst, workers: int = 1, desc: str = "
     the number of lines. With ``workers > 1`` a process pool maps chunks of lines: ``fn`` must then be picklable
     (a module-level function or a ``functools.partial`` of one)."""
     total = count_lines(src) if Path(src).suffix != ".gz" else None
-    meter = Progress(desc or Path(dst).name, total=total, unit="lines")
     parallel = workers > 1 and (total is None or total > CHUNK_LINES)
     with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as out, \
+            Progress(desc or Path(dst).name, total=total, unit="lines") as meter, \
             multiprocessing.get_context("fork").Pool(workers) if parallel else contextlib.nullcontext() as pool:
         for line in pool.imap(fn, iter_lines(src), CHUNK_LINES) if parallel else map(fn, iter_lines(src)):
             out.write(line.replace("\n", " ") + "\n")
             meter.update()
-    meter.close()
     return meter.done
 
 
@@ -60,29 +62,19 @@ _NON_PRINTING = regex.compile(r"\p{C}")
 
 
 def sgm_segments(path) -> List[str]:
-    """The ``<seg>`` texts of a WMT ``.sgm`` or IWSLT ``.xml`` file, as sacrebleu extracts them.
-
-    Lines starting with ``<seg `` are kept, the tags removed and whitespace collapsed (sacrebleu's
-    ``FakeSGMLDataset``), so the references match ``sacrebleu -t ...`` exactly.
-    """
+    """The ``<seg>`` texts of a WMT ``.sgm`` or IWSLT ``.xml`` file as sacrebleu's ``FakeSGMLDataset`` extracts them
+    (lines starting with ``<seg ``, tags removed, whitespace collapsed), so they match ``sacrebleu -t ...`` exactly."""
     lines = (line.strip() for line in iter_lines(path))
     return [_SPACES.sub(" ", _SEG.sub(r"\1", line)).strip() for line in lines if line.startswith("<seg ")]
 
 
 IWSLT_DROP = ("<url>", "<talkid>", "<keywords>")
-IWSLT_STRIP = ("<title>", "</title>", "<description>", "</description>")
+_IWSLT_STRIP = re.compile("</?(title|description)>")
 
 
 def iwslt_train_lines(path) -> List[str]:
     """The text lines of an IWSLT ``train.tags.*`` file, filtered as fairseq's prepare-iwslt14.sh does."""
-    out = []
-    for line in iter_lines(path):
-        if any(tag in line for tag in IWSLT_DROP):
-            continue
-        for tag in IWSLT_STRIP:
-            line = line.replace(tag, "")
-        out.append(line)
-    return out
+    return [_IWSLT_STRIP.sub("", line) for line in iter_lines(path) if not any(tag in line for tag in IWSLT_DROP)]
 
 
 @functools.cache
@@ -110,11 +102,9 @@ def _zh_segmenter(mode: str):
         try:
             import jieba
         except ImportError as e:
-            raise RuntimeError(
-                "Chinese word segmentation with jieba was asked for (ZH_SEG=jieba, the default with "
-                "BPE=subword-nmt) but jieba is not installed: run `pip install jieba`, or choose "
-                "ZH_SEG=char (characters) or BPE=sentencepiece (needs no segmentation)."
-            ) from e
+            raise RuntimeError("Chinese word segmentation with jieba was asked for (ZH_SEG=jieba, the default with "
+                               "BPE=subword-nmt) but jieba is not installed: run `pip install jieba`, or choose "
+                               "ZH_SEG=char (characters) or BPE=sentencepiece (needs no segmentation).") from e
         jieba.setLogLevel(60)
         return lambda s: " ".join(w for w in jieba.cut(s) if w.strip())
     if mode == "char":

@@ -1,16 +1,13 @@
 """Verify every fetched file before anything reads it: size and checksum, HTML pages, member line counts.
 
-A download, a mirror copy and a file placed by hand in ``downloads/`` all go through :func:`check_file` (not an HTML
-page, the magic bytes its name promises, the size and sha256/md5 that a published source records, named next to
-each value in the recipes); right after extraction, :func:`check_member_lines` checks the members' line counts where
-a published source records them (``Archive.expected_lines``). A refused file is never kept under its final name
-(:func:`reject`: ``NAME.rejected``), and the message names the file, what was expected, what was found and where
-to get the right one. A verified file gets a ``NAME.verified`` record (:func:`mark_verified`) so that the next run
-does not hash it again.
-
-Expectations other than the published ones (tiny fixture archives in the tests) come from a manifest
-(:class:`Expectations`, ``--expect FILE``); data prepared with one is recorded as such in ``prepare.json`` and
-written under its own name (``DATASET+MANIFEST``), never into the folders that real runs read.
+A download, a mirror copy and a file placed by hand in ``downloads/`` all go through :func:`check_file`; right after
+extraction :func:`check_member_lines` checks the members' line counts where a published source records them. A refused
+file is never kept under its final name (:func:`reject`: ``NAME.rejected``), and the message names the file, what was
+expected, what was found and where to get the right one. A verified file gets a ``NAME.verified`` record
+(:func:`mark_verified`) so that the next run does not hash it again. Expectations other than the published ones (the
+tests' tiny fixture archives) come from a manifest (:class:`Expectations`, ``--expect FILE``); data prepared with one
+is recorded as such in ``prepare.json`` and written under its own name (``DATASET+MANIFEST``), never where real runs
+read.
 """
 
 import hashlib
@@ -20,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
-CHUNK = 1 << 20
+from .text import count_lines
+
+CHUNK = 1 << 20  # bytes per read of a fetched file (download.py)
 MAGIC = {".tgz": b"\x1f\x8b", ".gz": b"\x1f\x8b", ".zip": b"PK"}
 HTML_STARTS = (b"<!doctype html", b"<html", b"<head", b"<body", b"<?xml version", b"<!--")
 
@@ -49,11 +48,9 @@ class Expected:
 
 @dataclass
 class Expectations:
-    """Expected values that replace the published ones, read from a JSON manifest (the tests' fixtures).
-
-    ``{"name": "fixture", "files": {FILE: {"size": N, "sha256": HEX}}, "lines": {ARCHIVE: {SUFFIX: N}}}``.
-    ``name`` labels the data prepared with it (``DATASET+name``, ``prepare.json``).
-    """
+    """Expected values that replace the published ones, read from a JSON manifest (the tests' fixtures): ``{"name":
+    "fixture", "files": {FILE: {"size": N, "sha256": HEX}}, "lines": {ARCHIVE: {SUFFIX: N}}}``; ``name`` labels the
+    data prepared with it (``DATASET+name``, ``prepare.json``)."""
 
     name: str
     path: str
@@ -83,10 +80,8 @@ def looks_like_html(head: bytes) -> bool:
 
 
 def check_file(path: Path, name: str, expected: Expected, where: str) -> str:
-    """Raise :class:`VerificationError` unless ``path`` (to become ``name``) is the expected file.
-
-    ``where`` tells the user where to get the right one. Returns the file's sha256 (recorded in prepare.json).
-    """
+    """Raise :class:`VerificationError` unless ``path`` (to become ``name``) is the expected file; ``where`` tells the
+    user where to get the right one. Returns the file's sha256 (recorded in prepare.json)."""
     size = Path(path).stat().st_size
     with open(path, "rb") as f:
         head = f.read(4096)
@@ -114,13 +109,12 @@ def check_file(path: Path, name: str, expected: Expected, where: str) -> str:
 
 
 def hash_file(path: Path, algorithms: List[str]) -> Dict[str, str]:
-    """``{algorithm: hex digest}`` of ``path``, read once."""
-    hashes = {a: hashlib.new(a) for a in algorithms}
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            for h in hashes.values():
-                h.update(block)
-    return {a: h.hexdigest() for a, h in hashes.items()}
+    """``{algorithm: hex digest}`` of ``path``, read once per algorithm (md5 is only published for small files)."""
+    digests = {}
+    for algorithm in algorithms:
+        with open(path, "rb") as f:
+            digests[algorithm] = hashlib.file_digest(f, algorithm).hexdigest()
+    return digests
 
 
 # ------------------------------------------------------------------------------------- verified records
@@ -144,10 +138,9 @@ def verified_sha256(path: Path, expected: Expected) -> Optional[str]:
     """The sha256 recorded for ``path`` when its record matches the file and the expectations, else None."""
     try:
         record = json.loads(_record_path(path).read_text())
-        matches = {key: record.get(key) for key in ("size", "mtime_ns", "expected")} == _record(path, expected)
+        return record.get("sha256") if record.items() >= _record(path, expected).items() else None
     except (OSError, ValueError):
         return None
-    return record.get("sha256") if matches else None
 
 
 def reject(paths: Iterable[Path]) -> List[Path]:
@@ -162,24 +155,10 @@ def reject(paths: Iterable[Path]) -> List[Path]:
 
 
 # ------------------------------------------------------------------------------------- member line counts
-def count_lines(path: Path) -> int:
-    """Lines of a file as ``wc -l`` counts them, plus a last line without a newline."""
-    n = 0
-    last = b"\n"
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n + (last != b"\n")
-
-
 def check_member_lines(root: Path, expected_lines: Dict[str, int], archive: str, source: str,
                        where: str) -> Dict[str, int]:
-    """Check the extracted members under ``root`` against ``{member name suffix: line count}``.
-
-    Raises :class:`VerificationError` naming the archive, the member, both counts and ``source``.
-    Returns the counts found.
-    """
+    """Check the extracted members under ``root`` against ``{member name suffix: line count}``; return the counts
+    found. :class:`VerificationError` names the archive, the member, both counts and ``source``."""
     files = sorted(p for p in Path(root).rglob("*") if p.is_file())
     found = {}
     for suffix, count in expected_lines.items():

@@ -14,6 +14,7 @@ import os
 import shlex
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -31,10 +32,6 @@ from .spec import REPO, TableSpecError, load_table
 SUBSETS = ("valid", "test")
 
 
-def _optional_int(name, text):
-    return None if text in (None, "") else env_checks.parse_int(name, text, 1)
-
-
 #: the options besides the table and --data-bin: (flag, the environment variable that is its default, the
 #: variable's default, the parser of its value (None: read where it is used), help)
 OPTIONS = (
@@ -48,8 +45,9 @@ OPTIONS = (
     ("--threads", "THREADS", "1", lambda name, text: env_checks.parse_int(name, text, 1),
      "CPU threads of every training/decoding job (OMP_NUM_THREADS, MKL_NUM_THREADS, torch): fixed, so that a seed "
      "gives the same numbers on any machine"),
-    ("--jobs", "JOBS", None, _optional_int, "row/seed jobs run at once, each with its log in <out>/logs/; default: "
-                                            "the CPU cores (at most the number of jobs), 1 with GPUS > 0"),
+    ("--jobs", "JOBS", None, lambda name, text: None if text in (None, "") else env_checks.parse_int(name, text, 1),
+     "row/seed jobs run at once, each with its log in <out>/logs/; default: the CPU cores (at most the number of "
+     "jobs), 1 with GPUS > 0"),
     ("--out", "RESULTS", None, None, "results directory (default results/<table>)"),
     ("--train-args", "TRAIN_ARGS", "", env_checks.parse_words,
      "extra fairseq-train flags for every row, e.g. '--max-update 100'"),
@@ -133,8 +131,6 @@ def parse_hook(text) -> Optional[str]:
 
 def select_rows(table, text: str):
     """``table`` with only the rows named in ``text`` (comma-separated ids) and their baselines; all when empty."""
-    from dataclasses import replace
-
     wanted = [r.strip() for r in str(text or "").split(",") if r.strip()]
     if not wanted:
         return table

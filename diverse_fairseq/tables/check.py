@@ -1,14 +1,12 @@
 """``make check-tables``: every row of every table builds, and at demo scale trains one step, without data.
 
-For each table (``configs/tables/*.yaml``), row and scale (``demo``: the CPU; ``paper``: the papers' 8 GPUs, fp16
-where CUDA is available, else fp32) this takes the plan the table runner would train (:func:`row_plan`), parses
-it with fairseq-train's parser and builds task, model, criterion, optimizer and schedule with fairseq's builders
-on synthetic dictionaries of the sizes the recipe assumes (``Recipe.assumed_vocab``), checking the setting's
-depth. At demo scale it trains one step on a synthetic batch. At paper scale a row more than
+For each table, row and scale (``demo``: the CPU; ``paper``: the papers' 8 GPUs, fp16 where CUDA is available, else
+fp32) this builds the plan the table runner would train (:func:`row_plan`) with fairseq-train's parser and fairseq's
+builders, on synthetic dictionaries of the sizes the recipe assumes (``Recipe.assumed_vocab``), and checks the
+setting's depth; at demo scale it trains one step on a synthetic batch. At paper scale a row more than
 :data:`PARAM_TOLERANCE` off its paper's parameter count (``paper: {params: ...}``, millions) fails unless its
 ``params_gap`` says why (``GAP``); a prepared dataset (``DATA_BIN/<dataset>``) also gets the count on its real
-dictionaries, not judged. One line per table/row/scale, then every failure again (non-zero exit status); the same
-run identity is built once.
+dictionaries. One line per table/row/scale, then every failure again; the same run identity is built once.
 
     python -m diverse_fairseq.tables.check [--scale demo|paper] [--paper-gpus 8] [TABLE ...]
     make check-tables [SCALE=demo|paper]
@@ -110,22 +108,25 @@ def judge_parameters(built: int, row) -> Tuple[str, str]:
     return "FAIL", text
 
 
-def _task(args: List[str]):
-    from fairseq import options, tasks
+def fairseq_config(args: List[str]):
+    """fairseq-train's parse of ``args`` and its configuration (fairseq's ``convert_namespace_to_omegaconf``); an
+    unknown argument is refused as fairseq-train refuses it."""
+    from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     parsed, unknown = options.parse_args_and_arch(options.get_training_parser(), list(args), parse_known=True)
     if unknown:
         raise SystemExit(f"fairseq-train: unrecognized arguments: {' '.join(unknown)}")
-    cfg = convert_namespace_to_omegaconf(parsed)
-    return cfg, tasks.setup_task(cfg.task)
+    return convert_namespace_to_omegaconf(parsed)
 
 
 def count_parameters(args: List[str]) -> int:
     """Parameters of the model fairseq-train ``args`` build, on the meta device (no memory, no initialisation)."""
     import torch
+    from fairseq import tasks
 
-    cfg, task = _task(args)
+    cfg = fairseq_config(args)
+    task = tasks.setup_task(cfg.task)
     with torch.device("meta"):
         model = task.build_model(cfg.model)
     return sum(p.numel() for p in model.parameters())
@@ -161,13 +162,15 @@ def _synthetic_batch(task, batch: int = 4, src_len: int = 7, tgt_len: int = 6) -
 def build_and_step(args: List[str], layers: int, step: bool) -> Result:
     """Build task, model, criterion and optimizer from fairseq-train ``args``; with ``step``, train one step."""
     import torch
+    from fairseq import tasks
     from fairseq.trainer import Trainer
 
     threads = torch.get_num_threads()
     if step:  # a tiny model: one thread is several times faster on a busy machine than threads that wait
         torch.set_num_threads(1)
     try:
-        cfg, task = _task(args)
+        cfg = fairseq_config(args)
+        task = tasks.setup_task(cfg.task)
         torch.manual_seed(1)
         model = task.build_model(cfg.model)
         depth = (len(model.encoder.layers), len(model.decoder.layers))
@@ -263,7 +266,8 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                         else:
                             done[key] = (build_and_step(list(job.args), job.setting.layers, step=scale == "demo"),
                                          f"{table.table}:{row.id}")
-                            gc.collect()  # a paper-scale model and its optimizer: up to a few GB
+                            if scale == "paper":  # a model and its optimizer of up to a few GB
+                                gc.collect()
                         result = done[key][0]
                     params = f"{result.parameters / 1e6:.2f}M params" if result.parameters else "–"
                     status = "ok  "

@@ -1,19 +1,15 @@
 """Summarise a table's runs: mean ± std over seeds, significance against each row's baseline, markdown, JSON and a
 picture of the per-seed BLEU.
 
-Significance follows the papers: every row is tested against its own baseline (``baseline:`` in the table; a Big row
-against Transformer-Big) with both tests of :mod:`diverse_fairseq.significance`, paired bootstrap resampling (Koehn
-2004, 1000 samples, as NAACL 2019 and the journal) and the sign test (Collins et al. 2005, as EMNLP 2018), on
-sacrebleu BLEU of the detokenized test output. With several seeds both run on the concatenated outputs of all seeds:
-seed k of a row paired with seed k of its baseline, over the references repeated once per seed, so a difference must
-hold across the seeds' outputs to be marked; the report adds how many seeds beat the baseline's BLEU of the same seed.
+Significance follows the papers: every row is tested against its own baseline (``baseline:`` in the table) with both
+tests of :mod:`diverse_fairseq.significance` on sacrebleu BLEU of the detokenized test output. With several seeds both
+run on the concatenated outputs of all seeds (seed k of a row paired with seed k of its baseline), so a difference
+must hold across the seeds' outputs to be marked.
 
-Where the rows carry the paper's numbers, ours are put beside them: the disagreement scores of EMNLP 2018 §5.5
-(Table 4: exp(D) of Sub./Pos./Out. of the encoder self-attention, ``paper:`` keys ``sub_score``, ``pos_score``,
-``out_score``; Table 5: Pos. per encoder layer, ``pos_score_layer1`` … ``pos_score_layer6``), on the paper's scale
-(:mod:`diverse_fairseq.analysis.scores`), from the runner's ``disagreement_scores``; and the probing accuracies of
-NAACL 2019 Table 1 / the journal's Table 7 (``probe_sentlen`` …, :attr:`diverse_fairseq.data.senteval.Task.paper_key`),
-from ``steps.probing_scores``. Other tables keep our scores in the JSON only.
+Where the rows carry the paper's numbers, ours are put beside them: the disagreement scores of EMNLP 2018 Tables 4-5
+(``paper:`` keys ``sub_score``, ``pos_score``, ``out_score``, ``pos_score_layer1`` …, on the paper's scale of
+:mod:`diverse_fairseq.analysis.scores`) and the probing accuracies of NAACL 2019 Table 1 / the journal's Table 7
+(``probe_sentlen`` …, :attr:`diverse_fairseq.data.senteval.Task.paper_key`).
 """
 
 import json

@@ -6,27 +6,24 @@ A table file::
     title: "EMNLP 2018 Table 1: ..."
     paper_dataset: wmt17_zh_en             # the dataset the paper's numbers are for (optional)
     baseline: none                         # id of the row significance is measured against by default
+    probing: [SentLen, WC, ...]            # optional: probe every row's encoder on these SentEval tasks (or "all")
     rows:
       - id: none
         label: "Transformer-Base"
         family: transformer                # model family: transformer or diverse_transformer
-        setting: base                      # optional model at paper scale: small, base, big (the THUMT
-                                           # papers' models), fairseq_base, fairseq_big (fairseq's, EMNLP 2020)
+        setting: base                      # optional model at paper scale: small, base, big (THUMT's), fairseq_base,
+                                           # fairseq_big (fairseq's, EMNLP 2020)
         args: []                           # extra fairseq-train flags (criterion, optimizer, features)
-        paper: {bleu: 24.13, train_speed: 1.21}   # the paper's numbers (optional; params in millions)
+        paper: {bleu: 24.13, params: 88}   # the paper's numbers (optional; params in millions; probe_sentlen, ...)
         description: "..."                 # one line saying what the row runs (optional; printed below the table)
-        baseline: none                     # the row this one is tested against (optional; default: the
-                                           # table's baseline)
-    probing: [SentLen, WC, ...]            # optional: probe every row's encoder on these SentEval tasks (or
-                                           # "all"); the paper's accuracies as paper keys probe_sentlen, ...
+        baseline: none                     # the row this one is tested against (default: the table's baseline)
         figure: {series: "MA", x: 4}       # the row's point in a figure (only in a figure's description)
 
 A *figure* is a table whose rows are the points of a plot: it names its x axis (``figure_x: "number of heads M"``)
 and every row its curve and x value (``figure``); ``make figure-<id>`` plots the report's JSON.
 
-Significance follows the papers: every "+" row is tested against its own-size baseline, so a table with
-Base and Big rows gives each Big row ``baseline: big``. A row whose baseline is itself is a baseline (no
-test); a row's baseline must be such a baseline row, of the same ``setting`` where both name one.
+Significance follows the papers: every "+" row is tested against its own-size baseline, so a table with Base and Big
+rows gives each Big row ``baseline: big``. A row whose baseline is itself is a baseline (no test).
 
 Hyper-parameters are not repeated here: a row is trained with the dataset's paper setting (the row's ``setting``
 if it names one) or ``tiny`` at demo scale; the family turns the setting's architecture into the row's

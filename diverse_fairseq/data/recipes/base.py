@@ -15,13 +15,10 @@ SPLITS = ("train", "valid", "test")
 
 @dataclass
 class Archive:
-    """An archive to download (one file or the parts of a split archive) and extract into ``orig/<name>``.
-
-    ``wanted(member)`` restricts extraction to the members the recipe reads (the WMT archives hold
-    many language pairs). ``expected_lines`` maps a member file name suffix to the line count that a published
-    source (``counts_source``) records for it; the counts are checked right after extraction
-    (:func:`diverse_fairseq.data.verify.check_member_lines`). Empty where no source records them.
-    """
+    """An archive to download (one file or the parts of a split archive) and extract into ``orig/<name>``: only
+    the members that ``wanted(member)`` selects (the WMT archives hold many language pairs). ``expected_lines`` maps
+    a member file name suffix to the line count that a published source (``counts_source``) records for it, checked
+    right after extraction (:func:`diverse_fairseq.data.verify.check_member_lines`)."""
 
     name: str
     parts: Sequence[Source]
@@ -38,11 +35,11 @@ class Recipe:
     src: str
     tgt: str
     description: str
-    archives: List[Archive]
     bpe: str  # default segmentation: "subword-nmt" or "sentencepiece"
     bpe_size: int  # merges (subword-nmt) / vocabulary (sentencepiece)
     joint_bpe: bool
     joined_dictionary: bool
+    archives: List[Archive] = field(default_factory=list)  # none: the text is local (demo, custom)
     lowercase: bool = False
     aggressive_dash: bool = False
     punct_norm: bool = False  # Moses punctuation normalisation ...
@@ -65,19 +62,16 @@ class Recipe:
     collect_key: Optional[Callable[["Context"], Dict[str, object]]] = None  # inputs of collect beyond archives
     # a recipe completed from the user's options (the custom corpus: languages, folder, name); returns the recipe
     configure: Optional[Callable[["Recipe", Dict[str, object]], "Recipe"]] = None
-    notes: str = ""
-    # dictionary entries per language (as fairseq-preprocess writes them: 4 special symbols, padded to a multiple
-    # of 8) that paper-scale parameter counts assume (``make check-tables`` builds on dictionaries of these sizes);
-    # empty: ``bpe_size`` symbols
+    # dictionary entries per language (fairseq-preprocess's: 4 special symbols, padded to a multiple of 8) that
+    # paper-scale parameter counts (``make check-tables``) assume; empty: ``bpe_size`` symbols
     assumed_vocab: Dict[str, int] = field(default_factory=dict)
-    # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes
-    # differently shares the downloads, tokenization and BPE of the recipe it varies
+    # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes differently
+    # shares the downloads, tokenization and BPE of the recipe it varies
     work_name: Optional[str] = None
-    # a JSON file that ``collect`` writes into the raw folder (the corpora used, their counts and checks);
-    # preparation copies it into prepare.json under "training_data"
+    # a JSON file that ``collect`` writes into raw/ (corpora, counts, checks): prepare.json's "training_data"
     corpora_file: Optional[str] = None
-    # the training pairs the paper reports for this data (0: none) and where it says so; the final count is
-    # printed beside it, and a large difference is a warning naming the corpus that is short
+    # the training pairs the paper reports (0: none) and where; printed beside the final count (a large difference
+    # is a warning naming the corpus that is short)
     paper_train_pairs: int = 0
     paper_train_source: str = ""
     # the folder under WORK_DIR whose ``downloads/`` the recipe reads and fills (default: its own work folder): a
@@ -105,9 +99,8 @@ def sacrebleu_source(filename: str, url: str) -> Source:
 
 #: WMT17's dev.tgz holds newstest2008-2016 and newsdev2017: one file serves WMT14 and WMT17
 WMT17_DEV = sacrebleu_source("dev.tgz", "https://data.statmt.org/wmt17/translation-task/dev.tgz")
-#: size and sha256: TensorFlow Datasets' registry of the same URL, tensorflow_datasets/url_checksums/
-#: wmt17_translate.txt (github.com/tensorflow/datasets, commit 333639b3). The https address is macaron-net's
-#: (prepare-wmt14en2de.sh line 21 has http; the server answers both).
+#: size and sha256: TensorFlow Datasets' registry of the same URL (github.com/tensorflow/datasets, commit 333639b3,
+#: ``checksum_source``); the https address is macaron-net's (prepare-wmt14en2de.sh line 21 has http; both answer)
 NEWS_COMMENTARY_V12 = Source("training-parallel-nc-v12.tgz",
                              ("https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
                               "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz"),
@@ -125,15 +118,11 @@ class Context:
     log: Callable[[str], None] = print
 
     @property
-    def orig(self) -> Path:
-        return self.work_dir / "orig"
-
-    @property
     def raw(self) -> Path:
         return self.work_dir / "raw"
 
     def extracted(self, archive_name: str) -> Path:
-        return self.orig / archive_name
+        return self.work_dir / "orig" / archive_name
 
     def raw_path(self, split: str, lang: str) -> Path:
         return self.raw / f"{split}.{lang}"
@@ -169,19 +158,27 @@ def write_raw(ctx: Context, split: str, corpora: Sequence[Tuple[str, Iterable[st
             open(ts, "w", encoding="utf-8", newline="\n") as fs, open(tt, "w", encoding="utf-8", newline="\n") as ft:
         for name, source, target in corpora:
             n = 0
-            for s, t in itertools.zip_longest(source, target):
+            for n, (s, t) in enumerate(itertools.zip_longest(source, target), 1):
                 if s is None or t is None:
                     raise ValueError(f"{ctx.recipe.name} {split}: {name}: the {src} and {tgt} sides differ in line "
                                      f"count; the source is damaged")
                 fs.write(s.replace("\r", " ").replace("\n", " ") + "\n")
                 ft.write(t.replace("\r", " ").replace("\n", " ") + "\n")
-                n += 1
             if len(corpora) > 1:
                 ctx.log(f"  raw {split}: {name}: {n:,} sentence pairs")
             sizes.append([name, n])
     ctx.corpora_path(split).write_text(json.dumps(sizes) + "\n")
     ctx.log(f"  raw {split}: {sum(n for _, n in sizes):,} sentence pairs" + (" in all" if len(corpora) > 1 else ""))
     return [n for _, n in sizes]
+
+
+def write_folder(ctx: Context, found: Dict[Tuple[str, str], Path], name: Optional[str] = None) -> Dict[str, object]:
+    """raw/ from the files of :func:`corpus_files`, each split one corpus: ``name``, else ``SPLIT.SRC/SPLIT.TGT``."""
+    src, tgt = ctx.recipe.langs
+    for split in SPLITS:
+        write_raw(ctx, split, [(name or f"{split}.{src}/{split}.{tgt}", iter_lines(found[split, src]),
+                                iter_lines(found[split, tgt]))])
+    return {}
 
 
 def corpus_files(directory: Path, langs: Sequence[str], hint: str) -> Dict[Tuple[str, str], Path]:

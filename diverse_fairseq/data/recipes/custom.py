@@ -1,15 +1,10 @@
-"""Your own parallel corpus: plain-text files in a folder, no download.
+"""Your own parallel corpus: plain-text files in a folder, no download (docs/usage.md#your-own-corpus).
 
     SRC=xx TGT=yy CORPUS_DIR=dir scripts/prepare_data.sh custom     -> data-bin/custom_xx_yy
 
-``CORPUS_DIR`` holds six files, one sentence per line, UTF-8, line ``i`` of ``SPLIT.SRC`` translated by line ``i``
-of ``SPLIT.TGT`` (each file may also be gzipped, ``train.xx.gz``)::
-
-    train.xx  train.yy  valid.xx  valid.yy  test.xx  test.yy
-
-The layout is checked before anything is done (:func:`check`), then the text goes through the paper datasets'
-steps; docs/usage.md#your-own-corpus describes both and the options (``BPE``, ``BPE_SIZE``, ``SEPARATE_VOCAB``,
-``DATASET_NAME``).
+``CORPUS_DIR`` holds ``train``, ``valid`` and ``test`` ``.xx`` and ``.yy`` (each may be gzipped, ``train.xx.gz``), one
+sentence per line, UTF-8, line ``i`` of ``SPLIT.xx`` translated by line ``i`` of ``SPLIT.yy``; :func:`check` checks
+them before anything is done, then the text goes through the paper datasets' steps.
 """
 
 import collections
@@ -19,10 +14,8 @@ import re
 from pathlib import Path
 from typing import Dict, List
 
-from ..text import iter_lines
-from .base import SPLITS, Context, Recipe, corpus_files, write_raw
+from .base import SPLITS, Context, Recipe, corpus_files, write_folder
 
-DEFAULT_SIZE = 10000
 _LANG = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,15}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -53,9 +46,8 @@ def configure(template: Recipe, options: Dict[str, object]) -> Recipe:
         raise SystemExit(f"error: DATASET_NAME (--name)={name!r} is not a valid folder name: use letters, digits, "
                          f"'_', '-' or '.'")
     separate = bool(options.get("separate_vocab"))
-    folder = Path(str(corpus)).expanduser().resolve()
     return dataclasses.replace(template, name=name or f"custom_{src}_{tgt}", src=src, tgt=tgt,
-                               description=f"your corpus in {folder} ({src}→{tgt})",
+                               description=f"your corpus in {Path(str(corpus)).expanduser().resolve()} ({src}→{tgt})",
                                joint_bpe=not separate, joined_dictionary=not separate)
 
 
@@ -74,7 +66,7 @@ FileStats = collections.namedtuple("FileStats", "lines crlf empty")
 
 
 def _scan(path: Path) -> FileStats:
-    """SystemExit naming the file and line when ``path`` is not UTF-8."""
+    """SystemExit naming the file (and the line) when ``path`` is empty or not UTF-8."""
     n = crlf = 0
     empty = []
     with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
@@ -89,6 +81,9 @@ def _scan(path: Path) -> FileStats:
                 crlf += 1
             if not text.strip():
                 empty.append(n)
+    if n == 0:
+        raise SystemExit(f"error: {path} is empty: every split needs sentences (valid and test a few hundred or "
+                         f"more, cut from the training data if need be)")
     return FileStats(n, crlf, empty)
 
 
@@ -105,10 +100,6 @@ def check(ctx: Context):
     src, tgt = ctx.recipe.langs
     for split in SPLITS:
         stats = {lang: _scan(found[split, lang]) for lang in (src, tgt)}
-        for lang, s in stats.items():
-            if s.lines == 0:
-                raise SystemExit(f"error: {found[split, lang]} is empty: every split needs sentences "
-                                 f"(valid and test a few hundred or more, cut from the training data if need be)")
         n, names = stats[src].lines, f"{found[split, src].name} / {found[split, tgt].name}"
         if n != stats[tgt].lines:
             raise SystemExit(
@@ -138,20 +129,9 @@ def collect_key(ctx: Context):
                        for (split, lang), path in sorted(files(ctx).items())}}
 
 
-def collect(ctx: Context):
-    found = files(ctx)
-    src, tgt = ctx.recipe.langs
-    for split in SPLITS:
-        write_raw(ctx, split, [(f"{split}.{src}/{split}.{tgt}", iter_lines(found[split, src]),
-                                iter_lines(found[split, tgt]))])
-    return {}
-
-
 RECIPE = Recipe(
     name="custom", src="", tgt="",  # set from SRC / TGT by configure()
     description="your own parallel corpus (SRC, TGT, CORPUS_DIR)",
-    archives=[],
-    bpe="subword-nmt", bpe_size=DEFAULT_SIZE, joint_bpe=True, joined_dictionary=True, non_printing=True,
-    collect=collect, check=check, collect_key=collect_key, configure=configure,
-    notes="no download; disk and time grow with the corpus (about those of IWSLT14 for 160k pairs)",
+    bpe="subword-nmt", bpe_size=10000, joint_bpe=True, joined_dictionary=True, non_printing=True,
+    collect=lambda ctx: write_folder(ctx, files(ctx)), check=check, collect_key=collect_key, configure=configure,
 )

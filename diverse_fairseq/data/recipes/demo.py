@@ -1,16 +1,14 @@
 """The demo corpus (English→German software messages, committed in ``data/demo/``): no download.
 
-Its text is used as it is (sentencepiece on the raw text by default, since messages hold placeholders
-such as ``%s`` that Moses tokenization would split), so that decoding with
-``--post-process sentencepiece`` gives raw text that sacrebleu scores against the raw reference.
-``BPE=subword-nmt`` gives the classic Moses-tokenized pipeline instead.
+Its text is used as it is (sentencepiece on the raw text by default, since messages hold placeholders such as ``%s``
+that Moses tokenization would split), so that decoding with ``--post-process sentencepiece`` gives raw text that
+sacrebleu scores against the raw reference. ``BPE=subword-nmt`` gives the classic Moses-tokenized pipeline instead.
 """
 
 import hashlib
 from pathlib import Path
 
-from ..text import iter_lines
-from .base import SPLITS, Context, Recipe, corpus_files, write_raw
+from .base import Context, Recipe, corpus_files, write_folder
 
 DEFAULT_DIR = Path(__file__).resolve().parents[3] / "data" / "demo"
 
@@ -24,26 +22,14 @@ def _files(ctx: Context):
 def collect_key(ctx: Context):
     """The corpus' content hash: a rebuilt corpus is prepared again."""
     files = _files(ctx)
-    digest = hashlib.sha256()
-    for key in sorted(files):
-        digest.update(files[key].read_bytes())
-    return {"corpus_sha256": digest.hexdigest()}
-
-
-def collect(ctx: Context):
-    files = _files(ctx)
-    for split in SPLITS:
-        write_raw(ctx, split, [(ctx.recipe.name, iter_lines(files[split, "en"]), iter_lines(files[split, "de"]))])
-    return {}
+    return {"corpus_sha256": hashlib.sha256(b"".join(files[key].read_bytes() for key in sorted(files))).hexdigest()}
 
 
 RECIPE = Recipe(
     name="demo", src="en", tgt="de",
     description="software messages en→de from Debian gettext catalogs (data/demo)",
-    archives=[],
     bpe="sentencepiece", bpe_size=4000, joint_bpe=True, joined_dictionary=True, non_printing=True,
-    max_len_a=1.5,  # messages are short: an undertrained model must not loop for 200 tokens
-    max_len_b=10,
-    collect=collect, check=_files, collect_key=collect_key,  # the check: every corpus file is there
-    notes="minutes on a laptop CPU; a few MB of disk",
+    max_len_a=1.5, max_len_b=10,  # messages are short: an undertrained model must not loop for 200 tokens
+    collect=lambda ctx: write_folder(ctx, _files(ctx), ctx.recipe.name), collect_key=collect_key,
+    check=_files,  # every corpus file is there
 )

@@ -1,10 +1,9 @@
 """IWSLT14 German→English, exactly fairseq's ``examples/translation/prepare-iwslt14.sh``.
 
-Strip the XML of the TED talks, Moses-tokenize, clean (ratio 1.5, 1–175 tokens), lowercase,
-valid = every 23rd line of the cleaned training text, test = dev2010 + tedx.dev2012 + tst2010–2012,
-joint BPE with 10k merges. One joined dictionary (``fairseq-preprocess --joined-dictionary``), as the EMNLP 2020
-authors binarized it (``iwslt14.tokenized.de-en.joined``) for ``--share-all-embeddings``; fairseq's own recipe
-builds one dictionary per language.
+Strip the XML of the TED talks, Moses-tokenize, clean (ratio 1.5, 1–175 tokens), lowercase, valid = every 23rd line
+of the cleaned training text, test = dev2010 + tedx.dev2012 + tst2010–2012, joint BPE with 10k merges. One joined
+dictionary (``fairseq-preprocess --joined-dictionary``), as the EMNLP 2020 authors binarized it
+(``iwslt14.tokenized.de-en.joined``) for ``--share-all-embeddings``; fairseq's own recipe builds one per language.
 """
 
 from ..download import Source
@@ -34,17 +33,11 @@ RECIPE = Recipe(
     archives=[Archive("de-en", [SOURCE])],
     bpe="subword-nmt", bpe_size=10000, joint_bpe=True,
     joined_dictionary=True,  # the EMNLP 2020 authors' (fairseq's recipe builds one dictionary per language)
-    lowercase=True,
-    apostrophe_splits=("test",),
-    clean_max=175,
-    clean_ratio=1.5,
-    valid_every=23,
-    collect=collect,
-    paper_train_pairs=153_000,
+    lowercase=True, apostrophe_splits=("test",), clean_max=175, clean_ratio=1.5, valid_every=23,
+    collect=collect, paper_train_pairs=153_000,
     # fairseq's prepare-iwslt14.sh itself gives 160,239 / 7,283 / 6,750 (train / valid / test), as the dataset card
     # of a Hugging Face copy of its output records (bbaaaa/iwslt14-de-en-preprocess, README.md "num_examples"): a
     # third party's record, so it is printed beside the paper's number, not checked
     paper_train_source="EMNLP 2020 Appendix B.2.3: 'IWSLT14 ... contains 153K / 7K / 7K sentence pairs'; fairseq's "
                        "prepare-iwslt14.sh gives 160,239 (dataset card of bbaaaa/iwslt14-de-en-preprocess)",
-    notes="download 20 MB, 1 GB of disk, preparation ~10 minutes",
 )

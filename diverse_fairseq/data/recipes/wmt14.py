@@ -1,12 +1,10 @@
 """WMT14 English→German: Europarl v7 + Common Crawl + News Commentary v9 (4.5M pairs).
 
-As fairseq's ``prepare-wmt14en2de.sh --icml17`` (the WMT14-only data): normalise punctuation and remove
-non-printing characters (training text), Moses-tokenize with aggressive hyphen splitting, joint BPE with 32k merges,
-clean after BPE (ratio 1.5, 1–250 tokens). Unlike that script (which cuts valid from the training data), valid is
-newstest2013 and test newstest2014, as in the papers.
-
-``wmt14_en_de`` has one dictionary per language, as the THUMT recipe of the EMNLP 2018 / NAACL 2019 / journal
-papers (joint BPE, separate vocabularies, untied embeddings).
+As fairseq's ``prepare-wmt14en2de.sh --icml17`` (the WMT14-only data): normalise punctuation and remove non-printing
+characters (training text), Moses-tokenize with aggressive hyphen splitting, joint BPE with 32k merges, clean after
+BPE (ratio 1.5, 1–250 tokens); but valid is newstest2013 and test newstest2014, as in the papers (that script cuts
+valid from the training data). ``wmt14_en_de`` has one dictionary per language, as the THUMT recipe of the EMNLP
+2018 / NAACL 2019 / journal papers (joint BPE, separate vocabularies, untied embeddings).
 
 ``wmt14_en_de_joined`` (:data:`MACARON`) is the EMNLP 2020 authors' data: their README (bangann/Repulsive-Attention,
 commit f480b5c, ``RepulsiveTransformer/README.md`` line 18) points to macaron-net's
@@ -21,10 +19,11 @@ which differs from the THUMT recipe above in four places (line numbers of that s
   (lines 107-113), the test set (newstest2014 "full") gets only the ’ -> ' replacement (lines 95-99).
 
 Both tokenize with ``-a`` (line 84), and the authors binarize with ``--joined-dictionary`` (the data-preprocessing
-README, lines 40-44). The variant keeps its own work folder (its text differs) but reads and fills
-``wmt14_en_de``'s ``downloads/`` (``downloads_name``): only News Commentary v12 is an extra download.
+README, lines 40-44). The variant keeps its own work folder (its text differs) but reads and fills ``wmt14_en_de``'s
+``downloads/`` (``downloads_name``): only News Commentary v12 is an extra download.
 """
 
+import contextlib
 import dataclasses
 import functools
 
@@ -32,8 +31,7 @@ from ..download import Source
 from ..text import sgm_segments
 from .base import NEWS_COMMENTARY_V12, WMT17_DEV, WMT_SETTINGS, Archive, Context, Recipe, sacrebleu_source, write_raw
 
-# sizes and sha256 of the training archives: TensorFlow Datasets' registry of the same URLs,
-# tensorflow_datasets/url_checksums/wmt14_translate.txt (github.com/tensorflow/datasets, commit 333639b3)
+# sizes and sha256 of the training archives: TensorFlow Datasets' registry (github.com/tensorflow/datasets 333639b3)
 TFDS_WMT14 = "TensorFlow Datasets url_checksums/wmt14_translate.txt"
 EUROPARL = Source("training-parallel-europarl-v7.tgz", ("http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",),
                   size=657632379, sha256="0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7",
@@ -56,26 +54,18 @@ ARCHIVES = [
 ]
 
 
-def newstest2013_plain(ctx: Context):
-    """newstest2013 en/de from dev.tgz's plain-text files."""
-    return ctx.parallel("dev", "dev/newstest2013")
-
-
-def newstest2013(ctx: Context):
-    """newstest2013 en/de from dev.tgz: the SGM files when present, else the plain-text ones."""
-    try:
-        return [sgm_segments(ctx.member("dev", f"dev/newstest2013-{f}.sgm")) for f in ("src.en", "ref.de")]
-    except FileNotFoundError:
-        return newstest2013_plain(ctx)
-
-
-def collect_corpora(ctx: Context, news_commentary, valid):
+def collect_corpora(ctx: Context, news_commentary, sgm_valid: bool):
     """Write raw train (Europarl v7, Common Crawl, then ``news_commentary``: (name, archive, member stem)), valid
-    (``valid(ctx)``: en lines, de lines) and test (newstest2014 from the SGM files)."""
+    (newstest2013 from dev.tgz: with ``sgm_valid`` its SGM files where present, else its plain-text ones) and test
+    (newstest2014 from the SGM files)."""
     corpora = [("europarl-v7", "europarl", "training/europarl-v7.de-en"),
                ("commoncrawl", "commoncrawl", "commoncrawl.de-en"), news_commentary]
     write_raw(ctx, "train", [(name, *ctx.parallel(archive, stem)) for name, archive, stem in corpora])
-    write_raw(ctx, "valid", [(ctx.recipe.name, *valid(ctx))])
+    valid = None
+    if sgm_valid:
+        with contextlib.suppress(FileNotFoundError):
+            valid = [sgm_segments(ctx.member("dev", f"dev/newstest2013-{f}.sgm")) for f in ("src.en", "ref.de")]
+    write_raw(ctx, "valid", [(ctx.recipe.name, *(valid or ctx.parallel("dev", "dev/newstest2013")))])
     test = [sgm_segments(ctx.member("test", f"test-full/newstest2014-deen-{f}.sgm")) for f in ("src.en", "ref.de")]
     write_raw(ctx, "test", [(ctx.recipe.name, *test)])
     return {}
@@ -87,15 +77,12 @@ RECIPE = Recipe(
     description="WMT14 en→de (Europarl v7, Common Crawl, News Commentary v9; newstest2013/2014)",
     archives=ARCHIVES,
     joint_bpe=True, joined_dictionary=False,  # one BPE for English and German, a dictionary per language
-    aggressive_dash=True,
-    clean_ratio=1.5,
-    collect=functools.partial(collect_corpora, news_commentary=("news-commentary-v9", "news-commentary",
-                                                                "training/news-commentary-v9.de-en"),
-                              valid=newstest2013),
+    aggressive_dash=True, clean_ratio=1.5,
+    collect=functools.partial(collect_corpora, news_commentary=(
+        "news-commentary-v9", "news-commentary", "training/news-commentary-v9.de-en"), sgm_valid=True),
     paper_train_pairs=4_500_000,
     paper_train_source="EMNLP 2020 Appendix B.2.3: 'about 4.5 million training sentence pairs' "
                        "(NAACL 2019 §5.2.1 and the journal §4.1.1: 4.6M)",
-    notes="download 1.6 GB, ~15 GB of disk, preparation 1-3 hours with WORKERS=8",
     # only V_en + 2 V_de (source, target and output embeddings) is fixed by the papers' parameter counts:
     # Transformer-Base 88.0M and Big 264M (NAACL 2019 Table 3, journal Tables 5-6) give 85.6k embedding rows
     # beyond the layers; split evenly (joint 32k merges give each language a similar vocabulary)
@@ -107,14 +94,11 @@ MACARON = dataclasses.replace(
         ("news-commentary-v12.de-en.de", "news-commentary-v12.de-en.en"))), *ARCHIVES[3:]],
     # macaron-net's corpora (Europarl v7, Common Crawl, News Commentary v12, in that order: its ``CORPORA``), valid
     # from the plain-text newstest2013 files (its ``dev=dev/newstest2013``), test newstest2014 from the SGM files
-    collect=functools.partial(collect_corpora, news_commentary=("news-commentary-v12", "news-commentary-v12",
-                                                                "training/news-commentary-v12.de-en"),
-                              valid=newstest2013_plain),
+    collect=functools.partial(collect_corpora, news_commentary=(
+        "news-commentary-v12", "news-commentary-v12", "training/news-commentary-v12.de-en"), sgm_valid=False),
     description="WMT14 en→de as macaron-net's scripts (Europarl v7, Common Crawl, News Commentary v12; "
                 "newstest2013/2014), joined dictionary",
     bpe_size=32764, joined_dictionary=True,
     normalize_splits=("train", "valid"), apostrophe_splits=("test",),
     clean_after_bpe=False, clean_min=1, clean_max=80, clean_ratio=9.0,  # clean-corpus-n.perl's default ratio
-    downloads_name=RECIPE.name, assumed_vocab={},
-    notes="the EMNLP 2020 authors' WMT14 data (macaron-net's prepare-wmt14en2de.sh); reads and fills "
-          "wmt14_en_de's downloads (News Commentary v12 is its one extra archive)")
+    downloads_name=RECIPE.name, assumed_vocab={})

@@ -1,18 +1,11 @@
 """WMT17 Chinese→English: News Commentary v12 + UN Parallel Corpus v1.0 + CWMT (about 25M pairs).
 
-newsdev2017 is valid and newstest2017 test. Chinese is segmented into words (jieba, or characters
-with ``ZH_SEG=char``; sentencepiece needs neither), both sides are Moses-tokenized, BPE with 32k merges
-is learned per language, and training pairs longer than 50 tokens are dropped (the journal paper: "maximum
-length limited to 50", about 20.6M pairs). Dictionaries are separate.
-
-The 50-token cap's unit is an assumption: the journal names neither words nor subwords, and the authors'
-THUMT trainer (github.com/jack57lee/Diversify-MHA, ``bin/trainer.py``) only filters at ``max_length=256``
-tokens of the BPE'd files it reads, so the 50 was applied in a preprocessing step that is not published. We
-count subwords after BPE (``LENGTH_UNIT=subwords``, the default); ``LENGTH_UNIT=words`` counts Moses tokens
-(Chinese: segmented words) before BPE instead.
-
-Routes (CWMT from the Hugging Face Hub, since WMT17's FTP server no longer answers; ``WMT17_SOURCE=hf``) and
-verification (:func:`check_counts`, :func:`corpus_record`; a paper-scale table refuses data that is not verified):
+newsdev2017 is valid and newstest2017 test; BPE (32k merges) and dictionaries per language; training pairs longer
+than 50 tokens dropped (the journal paper: "maximum length limited to 50", about 20.6M pairs). The cap's unit is an
+assumption (the journal names no unit; the authors' THUMT trainer, github.com/jack57lee/Diversify-MHA
+``bin/trainer.py``, filters only at 256): subwords after BPE by default, ``LENGTH_UNIT=words`` counts Moses tokens
+(segmented Chinese words) before BPE. The routes (CWMT from the Hugging Face Hub, since WMT17's FTP server no
+longer answers; ``WMT17_SOURCE=hf``) and the verification (:func:`check_counts`, :func:`corpus_record`):
 docs/usage.md, "WMT17 Zh→En".
 """
 
@@ -27,13 +20,11 @@ from ..download import Source
 from ..text import iter_lines, sgm_segments
 from .base import NEWS_COMMENTARY_V12, WMT17_DEV, WMT_SETTINGS, Archive, Context, Recipe, sacrebleu_source, write_raw
 
-UN_BASE = "https://stuncorpusprod.blob.core.windows.net/corpusfiles/"
 UN_HINT = ("The UN's own addresses do not always answer: WMT17_SOURCE=hf (--wmt17-source hf) downloads the same "
            "corpus from the Hugging Face Hub instead.")
-UN_PARTS = [Source(f"UNv1.0.en-zh.tar.gz.{i:02d}", (UN_BASE + f"UNv1.0.en-zh.tar.gz.{i:02d}",
-                                                   f"https://conferences.unite.un.org/UNCorpus/en/DownloadFile?filename=UNv1.0.en-zh.tar.gz.{i:02d}"),
-                   extra={"hint": UN_HINT})
-            for i in range(2)]
+UN_PARTS = [Source(f"UNv1.0.en-zh.tar.gz.{i:02d}", tuple(base + f"UNv1.0.en-zh.tar.gz.{i:02d}" for base in (
+    "https://stuncorpusprod.blob.core.windows.net/corpusfiles/",
+    "https://conferences.unite.un.org/UNCorpus/en/DownloadFile?filename=")), extra={"hint": UN_HINT}) for i in range(2)]
 #: the Hugging Face Hub copies (``wmt_utils.py`` of huggingface/datasets' wmt17/wmt18/wmt19 scripts)
 HF_BASE = "https://huggingface.co/datasets/wmt/"
 HF_UN = Source("UNv1.0.en-zh.zip", (HF_BASE + "uncorpus/resolve/main-zip/UNv1.0.en-zh.zip",))
@@ -56,14 +47,8 @@ COUNTS_SOURCE = ("tensor2tensor, tensor2tensor/data_generators/translate_enzh.py
                  "'NEU2017: 2,000,000'")
 #: sentence pairs per corpus as published (:data:`COUNTS_SOURCE`); casict2011 and News Commentary v12 zh-en have
 #: no published count that we know of: they are recorded, not checked
-EXPECTED_PAIRS: Dict[str, int] = {
-    "UN-v1.0": 15_886_041,
-    "CWMT casia2015": 1_050_000,
-    "CWMT casict2015": 2_036_833,
-    "CWMT datum2015": 1_000_003,
-    "CWMT datum2017": 1_999_968,
-    "CWMT neu2017": 2_000_000,
-}
+EXPECTED_PAIRS: Dict[str, int] = {"UN-v1.0": 15_886_041, "CWMT casia2015": 1_050_000, "CWMT casict2015": 2_036_833,
+                                  "CWMT datum2015": 1_000_003, "CWMT datum2017": 1_999_968, "CWMT neu2017": 2_000_000}
 #: the journal version (Neurocomputing 2021), §4.1.1: "all of the available parallel data with maximum length
 #: limited to 50, consisting of about 20.6 M sentence pairs"
 PAPER_TRAIN_PAIRS = 20_600_000
@@ -77,8 +62,7 @@ ARCHIVES = [
     Archive("news-commentary", [NEWS_COMMENTARY_V12],
             lambda n: n.endswith(("news-commentary-v12.zh-en.zh", "news-commentary-v12.zh-en.en"))),
     Archive("un", UN_PARTS, lambda n: n.endswith(("UNv1.0.en-zh.zh", "UNv1.0.en-zh.en")),
-            expected_lines={"UNv1.0.en-zh.zh": EXPECTED_PAIRS["UN-v1.0"], "UNv1.0.en-zh.en": EXPECTED_PAIRS["UN-v1.0"]},
-            counts_source=COUNTS_SOURCE),
+            dict.fromkeys(("UNv1.0.en-zh.zh", "UNv1.0.en-zh.en"), EXPECTED_PAIRS["UN-v1.0"]), COUNTS_SOURCE),
     Archive("dev", [DEV], lambda n: "newsdev2017-zhen" in n),
     Archive("test", [TEST], lambda n: "newstest2017-zhen" in n),
 ]
@@ -86,19 +70,16 @@ ARCHIVES = [
 _CWMT_MEMBERS = {"casia2015": ("casia2015_ch.txt", "casia2015_en.txt"),
                  "casict2015": ("casict2015_ch.txt", "casict2015_en.txt"),
                  "datum2015": ("datum_ch.txt", "datum_en.txt"), "neu2017": ("NEU_cn.txt", "NEU_en.txt")}
-CWMT_ARCHIVES = [
-    Archive(f"cwmt-{name}", [CWMT_SOURCES[name]], None,
-            expected_lines={m: EXPECTED_PAIRS[f"CWMT {name}"] for m in _CWMT_MEMBERS.get(name, ())},
-            counts_source=COUNTS_SOURCE if name in _CWMT_MEMBERS else "")
-    for name in CWMT_CORPORA
-]
+CWMT_ARCHIVES = [Archive(f"cwmt-{name}", [CWMT_SOURCES[name]], None,
+                         {m: EXPECTED_PAIRS[f"CWMT {name}"] for m in _CWMT_MEMBERS.get(name, ())},
+                         COUNTS_SOURCE if name in _CWMT_MEMBERS else "") for name in CWMT_CORPORA]
 
-CWMT_INSTRUCTIONS = """\
+CWMT_INSTRUCTIONS = f"""\
 The CWMT part of the WMT17 Chinese-English data is downloaded from the Hugging Face Hub
-({hf}<name>.zip, six zips: {corpora}).
+({HF_BASE}wmt18/resolve/main/cwmt-wmt/<name>.zip, six zips: {', '.join(CWMT_CORPORA)}).
 The FTP server that WMT17 named (via http://nlp.nju.edu.cn/cwmt-wmt/) no longer answers. If you have the
 zips or their unpacked folders already, put them into
-    {cwmt_dir}
+    {{cwmt_dir}}
 (any layout: files named like casia2015_ch.txt / casia2015_en.txt or Book1_cn.txt / Book1_en.txt are found
 wherever they are) or point --cwmt-dir / CWMT_DIR there: they are used instead of the download.
 To prepare the data without CWMT (about 9M fewer pairs), run again with --skip-cwmt (make: CWMT=skip)."""
@@ -123,9 +104,8 @@ def configure(recipe: Recipe, options: Dict[str, object]) -> Recipe:
                                 ("LENGTH_UNIT (--length-unit)", unit, LENGTH_UNITS)):
         if value not in choices:
             raise SystemExit(f"error: {var}={value!r} is not valid: use one of {', '.join(choices)}")
-    archives = [a for a in recipe.archives if not a.name.startswith("cwmt-")]
-    if source == "hf":
-        archives = [replace(a, parts=[HF_UN]) if a.name == "un" else a for a in archives]
+    archives = [replace(a, parts=[HF_UN]) if a.name == "un" and source == "hf" else a
+                for a in recipe.archives if not a.name.startswith("cwmt-")]
     manual_dir = cwmt_dir(options, Path(options.get("work_dir") or "work") / recipe.name)
     if not options.get("skip_cwmt") and not _manual_cwmt(manual_dir):
         archives += CWMT_ARCHIVES
@@ -158,9 +138,7 @@ def check(ctx: Context):
     if _manual_cwmt(directory):
         ctx.log(f"  CWMT: using the files in {directory}")
     else:
-        ctx.log("  " + CWMT_INSTRUCTIONS.format(hf=f"{HF_BASE}wmt18/resolve/main/cwmt-wmt/",
-                                                corpora=", ".join(CWMT_CORPORA), cwmt_dir=directory)
-                .replace("\n", "\n  "))
+        ctx.log("  " + CWMT_INSTRUCTIONS.format(cwmt_dir=directory).replace("\n", "\n  "))
 
 
 def _cwmt_roots(ctx: Context):
@@ -169,17 +147,12 @@ def _cwmt_roots(ctx: Context):
     directory = cwmt_dir(ctx.options, ctx.work_dir)
     if not _manual_cwmt(directory):
         return [ctx.extracted(a.name) for a in ctx.recipe.archives if a.name.startswith("cwmt-")]
-    roots = [directory]
     zips = sorted(directory.glob("*.zip"))
-    if zips:
-        target = ctx.orig / "cwmt"
-        for z in zips:
-            dest = target / z.stem
-            if not dest.exists():
-                ctx.log(f"  unpacking {z.name}")
-                extract([z], dest, log=ctx.log)
-        roots.append(target)
-    return roots
+    for z in zips:
+        if not (ctx.extracted("cwmt") / z.stem).exists():
+            ctx.log(f"  unpacking {z.name}")
+            extract([z], ctx.extracted("cwmt") / z.stem, log=ctx.log)
+    return [directory] + ([ctx.extracted("cwmt")] if zips else [])
 
 
 def check_counts(found: Dict[str, int], allow_unverified: bool, log=print) -> Dict[str, Dict[str, object]]:
@@ -227,11 +200,10 @@ def collect(ctx: Context):
                                    ("test", "test", "test/newstest2017-zhen-{}.sgm")):
         sides = [sgm_segments(ctx.member(archive, member.format(f))) for f in ("src.zh", "ref.en")]
         write_raw(ctx, split, [(ctx.recipe.name, *sides)])
-    digest = hashlib.sha256()
-    for name, zh, en in cwmt:
-        digest.update(f"{name}:{zh.stat().st_size}:{en.stat().st_size}".encode())
+    digest = hashlib.sha256("".join(f"{name}:{zh.stat().st_size}:{en.stat().st_size}" for name, zh, en in cwmt)
+                            .encode()).hexdigest()
     record = corpus_record(report, skipped=bool(ctx.options.get("skip_cwmt")), found=found, missing=missing,
-                           digest=digest.hexdigest())
+                           digest=digest)
     (ctx.raw / CORPORA_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return record
 
@@ -270,12 +242,9 @@ RECIPE = Recipe(
     description="WMT17 zh→en (News Commentary v12, UN v1.0, CWMT; newsdev2017/newstest2017)",
     archives=ARCHIVES + CWMT_ARCHIVES,
     joint_bpe=False, joined_dictionary=False,  # Chinese and English: separate BPE and dictionaries
-    clean_max=50,
+    clean_max=50, corpora_file=CORPORA_FILE, paper_train_pairs=PAPER_TRAIN_PAIRS,
     collect=collect, check=check, collect_key=collect_key, configure=configure,
-    corpora_file=CORPORA_FILE,
-    paper_train_pairs=PAPER_TRAIN_PAIRS,
     paper_train_source="journal §4.1.1 and NAACL 2019 §5.2.1: 'about 20.6M sentence pairs' (length <= 50)",
-    notes="download 1.5 GB + CWMT 0.7 GB, ~40 GB of disk, preparation several hours with WORKERS=16",
     # only V_zh + 2 V_en is fixed by the papers' parameter counts: Transformer-Base 108M and Big 304M (NAACL 2019
     # Table 4, journal Table 5) give 124.7k embedding rows beyond the layers; English is taken as 32k merges
     # plus its alphabet (33.0k), Chinese as the rest (58.7k: its character inventory is large)
