@@ -1,7 +1,7 @@
 """The evaluated checkpoint is decided in one place (diverse_fairseq.runs.settings): the EMNLP 2020 settings
 evaluate checkpoint_best.pt by validation loss, the THUMT settings by validation BLEU, the demo the last one."""
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 from conftest import fake_prepared
@@ -59,7 +59,7 @@ def test_a_reused_run_evaluates_its_settings_checkpoint(tmp_path):
     from diverse_fairseq.tables import steps
     from diverse_fairseq.tables.cache import cache_key, store
     from diverse_fairseq.tables.config import RunConfig
-    from diverse_fairseq.tables.records import TrainRecord, to_json
+    from diverse_fairseq.tables.records import TrainRecord
     from diverse_fairseq.tables.spec import Row
 
     data_bin = fake_prepared(tmp_path / "data-bin", "iwslt14_de_en")
@@ -74,7 +74,7 @@ def test_a_reused_run_evaluates_its_settings_checkpoint(tmp_path):
                          args=[], averaged_checkpoints=0, best_checkpoint_metric="loss", embeddings="all",
                          parameters=None, updates=1, train_steps_per_second=None, train_loss=None, valid_loss=None,
                          valid_nll_loss=None)
-    store(run_dir / "train.json", to_json(stored))
+    store(run_dir / "train.json", asdict(stored))
     record, reused = steps.train_row(row, run, 1)
     assert reused and record.checkpoint == str(run_dir / "checkpoint_best.pt")
     assert record.best_checkpoint_metric == "loss"

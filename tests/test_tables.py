@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -306,6 +306,19 @@ def test_logging_flags_and_tensorboard_are_not_part_of_the_key(prepared, monkeyp
     assert old != _key(prepared, train_args=["--log-format", "json", "--dropout", "0.2"])
     assert key_difference(old, _key(prepared, train_args=["--log-format=json", "--dropout", "0.2"])) == \
         "changed: --dropout (default) → 0.2"
+
+
+def test_a_rows_train_command_names_each_option_once(prepared):
+    """The row's ``--arch``, its flags, TRAIN_ARGS and the runner's ``--log-format json`` replace the setting's
+    options in the planned fairseq-train argv (the last one given wins, as fairseq reads them), never add to them."""
+    run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
+                    data_bin=prepared / "data-bin", train_args=["--dropout", "0.3", "--lr=0.001"])
+    row = Row(id="r", label="R", family="diverse_transformer", args=["--dropout", "0.2", "--lr", "0.01"])
+    job = steps.job_plan(row, run, 1)
+    flags = Counter(a.split("=", 1)[0] for a in job.args if a.startswith("--"))
+    assert [flag for flag, n in flags.items() if n > 1] == []
+    assert job.args[job.args.index("--arch") + 1] == "diverse_transformer" and "--lr=0.001" in job.args
+    assert job.args[job.args.index("--log-format") + 1] == "json" and job.args[job.args.index("--dropout") + 1] == "0.3"
 
 
 def test_train_args_may_not_set_the_runners_log_flags(monkeypatch):
@@ -775,19 +788,19 @@ def test_paper_dry_run_decodes_each_row_as_its_paper(tmp_path, monkeypatch, caps
 
 
 def test_job_records_round_trip_through_json(tmp_path):
-    """A per-seed record is typed (issue 31): to_json/from_json give back the same record, nested records
+    """A per-seed record is typed (issue 31): asdict/from_json give back the same record, nested records
     included; evaluate's results.json is read into an EvalRecord whatever else it holds, and a record without a
     required field is refused by name."""
-    from diverse_fairseq.tables.records import EvalRecord, JobRecord, TrainRecord, from_json, to_json
+    from diverse_fairseq.tables.records import EvalRecord, JobRecord, TrainRecord, from_json
 
     record = replace(job_record(2, bleu=12.5, reused=True, disagreement={"enc_self": {"out": 0.8}},
                                 probing={"WC": {"accuracy": 50.0}}, key={"identity": {"options": {"--seed": 2}}}),
                      same_as="base")
-    stored = json.loads(json.dumps(to_json(record)))
+    stored = json.loads(json.dumps(asdict(record)))
     assert from_json(JobRecord, stored) == record
     assert isinstance(from_json(JobRecord, stored).eval, EvalRecord) and record.output_disagreement == 0.8
     results = {"bleu": 30.0, "tok_bleu": 31.0, "sentences": 5, "beam": 4, "data": "d", "speed": None}
     evaluation = from_json(EvalRecord, dict(results, out="o", target_lang="de"))
     assert (evaluation.bleu, evaluation.tok_bleu, evaluation.paper_bleu) == (30.0, 31.0, None)
     with pytest.raises(TypeError, match="missing 1 required positional argument: 'updates'"):
-        from_json(TrainRecord, {k: v for k, v in to_json(record.train).items() if k != "updates"})
+        from_json(TrainRecord, {k: v for k, v in asdict(record.train).items() if k != "updates"})

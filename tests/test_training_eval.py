@@ -62,7 +62,7 @@ def test_command_on_gpus_with_passthrough(data_bin):
             and info.tokens_per_update == 8 * 4096)
     assert value(args, "--arch") == ["transformer_vaswani_wmt_en_de_big"] and "--fp16" in args
     # the papers' big setting: dropout 0.1 and lr 5e-4 (journal §4.1.1), single models (no averaging)
-    assert value(args, "--dropout") == ["0.1"] and value(args, "--lr")[0] == "0.0005"
+    assert value(args, "--dropout") == ["0.1"]
     # the THUMT Transformer of the papers: untied embeddings, pre-norm, every dropout type 0.1, Adam eps 1e-9,
     # the best checkpoint by validation BLEU
     assert "--share-all-embeddings" not in args and "--share-decoder-input-output-embed" not in args
@@ -71,14 +71,14 @@ def test_command_on_gpus_with_passthrough(data_bin):
     assert value(args, "--adam-eps") == ["1e-09"] and value(args, "--best-checkpoint-metric") == ["bleu"]
     assert "--eval-bleu" in args and "--maximize-best-checkpoint-metric" in args
     assert info.best_checkpoint_metric == "bleu" and info.single_checkpoint.name == "checkpoint_best.pt"
-    assert value(args, "--lr")[-1] == "1e-3" and args[-2:] == ["--lr", "1e-3"]  # extra options come last
+    assert value(args, "--lr") == ["1e-3"] and args[-2:] == ["--lr", "1e-3"]  # an extra option replaces ours, last
     save = value(args, "--save-dir")[0]
     assert "--load-checkpoint-on-all-dp-ranks" in args and re.fullmatch(r"/ck/wmt14_en_de_big-[0-9a-f]{8}", save)
     assert value(args, "--tensorboard-logdir") == [save + "/tensorboard"] and str(info.save_dir) == save
     assert info.average == 0 and info.update_based
     # averaging stays an option: AVERAGE=N keeps at least the last N checkpoints
     args, _, info = command_from_env("wmt14_en_de", "big", [], env=dict(env, AVERAGE="30"), gpus=2)
-    assert info.average == 30 and value(args, "--keep-interval-updates") == ["30"]
+    assert info.average == 30 and value(args, "--keep-interval-updates") == ["30"] and value(args, "--lr") == ["0.0005"]
 
 
 def test_embeddings_choice(data_bin):

@@ -2,10 +2,7 @@
 
 torch's own errors do not say what is wrong: an empty file gives a bare ``EOFError``, a file that is not a
 checkpoint the advice to load it with ``weights_only=False`` (which would run whatever code the file holds), a
-checkpoint of another dataset a ``size mismatch`` dump. :func:`read_checkpoint` and :func:`check_dataset` say
-instead that the file is *truncated*, *not a checkpoint* (or holds Python objects outside the package's
-allowlist), or of *another dataset* (another dictionary size or language pair). Training reads the update count
-of ``checkpoint_last.pt`` (:func:`trained_updates`) and refuses a damaged one (:func:`refuse_damaged_last`).
+checkpoint of another dataset a ``size mismatch`` dump.
 """
 
 import pickle
@@ -86,10 +83,10 @@ def stored_task(state: Dict) -> Dict[str, Optional[str]]:
 def stored_data_dir(state: Dict, checkpoint) -> Path:
     """The checkpoint's training data directory, tried as stored, then relative to the checkpoint's ancestors
     (a run moved together with its data)."""
-    stored = stored_task(state)["data"]
+    stored, give = stored_task(state)["data"], ("give the data directory explicitly (--data DIR for the analysis, "
+                                                 "DATASET for the interactive command)")
     if not stored:
-        raise SystemExit(f"error: {checkpoint} names no data directory; give the data directory "
-                         "explicitly (--data DIR for the analysis, DATASET for the interactive command)")
+        raise SystemExit(f"error: {checkpoint} names no data directory; {give}")
     first = str(stored).split(":")[0]
     path = Path(first)
     if path.is_dir() or path.is_absolute():
@@ -98,8 +95,7 @@ def stored_data_dir(state: Dict, checkpoint) -> Path:
         if (ancestor / path).is_dir():
             return ancestor / path
     raise SystemExit(f"error: data directory {first!r} stored in {checkpoint} not found (relative to the current "
-                     "directory or the checkpoint's ancestors); give the data directory "
-                     "explicitly (--data DIR for the analysis, DATASET for the interactive command)")
+                     f"directory or the checkpoint's ancestors); {give}")
 
 
 def check_dataset(state: Dict, checkpoint, data_dir, src: str, tgt: str):
@@ -128,9 +124,8 @@ def check_dataset(state: Dict, checkpoint, data_dir, src: str, tgt: str):
 
 
 def trained_updates(checkpoint: Path) -> Optional[int]:
-    """The number of updates a fairseq checkpoint was saved at (``optimizer_history[-1]["num_updates"]``, what
-    fairseq resumes from), or ``None`` when the file cannot be read as a checkpoint. Memory-mapped, without
-    loading the tensors: a fraction of a second even for a big model."""
+    """The number of updates a fairseq checkpoint was saved at (what fairseq resumes from), or ``None`` when the
+    file cannot be read as a checkpoint. Memory-mapped: a fraction of a second even for a big model."""
     try:
         state = torch.load(str(checkpoint), map_location="cpu", weights_only=True, mmap=True)
         return int(state["optimizer_history"][-1]["num_updates"])
@@ -139,9 +134,8 @@ def trained_updates(checkpoint: Path) -> Optional[int]:
 
 
 def finished(save_dir: Path, max_update: Optional[int]) -> Optional[int]:
-    """The number of updates of ``save_dir/checkpoint_last.pt`` when it has reached ``max_update`` (the run is
-    finished: fairseq would resume it and train one more update before its stop check), else ``None``.
-    ``max_update`` None or 0 means no limit (fairseq's default), so a run is never finished by it."""
+    """The number of updates of ``save_dir/checkpoint_last.pt`` when it has reached ``max_update`` (None or 0: no
+    limit), else ``None``: fairseq would resume a finished run and train one more update before its stop check."""
     last = Path(save_dir) / "checkpoint_last.pt"
     if not max_update or not last.exists():
         return None
@@ -150,12 +144,10 @@ def finished(save_dir: Path, max_update: Optional[int]) -> Optional[int]:
 
 
 def refuse_damaged_last(save_dir, rerun: str = "run the same command again") -> None:
-    """SystemExit, before training, when ``save_dir/checkpoint_last.pt`` (what fairseq-train resumes from) cannot
-    be read, naming the fix: copy the intact checkpoint with the most updates (``checkpoint_best.pt`` or an
-    interval checkpoint) to ``checkpoint_last.pt``, or move the damaged file aside to start afresh; ``rerun`` says
-    what to run afterwards. fairseq itself would say "resuming", crash in torch's zip reader and leave the file as
-    it is, so the same command would fail again. Only a file that fails the cheap :func:`trained_updates` gets the
-    full read that says what is wrong (:func:`read_checkpoint`)."""
+    """SystemExit, before training, when ``save_dir/checkpoint_last.pt`` cannot be read, naming the fix (copy the
+    intact checkpoint with the most updates to it, or move it aside to start afresh; ``rerun`` says what to run
+    afterwards). fairseq itself would say "resuming", crash in torch's zip reader and leave the file as it is, so
+    the same command would fail again."""
     save_dir = Path(save_dir)
     last = save_dir / "checkpoint_last.pt"
     if not last.is_file() or trained_updates(last) is not None:

@@ -1,9 +1,8 @@
 """Logging of the package's command-line tools, and hydra's noise kept out of every fairseq command.
 
 :func:`quiet_hydra` runs when fairseq's tools import :mod:`diverse_fairseq` (``--user-dir``), before they build
-their hydra configuration, which printed hydra-core 1.3's deprecation warnings about fairseq 0.12's calls, and
-``DEBUG:hydra`` lines: importing ``fairseq.models`` runs ``logging.basicConfig(level=logging.DEBUG)``
-(``fairseq/models/wav2vec/wav2vec2_classification.py`` line 25, fairseq-fixed 0.12.3.1).
+their hydra configuration: hydra-core 1.3 warns of fairseq 0.12's calls, and importing ``fairseq.models`` runs
+``logging.basicConfig(level=logging.DEBUG)`` (``fairseq/models/wav2vec/wav2vec2_classification.py`` line 25).
 """
 
 import logging

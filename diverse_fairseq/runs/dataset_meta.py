@@ -44,11 +44,6 @@ class DatasetMeta:
     created: Optional[str] = None  # when it was written: not part of a run's identity
     other: Dict[str, object] = field(default_factory=dict)  # fields this version does not know, kept as they are
 
-    @property
-    def train_pairs(self) -> Optional[int]:
-        pairs = self.sentences.get("train")
-        return pairs if isinstance(pairs, int) else None
-
     def identity(self) -> Dict:
         """What a run's identity takes from the data: every field but the creation time, JSON-normalised."""
         known = {k: v for k, v in asdict(self).items() if k not in ("created", "other")}

@@ -24,10 +24,9 @@ def parse_int(name: str, text, minimum: int = 0, maximum: Optional[int] = None) 
     value = str(text).strip()
     number = int(value) if value.lstrip("-").isdigit() and value.count("-") <= 1 else None
     if number is None or number < minimum or (maximum is not None and number > maximum):
-        kind = {0: "a non-negative integer (0, 1, 2, ...)", 1: "a positive integer (1, 2, ...)"}.get(
+        kind = f"an integer from {minimum} to {maximum}" if maximum is not None else {
+            0: "a non-negative integer (0, 1, 2, ...)", 1: "a positive integer (1, 2, ...)"}.get(
             minimum, f"an integer >= {minimum}")
-        if maximum is not None:
-            kind = f"an integer from {minimum} to {maximum}"
         raise bad(name, text, f"use {kind}")
     return number
 

@@ -1,11 +1,8 @@
-"""What a training run *is* (:func:`run_identity`): the effective fairseq-train option values, parsed by fairseq's
-own parser with ``--user-dir`` (the plugin's options and the architecture's defaults included), kept where they
-differ from fairseq's defaults for the same task, architecture, criterion, optimizer and scheduler, with those
-choices and the prepared data. Spelling out a default (``--dropout 0.1`` where the architecture's is 0.1) is the
-same run; :data:`NOT_THE_MODEL` (logging, saving, data loading, ``--max-update``) never counts, the batch options
-that depend on the number of GPUs do. Its hash names the default save directory; ``SAVE_DIR/train_args.json``
-stores it, so that resuming a directory trained as another run is refused (:func:`check_resume`). The table cache
-keys on it too (``tables/cache.py``, which adds ``--max-update``).
+"""What a training run *is* (:func:`run_identity`; docs/architecture.md, "What a run is, planned once"). Spelling
+out a default (``--dropout 0.1`` where the architecture's is 0.1) is the same run; :data:`NOT_THE_MODEL` never
+counts, the batch options that depend on the number of GPUs do. Its hash names the default save directory;
+``SAVE_DIR/train_args.json`` stores it, so that resuming a directory trained as another run is refused
+(:func:`check_resume`). The table cache keys on it too (``tables/cache.py``, which adds ``--max-update``).
 """
 
 import contextlib
@@ -16,9 +13,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from fairseq import options
+from fairseq.models import ARCH_MODEL_REGISTRY
 
 from .dataset_meta import DatasetMeta
-from .settings import diverse_equivalent
 
 #: bump when the identity's form changes: an identity of another version is never equal to this one's
 IDENTITY_VERSION = 2
@@ -53,36 +50,32 @@ def parse_train_args(args: Sequence[str]):
         last = [line for line in said.getvalue().splitlines() if line.strip()][-1:] or ["(no message)"]
         raise SystemExit(f"error: fairseq-train would not accept these options: {last[0]}") from None
     routing = sorted({a.split("=", 1)[0] for a in unknown if a.startswith("--routing-")})
-    if routing:
+    if routing:  # the plugin's architecture of the same sizes: diverse_<arch> where registered
+        arch = namespace.arch if namespace.arch.startswith("diverse_") else f"diverse_{namespace.arch}"
         raise SystemExit(f"error: {', '.join(routing)}: routing-by-agreement options, which --arch {namespace.arch} "
-                         f"does not accept: add --arch {diverse_equivalent(namespace.arch)} (the same sizes, with "
-                         f"the routing options)")
+                         f"does not accept: add --arch {arch if arch in ARCH_MODEL_REGISTRY else 'diverse_transformer'}"
+                         f" (the same sizes, with the routing options)")
     if unknown:
         raise SystemExit("error: fairseq-train would not accept these options: error: unrecognized arguments: "
                          + " ".join(unknown))
     return namespace
 
 
-def option_values(effective: Dict[str, object]) -> Dict[str, object]:
-    """``{option: value}`` of the options of fairseq-train's parsed arguments ``effective`` (``vars`` of
-    :func:`parse_train_args`) whose value differs from fairseq's default for the same registry choices
-    (:data:`CHOICES`, always included), without :data:`NOT_THE_MODEL`; keys are spelled as flags (``--dropout``),
-    values JSON-normalised."""
+def run_identity(namespace, meta: DatasetMeta) -> Dict:
+    """A run's identity: the options of fairseq-train's parsed arguments ``namespace`` (:func:`parse_train_args`)
+    whose value differs from fairseq's default for the same registry choices (:data:`CHOICES`, always included),
+    without :data:`NOT_THE_MODEL`, spelled as flags (``--dropout``); and the prepared data. JSON-normalised, so it
+    compares equal to a stored one."""
+    effective = vars(namespace)
     baseline_args = [str(effective.get("data") or "data")]
     for name in ("user_dir", *CHOICES):
         if effective.get(name) not in (None, ""):
             baseline_args += [f"--{name.replace('_', '-')}", str(effective[name])]
     baseline = vars(parse_train_args(baseline_args))
-    out = {"--" + name.replace("_", "-"): json.loads(json.dumps(value, default=str))
-           for name, value in effective.items() if name not in NOT_THE_MODEL and not name.startswith("_")
-           and (name in CHOICES or name not in baseline or baseline[name] != value)}
-    return dict(sorted(out.items()))
-
-
-def run_identity(namespace, meta: DatasetMeta) -> Dict:
-    """A run's identity: the model-changing option values of fairseq-train's parsed arguments (:func:`option_values`)
-    and the prepared data. JSON-normalised, so it compares equal to a stored one."""
-    return {"version": IDENTITY_VERSION, "options": option_values(vars(namespace)), "data": meta.identity()}
+    values = {"--" + name.replace("_", "-"): json.loads(json.dumps(value, default=str))
+              for name, value in effective.items() if name not in NOT_THE_MODEL and not name.startswith("_")
+              and (name in CHOICES or name not in baseline or baseline[name] != value)}
+    return {"version": IDENTITY_VERSION, "options": dict(sorted(values.items())), "data": meta.identity()}
 
 
 def identity_hash(identity: Dict) -> str:

@@ -36,8 +36,7 @@ _HYPHEN = re.compile(r"(\S)-(\S)")
 
 
 def plain_bleu(hyps: List[str], refs: List[str]):
-    """Corpus BLEU on whitespace tokens, no smoothing (fairseq's scorer, multi-bleu.perl): a sacrebleu score. On
-    fairseq-generate's ``H-`` and ``T-`` texts (BPE removed) it is fairseq-generate's BLEU, the IWSLT14 one."""
+    """Corpus BLEU on whitespace tokens, no smoothing (fairseq's scorer, multi-bleu.perl): a sacrebleu score."""
     from sacrebleu.metrics import BLEU
 
     return BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(hyps, [refs])
@@ -50,16 +49,14 @@ def atat_split(line: str) -> str:
 
 
 def wmt14_tokens(detokenized: str, lang: str) -> str:
-    """A detokenized line as the authors' WMT14 script scores it: Moses-tokenized without ``-a`` (escaping on, as
-    ``tokenizer.perl``), then hyphens split as ``##AT##-##AT##``."""
+    """A detokenized line as the authors' WMT14 script scores it (Moses without ``-a``, then :func:`atat_split`)."""
     from ..data.text import tokenize
 
     return atat_split(tokenize(detokenized, lang, aggressive_dash=False))
 
 
 def wmt14_bleu(hyps_model: List[str], refs_detok: List[str], lang: str):
-    """The authors' WMT14 BLEU: ``hyps_model`` are the model's BPE-removed (``-a``-tokenized) hypotheses, which are
-    detokenized first; ``refs_detok`` the raw references."""
+    """The authors' WMT14 BLEU of the model's BPE-removed (``-a``-tokenized) hypotheses and the raw references."""
     from ..data.text import detokenize
 
     hyps = [wmt14_tokens(detokenize(h, lang), lang) for h in hyps_model]

@@ -1,19 +1,17 @@
 """A training run planned once: :func:`plan` turns a :class:`TrainRequest` into a frozen :class:`Plan`, which
-training, the resume check, the table runner (cache key, dry run), check-tables and the report all read
-(docs/architecture.md, "What a run is, planned once").
-
-Batch: the papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of GPUs with
-``--update-freq = ceil(tokens per update / (GPUs × max tokens))``. fp16 on GPU. Tensorboard logs go to
-``SAVE_DIR/tensorboard`` where a writer is installed (``pip install -e .[tensorboard]``).
+training, the resume check, the table runner, check-tables and the report all read (docs/architecture.md, "What a
+run is, planned once"). The papers' tokens per update (base/big: 8 GPUs × 4096 tokens) are kept on any number of
+GPUs (:func:`update_freq`); tensorboard logs go to ``SAVE_DIR/tensorboard`` where a writer is installed.
 """
 
 import importlib.util
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -27,9 +25,8 @@ from .settings import Setting, checkpoint_name, resolve_setting
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """The launch options of one training (``scripts/train.sh``'s ``MAX_TOKENS``, ``UPDATE_FREQ``, ...:
-    :func:`diverse_fairseq.training.options_from_env`); None: the setting's value (``precision``: fp16 on GPUs,
-    fp32 on the CPU)."""
+    """The launch options of one training (``scripts/train.sh``'s variables: ``training.options_from_env``); None:
+    the setting's value (``precision``: fp16 on GPUs, fp32 on the CPU)."""
 
     max_tokens: Optional[int] = None
     update_freq: Optional[int] = None
@@ -56,7 +53,7 @@ class TrainRequest:
 
     dataset: str
     setting: str  # a setting name or a registered architecture (:func:`resolve_setting`)
-    extra: Tuple[str, ...] = ()  # fairseq-train options after ours (they override them)
+    extra: Tuple[str, ...] = ()  # fairseq-train options that replace ours (:func:`last_wins`)
     seed: int = 1
     save_dir: Optional[Path] = None  # None: a --save-dir among ``extra``, else CHECKPOINTS/<name>-<hash>
     data_bin: Path = DATA_BIN
@@ -74,8 +71,7 @@ def visible_gpus() -> int:
 def select_gpus(requested: Optional[int], env, visible: int):
     """(GPUs to train on, environment for the training processes) for ``requested`` GPUs (None: all visible):
     ``CUDA_VISIBLE_DEVICES`` becomes the first ``requested`` entries of the current one (0..N-1 when unset), so
-    that fairseq (whose default world size is the number of visible devices), torchrun and SLURM's fairseq
-    launch all see exactly those devices. More than ``visible`` is an error."""
+    that fairseq (whose default world size is the number of visible devices) and its launchers see only those."""
     if requested is None:
         return visible, {}
     current = env.get("CUDA_VISIBLE_DEVICES")
@@ -100,20 +96,6 @@ def tensorboard_available() -> bool:
     return any(importlib.util.find_spec(name) is not None for name in ("tensorboardX", "tensorboard"))
 
 
-def model_args(s: Setting, embeddings: str, joined_dictionary: bool) -> List[str]:
-    """The setting's embedding sharing (``shared``: fairseq's, one matrix for source, target and output on a joined
-    dictionary, else the target's with the output; ``untied``: none), layer-norm placement and dropout types
-    beyond ``--dropout`` (nothing for fairseq's defaults)."""
-    args = [] if embeddings == "untied" else [
-        "--share-all-embeddings" if joined_dictionary else "--share-decoder-input-output-embed"]
-    if s.normalize_before:
-        args += ["--encoder-normalize-before", "--decoder-normalize-before"]
-    for flag, value in (("--attention-dropout", s.attention_dropout), ("--activation-dropout", s.activation_dropout)):
-        if value is not None:
-            args += [flag, str(value)]
-    return args
-
-
 def task_args(length_penalty: str) -> List[str]:
     """fairseq's ``--task`` for decoding with ``length_penalty``: ``translation`` for fairseq's penalty, the
     plugin's ``translation_length_penalty --length-penalty gnmt`` for GNMT's
@@ -126,8 +108,7 @@ def task_args(length_penalty: str) -> List[str]:
 
 @dataclass(frozen=True)
 class Decoding:
-    """How a run's validation BLEU and test set are decoded: the beam, the length penalty (value and form:
-    ``fairseq`` or ``gnmt``) and the length limit ``max_len_a * |x| + max_len_b`` (:func:`decoding`)."""
+    """How a run's validation BLEU and test set are decoded (:func:`decoding`)."""
 
     beam: int
     lenpen: float
@@ -138,8 +119,8 @@ class Decoding:
 
 def decoding(meta: DatasetMeta, s: Setting) -> Decoding:
     """How setting ``s`` decodes the prepared data: the recipe's beam and length penalty value, the setting's
-    penalty form (fairseq's or GNMT's) and its length limit where it has one, else the recipe's. The validation
-    BLEU and the test evaluation both use it."""
+    penalty form (fairseq's or GNMT's) and its length limit ``max_len_a * |x| + max_len_b`` where it has one, else
+    the recipe's."""
     return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty,
                     max_len_a=meta.max_len_a if s.max_len_a is None else s.max_len_a,
                     max_len_b=meta.max_len_b if s.max_len_b is None else s.max_len_b)
@@ -209,13 +190,27 @@ class Plan:
         return self.checkpoint(0)
 
     def checkpoint(self, averaged: int) -> Path:
-        """The checkpoint to evaluate when ``averaged`` checkpoints went into an average (0: none): the one place
-        that decides it for a run (:func:`diverse_fairseq.runs.settings.checkpoint_name`)."""
+        """The checkpoint to evaluate after averaging ``averaged`` checkpoints (0: none): the one place that decides
+        it for a run."""
         return self.save_dir / checkpoint_name(self.best_checkpoint_metric, averaged)
 
     @property
     def decoding(self) -> Decoding:
         return decoding(self.meta, self.setting)
+
+
+def last_wins(args: Sequence[str]) -> List[str]:
+    """``args`` with each option (a ``-flag`` or ``--flag[=value]`` and the values after it) kept only where it is
+    given last: argparse reads the same values (fairseq's parser has no repeatable option), and the command names
+    each option once."""
+    groups: List[List[str]] = []
+    for a in args:
+        if re.match(r"--?[A-Za-z]", a) or not groups:
+            groups.append([a])
+        else:
+            groups[-1].append(a)
+    last = {g[0].split("=", 1)[0]: i for i, g in enumerate(groups)}
+    return [a for i, g in enumerate(groups) if last[g[0].split("=", 1)[0]] == i for a in g]
 
 
 def plan(request: TrainRequest) -> Plan:
@@ -238,13 +233,18 @@ def plan(request: TrainRequest) -> Plan:
         str(data), "--user-dir", USER_DIR, *task_args(s.length_penalty),
         "--source-lang", meta.source_lang, "--target-lang", meta.target_lang,
         "--arch", arch, *s.extra,
-        *model_args(s, o.embeddings or s.embeddings, meta.joined_dictionary),
+        # embedding sharing (shared: fairseq's, all three matrices on a joined dictionary, else the target's with
+        # the output; untied: none), layer-norm placement, dropout types beyond --dropout (None: fairseq's default)
+        *([] if (o.embeddings or s.embeddings) == "untied" else
+          ["--share-all-embeddings" if meta.joined_dictionary else "--share-decoder-input-output-embed"]),
+        *(["--encoder-normalize-before", "--decoder-normalize-before"] if s.normalize_before else []),
+        *(["--attention-dropout", str(s.attention_dropout)] if s.attention_dropout is not None else []),
+        *(["--activation-dropout", str(s.activation_dropout)] if s.activation_dropout is not None else []),
         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", f"{s.adam_eps:g}", "--clip-norm", "0.0",
         "--lr", str(s.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
         "--warmup-init-lr", "1e-07", "--dropout", str(s.dropout), "--weight-decay", str(s.weight_decay),
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", str(max_tokens), "--update-freq", str(freq),
-        "--max-update", str(max_update),
+        "--max-tokens", str(max_tokens), "--update-freq", str(freq), "--max-update", str(max_update),
         "--save-dir", placeholder,
         *(["--tensorboard-logdir", placeholder + "/tensorboard"] if tensorboard_available() else []),
         "--log-format", "simple", "--log-interval", str(s.log_interval), "--seed", str(request.seed),
@@ -282,12 +282,13 @@ def plan(request: TrainRequest) -> Plan:
     elif nnodes > 1:  # SLURM: fairseq derives ranks and the master from the SLURM variables
         args += ["--distributed-world-size", str(world),
                  "--distributed-port", str(o.master_port or 12000 + o.slurm_job_id % 20000)]
-    # the final options (the extra ones override ours), refused here if fairseq-train would refuse them
-    final = parse_train_args([a.replace(placeholder, "<save-dir>") for a in args + extra])
+    # the final options (the extra ones replace ours), refused here if fairseq-train would refuse them
+    args = last_wins(args + extra)
+    final = parse_train_args([a.replace(placeholder, "<save-dir>") for a in args])
     identity = run_identity(final, meta)
     explicit = request.save_dir or (final.save_dir if final.save_dir != "<save-dir>" else None)
     save_dir = Path(explicit or Path(o.checkpoints) / f"{dataset}_{setting_or_arch}-{identity_hash(identity)}")
-    args = [a.replace(placeholder, str(save_dir)) for a in args] + extra
+    args = [a.replace(placeholder, str(save_dir)) for a in args]
     return Plan(request=request, setting_name=key, setting=s, arch=final.arch, args=tuple(args),
                 launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity, gpus=gpus, nodes=nnodes,
                 max_tokens=max_tokens, update_freq=freq, max_update=final.max_update or 0, average=average,

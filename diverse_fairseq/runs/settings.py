@@ -23,13 +23,6 @@ from .dataset_meta import load_dataset_meta
 METRICS = {None: "the last", "bleu": "the best by validation BLEU", "loss": "the best by validation loss"}
 
 
-def check_metric(metric: Optional[str]):
-    """ValueError naming the choices unless ``metric`` is one of :data:`METRICS`."""
-    if metric not in METRICS:
-        raise ValueError(f"best_checkpoint_metric={metric!r} is not known: use None (evaluate checkpoint_last.pt), "
-                         "'bleu' or 'loss' (evaluate checkpoint_best.pt chosen by that validation metric)")
-
-
 @dataclass(frozen=True)
 class Setting:
     """One model scale. ``batch_tokens`` is the papers' number of tokens per update over all GPUs."""
@@ -48,7 +41,7 @@ class Setting:
     average: int = 0  # average the last N checkpoints after training (0: no averaging, the papers' choice)
     log_interval: int = 100
     extra: List[str] = field(default_factory=list)
-    # "shared" (fairseq's sharing, plan.model_args) or "untied" (source, target and output embeddings all separate,
+    # "shared" (fairseq's sharing, see plan.plan) or "untied" (source, target and output embeddings all separate,
     # as the THUMT Transformer of the EMNLP 2018 / NAACL 2019 / journal papers); EMBEDDINGS=shared|untied overrides
     embeddings: str = "shared"
     normalize_before: bool = False  # pre-norm (layer norm before each sub-layer) in encoder and decoder
@@ -66,13 +59,15 @@ class Setting:
     max_len_b: Optional[int] = None
 
     def __post_init__(self):
-        check_metric(self.best_checkpoint_metric)
+        checkpoint_name(self.best_checkpoint_metric)  # an unknown metric: ValueError
 
 
 def checkpoint_name(metric: Optional[str], average: int = 0) -> str:
     """The file evaluated for a setting whose best metric is ``metric`` (:data:`METRICS`), after averaging the last
     ``average`` checkpoints (0: none); :meth:`diverse_fairseq.runs.plan.Plan.checkpoint` applies it to a run."""
-    check_metric(metric)
+    if metric not in METRICS:
+        raise ValueError(f"best_checkpoint_metric={metric!r} is not known: use None (evaluate checkpoint_last.pt), "
+                         "'bleu' or 'loss' (evaluate checkpoint_best.pt chosen by that validation metric)")
     if average:
         return f"checkpoint_avg_last{int(average)}.pt"
     return "checkpoint_best.pt" if metric else "checkpoint_last.pt"
@@ -151,8 +146,8 @@ def default_setting(dataset: str, data_bin) -> str:
     if not (data / "prepare.json").exists():
         raise SystemExit(f"error: {data / 'prepare.json'} not found; prepare the data first (scripts/prepare_data.sh), "
                          f"or name the setting: {', '.join(SETTINGS)}")
-    pairs = load_dataset_meta(data).train_pairs
-    if pairs is None:
+    pairs = load_dataset_meta(data).sentences.get("train")
+    if not isinstance(pairs, int):
         raise SystemExit(f"error: {data / 'prepare.json'} does not record the number of training pairs, so no "
                          f"setting can be chosen for {dataset}: name one ({', '.join(SETTINGS)})")
     return next(name for limit, name in SIZE_SETTINGS if pairs < limit)
@@ -174,10 +169,3 @@ def resolve_setting(name: str):
     low = name.lower()
     key = "big" if "big" in low else "small" if "iwslt" in low else "tiny" if "tiny" in low else "base"
     return key, SETTINGS[key], name
-
-
-def diverse_equivalent(arch: str) -> str:
-    """The plugin's architecture with ``arch``'s sizes: ``diverse_<arch>`` where registered, else
-    ``diverse_transformer``."""
-    name = arch if arch.startswith("diverse_") else f"diverse_{arch}"
-    return name if name in ARCH_MODEL_REGISTRY else "diverse_transformer"

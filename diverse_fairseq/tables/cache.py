@@ -9,7 +9,6 @@ directory can move, and a machine without tensorboard reuses the runs of one wit
 import functools
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
@@ -19,10 +18,8 @@ from ..runs.plan import Plan
 #: the form of the cached records and keys; bumped when it changes (2: runs keyed by their identity, typed
 #: records), so that the caches of earlier builds are recomputed instead of read
 CACHE_VERSION = 2
-#: fairseq-train flags (each with one value) that the runner sets itself (not in TRAIN_ARGS): every run logs JSON
-#: records to its train.log (read by progress.py)
+#: fairseq-train flags (each with one value) that the runner sets itself (steps.job_plan), not TRAIN_ARGS
 RUNNER_FLAGS = ("--log-format", "--log-file")
-LOG_FORMAT_ARGS = ["--log-format", "json"]
 
 
 def cache_version() -> str:
@@ -33,9 +30,8 @@ def cache_version() -> str:
 
 
 def cache_key(plan: Plan) -> Dict:
-    """What a finished run must match to be reused: the plan's identity
-    (:func:`diverse_fairseq.runs.identity.run_identity`), updates, averaging, setting, dataset and cache version;
-    JSON-normalised, so it compares equal to a stored one."""
+    """What a finished run must match to be reused: the plan's identity, updates, averaging, setting, dataset and
+    cache version; JSON-normalised, so it compares equal to a stored one."""
     key = {"identity": plan.identity, "max_update": plan.max_update, "average": plan.average,
            "setting": plan.setting_name, "dataset": plan.request.dataset, "version": cache_version()}
     return json.loads(json.dumps(key))
@@ -52,22 +48,9 @@ def key_difference(old: Optional[Dict], new: Dict) -> str:
     return "changed: " + ", ".join(parts)
 
 
-@dataclass(frozen=True)
-class Found:
-    data: Optional[Dict]  # the file's contents; None when there is no file
-    key: Optional[Dict]  # the key stored in it; None when there is no file (or no key in it)
-    hit: bool  # whether that key matches this invocation's: the cached result may be reused
-
-
-def lookup(path: Path, key: Dict, stored_key: Callable[[Dict], Optional[Dict]] = lambda data: data.get("key")
-           ) -> Found:
-    """Read the JSON file ``path`` (if there is one) and compare the key stored in it (``stored_key``; default:
-    the file's ``"key"`` field; ``dict``: the file is nothing but the key, as a ``key.json``) with ``key``."""
-    if not path.exists():
-        return Found(data=None, key=None, hit=False)
-    data = json.loads(path.read_text())
-    old = stored_key(data)
-    return Found(data=data, key=old, hit=old == key)
+def load(path: Path) -> Optional[Dict]:
+    """The JSON of ``path``; None when there is no such file."""
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def store(path: Path, data: Dict):
@@ -79,11 +62,10 @@ def store(path: Path, data: Dict):
 def cached(path: Path, key: Dict, compute: Callable[[], Dict], stored_key=lambda data: data.get("key")) -> Dict:
     """The JSON of ``path`` while its stored key is ``key``; else ``compute()``'s, stored there (it must hold the
     key where ``stored_key`` reads it)."""
-    found = lookup(path, key, stored_key)
-    if found.hit:
-        return found.data
-    data = compute()
-    store(path, data)
+    data = load(path)
+    if data is None or stored_key(data) != key:
+        data = compute()
+        store(path, data)
     return data
 
 

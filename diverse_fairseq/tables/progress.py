@@ -4,11 +4,6 @@ With ``--log-format json`` fairseq writes each progress record as a JSON object 
 prefix): the periodic ``train_inner`` records (``{"loss": "7.7", "num_updates": "3", "wall": "20", ...}``) and the
 end-of-epoch summaries, whose keys carry the subset's name (``{"train_loss": "7.715", ...}``, ``{"valid_loss":
 ...}``); see fairseq/logging/progress_bar.py. Text logs are not read.
-
-:class:`Progress` prints a line when a job starts and one when it ends (row i of n, seed, elapsed time, estimated
-time remaining), and while it trains (:class:`LogWatcher`) :func:`progress_line`, e.g.::
-
-    update 450/800 (56%), train loss 6.213, valid loss 6.02, BLEU 3.41 (update 400); about 0:02:05 left
 """
 
 import json
@@ -79,16 +74,14 @@ def progress_line(log: str) -> Optional[str]:
     (``wall`` is kept in the checkpoint, so after a resume both count the whole run)."""
     max_update, first = 0, None  # first: (updates, wall) of the first record since the last start-up
     updates = loss = wall = None
-    valid = None  # (updates, loss, bleu)
+    valid = {}  # the last validation record
     for line in log.splitlines():
         found = _MAX_UPDATE.search(line)
         if found:  # fairseq_cli.train started (again)
             max_update, first = int(found.group(1)), None
             continue
         record = next(records(line), {})
-        if "valid_loss" in record:
-            valid = (number(record.get("valid_num_updates")), number(record["valid_loss"]),
-                     number(record.get("valid_bleu")))
+        valid = record if "valid_loss" in record else valid
         # a train_inner record, or the end of an epoch
         prefix = "" if "loss" in record and "num_updates" in record else "train_" if "train_loss" in record else None
         if prefix is None:
@@ -105,10 +98,10 @@ def progress_line(log: str) -> Optional[str]:
     parts = [f"update {done}/{max_update} ({100 * done // max_update}%)" if max_update else f"update {done}"]
     if loss is not None:
         parts.append(f"train loss {loss:.3f}")
-    if valid is not None and valid[1] is not None:
-        bleu = f", BLEU {valid[2]:.2f}" if valid[2] is not None else ""
-        at = f" (update {int(valid[0])})" if valid[0] is not None else ""
-        parts.append(f"valid loss {valid[1]:.3f}{bleu}{at}")
+    valid_loss, bleu, at = (number(valid.get(name)) for name in ("valid_loss", "valid_bleu", "valid_num_updates"))
+    if valid_loss is not None:
+        parts.append(f"valid loss {valid_loss:.3f}" + (f", BLEU {bleu:.2f}" if bleu is not None else "")
+                     + (f" (update {int(at)})" if at is not None else ""))
     line = ", ".join(parts)
     if max_update and done >= max_update:
         return line + "; training done"
@@ -116,11 +109,9 @@ def progress_line(log: str) -> Optional[str]:
         return line
     if first is not None and updates > first[0] and wall > first[1]:
         rate = (updates - first[0]) / (wall - first[1])  # since the first record: start-up and warm-up left out
-    elif done > 0 and wall > 0:
-        rate = done / wall
     else:
-        return line
-    return line + f"; about {clock((max_update - done) / rate)} left"
+        rate = done / wall if done > 0 and wall > 0 else None
+    return line if rate is None else line + f"; about {clock((max_update - done) / rate)} left"
 
 
 class LogWatcher(threading.Thread):
@@ -132,10 +123,10 @@ class LogWatcher(threading.Thread):
         super().__init__(name=f"watch {path}", daemon=True)
         self.path, self.interval, self.emit = Path(path), float(interval), emit
         self.last: Optional[str] = None
-        self._at_start = self._identity()
+        self._at_start = self._stat()
         self._done = threading.Event()
 
-    def _identity(self):
+    def _stat(self):
         try:
             stat = self.path.stat()
         except OSError:
@@ -144,15 +135,13 @@ class LogWatcher(threading.Thread):
 
     def poll(self):
         """Read the log once; emit its line if it is new."""
-        now = self._identity()
-        if now is None or (self._at_start is not None and now[0] == self._at_start[0]
-                           and now[1] <= self._at_start[1]):
+        now, start = self._stat(), self._at_start
+        if now is None or (start is not None and now[0] == start[0] and now[1] <= start[1]):
             return  # not written yet, or not since the watcher started
         try:
-            text = self.path.read_text(encoding="utf-8", errors="replace")
+            line = progress_line(self.path.read_text(encoding="utf-8", errors="replace"))
         except OSError:  # moved aside meanwhile
             return
-        line = progress_line(text)
         if line is not None and line != self.last:
             self.last = line
             self.emit(line)

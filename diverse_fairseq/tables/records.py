@@ -1,10 +1,10 @@
 """The typed per-seed records of a table run: :class:`TrainRecord` (``train.json``), :class:`EvalRecord` (one
-subset's ``results.json``) and :class:`JobRecord` (one row and seed), written and read by :func:`to_json` and
-:func:`from_json` only. A record of an earlier build has another cache key (:data:`.cache.CACHE_VERSION`), so its
+subset's ``results.json``) and :class:`JobRecord` (one row and seed), written by :func:`dataclasses.asdict` and
+read by :func:`from_json`. A record of an earlier build has another cache key (:data:`.cache.CACHE_VERSION`), so its
 run is trained again instead of being patched up.
 """
 
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Dict, List, Optional, get_args, get_origin, get_type_hints
 
 
@@ -72,13 +72,9 @@ class JobRecord:
         return self.disagreement["enc_self"]["out"] if self.disagreement else None
 
 
-def to_json(record) -> Dict:
-    """A record as JSON-ready dicts and lists (nested records included)."""
-    return asdict(record)
-
-
 def from_json(cls, data: Dict):
-    """The ``cls`` record of :func:`to_json`'s ``data``; keys that are not fields of ``cls`` are left out."""
+    """The ``cls`` record of :func:`dataclasses.asdict`'s ``data``; keys that are not fields of ``cls`` are left
+    out."""
     hints, values = get_type_hints(cls), {}
     for name in (f.name for f in fields(cls) if f.name in data):
         hint, value = hints[name], data[name]

@@ -1,9 +1,6 @@
-"""Train, evaluate and measure every row of a table, resuming whatever is already finished.
-
-:func:`run_table` runs each row and seed (one *job*: ``steps.run_job``) but those of rows that train an earlier
-row's model (:func:`same_model_rows`), one by one in this process (``jobs = 1``) or ``jobs`` at once in worker
-processes (:func:`run_parallel`). Every job runs with ``threads`` CPU threads, so a seed gives the same numbers on
-any machine. ``DRY_RUN=1`` prints the commands instead (:func:`dry_run_table`).
+"""Train, evaluate and measure every row and seed of a table (one *job* each: ``steps.run_job``), resuming whatever
+is already finished, one by one in this process or ``jobs`` at once in worker processes; ``DRY_RUN=1`` prints the
+commands instead. Every job runs with ``threads`` CPU threads, so a seed gives the same numbers on any machine.
 """
 
 import json
@@ -20,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 from .. import training
 from ..evaluate import command_line
 from ..runs.settings import SETTINGS
-from .cache import cache_key, lookup
+from .cache import cache_key, load
 from .config import RunConfig
 from .progress import Progress
 from .records import JobRecord
@@ -51,7 +48,8 @@ def interrupted_lines(table: Table, run: RunConfig, jobs, resume: str) -> List[s
 
 
 def run_table(table: Table, run: RunConfig) -> Optional[Dict[str, List[JobRecord]]]:
-    """``{row id: [per-seed record]}`` of every row and seed (None after a dry run)."""
+    """``{row id: [per-seed record]}`` of every row and seed (None after a dry run); a row that trains an earlier
+    row's model (:func:`same_model_rows`) gets that row's records."""
     if run.dry_run:
         return dry_run_table(table, run)
     data = run.data_bin / run.dataset
@@ -207,7 +205,7 @@ def dry_run_table(table: Table, run: RunConfig):
     for row, seed in todo:
         job = job_plan(row, run, seed)
         run_dir = run.run_dir(row, seed)
-        if lookup(run_dir / "train.json", cache_key(job)).hit:
+        if (load(run_dir / "train.json") or {}).get("key") == cache_key(job):
             state = "finished earlier: its training would be reused"
         elif (run_dir / "checkpoint_last.pt").exists():
             state = "interrupted: training would resume it, or start afresh if its options changed"

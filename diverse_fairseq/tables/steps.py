@@ -18,32 +18,25 @@ from ..runs.dataset_meta import load_dataset_meta
 from ..runs.plan import Plan, TrainRequest, decoding, plan
 from ..runs.settings import SETTINGS
 from . import scale
-from .cache import LOG_FORMAT_ARGS, cache_key, cache_version, cached, checkpoint_identity, key_difference, lookup, store
+from .cache import cache_key, cache_version, cached, checkpoint_identity, key_difference, load, store
 from .config import RunConfig
 from .progress import last_summary, model_parameters
-from .records import EvalRecord, JobRecord, TrainRecord, from_json, to_json
+from .records import EvalRecord, JobRecord, TrainRecord, from_json
 from .spec import Row
 
 
 def job_plan(row: Row, run: RunConfig, seed: int) -> Plan:
     """The one function that turns a table row and seed into its plan (training, cache key, dry run, check)."""
-    run_dir = run.run_dir(row, seed)
-    setting = run.setting(row)
-    arch = row.arch(SETTINGS[setting].arch)
-    row_args = scale.row_args(row.args, setting)  # layer flags mapped to the setting's depth (scale.py)
-    extra = ["--arch", arch, *row_args, "--log-file", str(run_dir / "train.log"), *run.train_args, *LOG_FORMAT_ARGS]
+    run_dir, setting = run.run_dir(row, seed), run.setting(row)
+    # the row's family and flags (layer flags mapped to the setting's depth, scale.py), TRAIN_ARGS, and the JSON log
+    # (read by progress.py) of every run, which TRAIN_ARGS may not set
+    extra = ["--arch", row.arch(SETTINGS[setting].arch), *scale.row_args(row.args, setting),
+             "--log-file", str(run_dir / "train.log"), *run.train_args, "--log-format", "json"]
     return plan(TrainRequest(
         dataset=run.dataset, setting=setting, extra=tuple(extra), seed=seed, save_dir=run_dir,
         data_bin=run.data_bin, gpus=run.gpus,
         options=replace(run.train_options, dry_run=False),  # the runner's own dry run never calls training.run
         entry=run.train_hook))
-
-
-def _move_aside(run_dir: Path, why: str, tag: str):
-    stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.rename(stale)
-    print(f"  [{tag}] the run in {run_dir} was made by a different command ({why}): moved it to {stale.name}/ "
-          f"and training afresh", flush=True)
 
 
 def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
@@ -54,20 +47,20 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
     run_dir, tag = run.run_dir(row, seed), f"{row.id} seed {seed}"
     job = job_plan(row, run, seed)
     row_args, key = scale.row_args(row.args, job.setting_name), cache_key(job)
-    finished = lookup(run_dir / "train.json", key)
-    if finished.hit:
-        record = from_json(TrainRecord, finished.data)
+    finished = load(run_dir / "train.json")
+    if finished is not None and finished.get("key") == key:
+        record = from_json(TrainRecord, finished)
         print(f"  [{tag}] training finished earlier ({record.trained_at}); reusing {run_dir}", flush=True)
         # the plan's checkpoint, beside train.json also when the results directory has moved since
         return replace(record, checkpoint=str(job.checkpoint(record.averaged_checkpoints))), True
-    if finished.data is not None:
-        _move_aside(run_dir, key_difference(finished.key, key), tag)
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        interrupted = lookup(run_dir / "key.json", key, stored_key=dict)
-        if not interrupted.hit:
-            _move_aside(run_dir, key_difference(interrupted.key, key), tag)
-        else:
-            print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
+    stored = finished.get("key") if finished is not None else load(run_dir / "key.json")  # key.json: interrupted
+    if stored == key:
+        print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
+    elif finished is not None or (run_dir.exists() and any(run_dir.iterdir())):
+        stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(stale)
+        print(f"  [{tag}] the run in {run_dir} was made by a different command ({key_difference(stored, key)}): "
+              f"moved it to {stale.name}/ and training afresh", flush=True)
     store(run_dir / "key.json", key)
     print(f"  [{tag}] training {job.arch} ({job.setting_name}): {shlex.join(row_args + run.train_args)}", flush=True)
     # the training processes' environment: this one's, pinned to run.threads CPU threads
@@ -82,7 +75,7 @@ def train_row(row: Row, run: RunConfig, seed: int) -> Tuple[TrainRecord, bool]:
         parameters=model_parameters(log), updates=int(train.get("num_updates", 0)),
         train_steps_per_second=train.get("ups"), train_loss=train.get("loss"), valid_loss=valid.get("loss"),
         valid_nll_loss=valid.get("nll_loss"))
-    store(run_dir / "train.json", to_json(record))
+    store(run_dir / "train.json", asdict(record))
     return record, False
 
 
@@ -110,9 +103,8 @@ def evaluate_row(row: Row, run: RunConfig, seed: int, checkpoint: str, subset: s
     """Decode and score ``subset`` (cached in results.json while key.json matches :func:`evaluation_key`)."""
     request = eval_request(run, row, seed, checkpoint, subset)
     out, key = request.out, evaluation_key(request)
-    if (out / "results.json").exists() and lookup(out / "key.json", key, stored_key=dict).hit:
-        results = json.loads((out / "results.json").read_text())
-    else:
+    results = load(out / "results.json") if load(out / "key.json") == key else None
+    if results is None:
         print(f"  [{row.id} seed {seed}] evaluating {checkpoint} on {subset}", flush=True)
         if out.exists():
             shutil.rmtree(out)  # made with other decoding flags
