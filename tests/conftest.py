@@ -1,6 +1,7 @@
 """Shared pytest fixtures: a tiny binarized translation dataset and a runner for fairseq's CLIs."""
 
 import json
+import logging
 import os
 import random
 import socket
@@ -100,17 +101,24 @@ def tiny_raw(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_data(tiny_raw, tmp_path_factory):
-    """The toy corpus binarized by ``fairseq-preprocess`` with a joined dictionary."""
+    """The toy corpus binarized by ``fairseq-preprocess`` with a joined dictionary (its ``main``, called in this
+    process as the data preparation calls it: a new process would first import torch and fairseq)."""
+    from fairseq import options
+    from fairseq_cli import preprocess
+
     dest = tmp_path_factory.mktemp("tiny_bin")
-    run_cli(
-        "preprocess",
-        [
-            "--source-lang", "en", "--target-lang", "de",
-            "--trainpref", tiny_raw / "train", "--validpref", tiny_raw / "valid",
-            "--testpref", tiny_raw / "test", "--destdir", dest, "--joined-dictionary",
-            "--workers", "1",
-        ],
-    )
+    argv = ["--source-lang", "en", "--target-lang", "de", "--trainpref", tiny_raw / "train",
+            "--validpref", tiny_raw / "valid", "--testpref", tiny_raw / "test", "--destdir", dest,
+            "--joined-dictionary", "--workers", "1"]
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        preprocess.main(options.get_preprocessing_parser().parse_args([str(a) for a in argv]))
+    finally:
+        for handler in root.handlers[:]:  # preprocess.main adds a log file handler per call
+            if handler not in before:
+                root.removeHandler(handler)
+                handler.close()
     return dest
 
 
@@ -128,11 +136,65 @@ def demo_text_env(root) -> dict:
 def demo_text_prepared(tmp_path_factory):
     """A folder holding ``data-bin/demo`` and ``work/`` made by ``scripts/prepare_data.sh demo`` with
     :func:`demo_text_env`, once per session: test_tables' runner finds it up to date and test_user_workflow trains
-    from it. Tests write beside it (``results/``, ``checkpoints/``), never into it."""
+    from it; its output is in ``prepare_data.log``. Tests write beside it (``results/``, ``checkpoints/``), never
+    into it."""
     root = tmp_path_factory.mktemp("demo_text")
-    subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], env=demo_text_env(root), check=True,
-                   capture_output=True, timeout=600)
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], env=demo_text_env(root),
+                          check=True, capture_output=True, text=True, timeout=600)
+    (root / "prepare_data.log").write_text(proc.stdout)
     return root
+
+
+CUSTOM_CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"
+# the variables of scripts/prepare_data.sh, train.sh and evaluate.sh that would change a run on the custom corpus
+_CUSTOM_SCRIPT_KEYS = ("BPE", "DATASET_NAME", "SEPARATE_VOCAB", "PROGRESS_INTERVAL", "STOP_AFTER", "GPUS", "SAVE_DIR",
+                       "NNODES", "MAX_TOKENS", "UPDATE_FREQ", "PRECISION", "AVERAGE", "OUT", "SUBSET", "SLURM_NNODES")
+
+
+def custom_script_env(root) -> dict:
+    """The environment of ``scripts/*.sh`` (and of the tools they call) for tests/fixtures/custom_corpus
+    (subword-nmt, BPE size 200, one worker), in ``root``, with nothing of the caller's that would change the run."""
+    root = Path(root)
+    env = dict(os.environ, SRC="en", TGT="de", CORPUS_DIR=str(CUSTOM_CORPUS), BPE_SIZE="200", WORKERS="1",
+               DATA_BIN=str(root / "data-bin"), WORK_DIR=str(root / "work"), CHECKPOINTS=str(root / "checkpoints"),
+               MAX_UPDATE="3", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    for key in _CUSTOM_SCRIPT_KEYS:
+        env.pop(key, None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def custom_prepared(tmp_path_factory):
+    """``(root, output)``: ``scripts/prepare_data.sh custom`` run once per session on tests/fixtures/custom_corpus
+    with :func:`custom_script_env` (``root/data-bin/custom_en_de``): test_custom_data checks and trains on it,
+    test_interactive_command trains beside it. Tests write beside it (``checkpoints/``, ``run/``), never into it."""
+    root = tmp_path_factory.mktemp("custom")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "custom"], env=custom_script_env(root),
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return root, proc.stdout
+
+
+def one_update_model(data, save_dir):
+    """``save_dir/checkpoint_last.pt``: a 16-wide one-layer Transformer trained one update on ``data`` (en→de,
+    joined dictionary) by fairseq-train."""
+    run_cli("train", [data, "--user-dir", USER_DIR, "--cpu", "--task", "translation", "--source-lang", "en",
+                      "--target-lang", "de", "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
+                      "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "16",
+                      "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2", "--decoder-attention-heads",
+                      "2", "--share-all-embeddings", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "1000",
+                      "--max-update", "1", "--save-dir", save_dir, "--no-epoch-checkpoints", "--num-workers", "0",
+                      "--criterion", "cross_entropy"])
+    return Path(save_dir) / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="session")
+def custom_model(custom_prepared):
+    """(dataset folder, checkpoint): :func:`one_update_model` on ``custom_prepared``'s ``custom_en_de``, once per
+    session (test_interactive_command and test_checkpoint_file only read it)."""
+    root = custom_prepared[0]
+    data = root / "data-bin" / "custom_en_de"
+    return data, one_update_model(data, root / "run")
 
 
 GLOO_FLAGS = ["--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-no-spawn",

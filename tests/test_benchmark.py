@@ -1,11 +1,18 @@
 """scripts/benchmark.py runs every kind of case (translation training, decoding, language model, RoBERTa) at a tiny
-size, each against its own stock-fairseq baseline, and ends with the JSON line `make bench` documents."""
+size, each against its own stock-fairseq baseline, and ends with the JSON line `make bench` documents.
 
+One run goes through the command line (``python scripts/benchmark.py``); the others call its ``main(argv)`` in the
+test's process (each new Python process would first spend some 6 s importing torch and fairseq)."""
+
+import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "2", "--warmup", "1", "--tokens", "96", "--batches", "2", "--vocab", "64",
@@ -23,11 +30,39 @@ def bench(*args):
                           capture_output=True, text=True, cwd=REPO, timeout=600)
 
 
+@pytest.fixture
+def script(monkeypatch):
+    """scripts/benchmark.py as a module (``benchlib`` importable as when it runs as a script)."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location("benchmark_script", REPO / "scripts" / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def bench_here(script, capsys):
+    """``bench_here(*args)`` → (exit status, stdout, stderr) of ``script.main`` with the tiny sizes, in this
+    process; the torch thread count that it sets (one, for its CPU clock) is restored afterwards."""
+    def run(*args):
+        threads, status = torch.get_num_threads(), 0
+        try:
+            script.main([*TINY, *args])
+        except SystemExit as e:
+            status = e.code
+        finally:
+            torch.set_num_threads(threads)
+        out, err = capsys.readouterr()
+        return status, out, err
+    return run
+
+
 def test_every_kind_of_case_against_its_own_baseline():
+    """Through the command line, with ``--large``: the cases that ``--only`` names run, and no other large one."""
     keys = ["disagreement_out_all", "repulsive_sgld_all", "routing_em_enc2_decode",
             "lm_disagreement_out_all", "lm_repulsive_svgd_all", "lm_routing_em_dec2_train",
             "roberta_disagreement_out_all", "roberta_repulsive_svgd_all", "roberta_routing_em_enc2_train"]
-    run = bench("--only", ",".join(keys))
+    run = bench("--only", ",".join(keys), "--large")
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()
     result = json.loads(lines[-1])
@@ -47,29 +82,23 @@ def test_every_kind_of_case_against_its_own_baseline():
     assert rows["roberta_repulsive_svgd_all"][3] == rows["baseline_roberta"][3]
 
 
-def test_only_the_baselines_that_cases_need_are_timed_and_unknown_cases_are_refused():
-    run = bench("--only", "lm_repulsive_svgd_all", "--no-memory")
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "baseline:" not in run.stdout and "baseline_lm:" in run.stdout
-    assert list(json.loads(run.stdout.strip().splitlines()[-1])) == ["lm_repulsive_svgd_all"]
-    run = bench("--only", "lm_nothing")
-    assert (run.returncode == 2 and "unknown case(s) lm_nothing" in run.stderr
-            and "lm_routing_em_dec2_train" in run.stderr)
+def test_only_the_baselines_that_cases_need_are_timed_and_unknown_cases_are_refused(bench_here):
+    status, out, err = bench_here("--only", "lm_repulsive_svgd_all", "--no-memory")
+    assert status == 0, err[-3000:]
+    assert "baseline:" not in out and "baseline_lm:" in out
+    assert list(json.loads(out.strip().splitlines()[-1])) == ["lm_repulsive_svgd_all"]
+    status, out, err = bench_here("--only", "lm_nothing")
+    assert status == 2 and "unknown case(s) lm_nothing" in err and "lm_routing_em_dec2_train" in err
 
 
-def test_the_default_run_leaves_out_the_roberta_base_cases_and_prints_its_peak_memory():
-    run = bench("--no-memory", "--steps", "1")
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.strip().splitlines()
+def test_the_default_run_leaves_out_the_roberta_base_cases_and_prints_its_peak_memory(script, bench_here):
+    """(With ``--large``, the cases that ``--only`` names run: test_every_kind_of_case_against_its_own_baseline.)"""
+    status, out, err = bench_here("--no-memory", "--steps", "1")
+    assert status == 0, err[-3000:]
+    lines = out.strip().splitlines()
     result = json.loads(lines[-1])
-    from_cases = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'scripts'); "
-                                 "from benchlib.cases import CASES; print(' '.join(CASES))"],
-                                capture_output=True, text=True, cwd=REPO, check=True).stdout.split()
+    from_cases = list(script.CASES)  # benchlib.cases.CASES
     assert sorted(result) == sorted(k for k in from_cases if not k.startswith(("roberta_", "routing_em_all_train")))
-    assert "baseline_roberta:" not in run.stdout
+    assert "baseline_roberta:" not in out
     peak = next(line for line in lines if line.startswith("peak resident memory (RSS) of this run: "))
     assert int(peak.split(": ")[1].split()[0]) > 100 and "run with --large" in peak
-    run = bench("--no-memory", "--steps", "1", "--large", "--only", "roberta_repulsive_svgd_all,lm_repulsive_svgd_all")
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert sorted(json.loads(run.stdout.strip().splitlines()[-1])) == ["lm_repulsive_svgd_all",
-                                                                        "roberta_repulsive_svgd_all"]

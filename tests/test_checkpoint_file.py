@@ -8,43 +8,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
 
 from diverse_fairseq.analyze import main as analyze
 from diverse_fairseq.evaluate import main as evaluate
 from diverse_fairseq.runs.checkpoint_file import read_checkpoint
-from diverse_fairseq.user_dir import USER_DIR
 
 pytestmark = pytest.mark.slow  # every test here uses a model trained by fairseq-train
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"
 ENV_KEYS = ("DATA_BIN", "SUBSET", "BEAM", "LENPEN", "BATCH_SIZE", "OUT", "CPU", "PRECISION")
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """(data dir, checkpoint): 50 pairs of the fixture corpus binarized, and a tiny model trained one update."""
-    root = tmp_path_factory.mktemp("ckpt_file")
-    text = root / "text"
-    text.mkdir()
-    for split in ("train", "valid", "test"):
-        for lang in ("en", "de"):
-            rows = (CORPUS / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:50]
-            (text / f"{split}.{lang}").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    data = root / "bin"
-    run_cli("preprocess", ["--source-lang", "en", "--target-lang", "de", "--trainpref", text / "train",
-                           "--validpref", text / "valid", "--testpref", text / "test", "--destdir", data,
-                           "--joined-dictionary", "--workers", "1"])
-    (data / "prepare.json").write_text(json.dumps({"dataset": "bin", "source_lang": "en", "target_lang": "de",
-                                                   "post_process": "none", "beam": 1}))
-    run_cli("train", [data, "--user-dir", USER_DIR, "--cpu", "--task", "translation", "--source-lang", "en",
-                      "--target-lang", "de", "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
-                      "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "16",
-                      "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2", "--decoder-attention-heads",
-                      "2", "--share-all-embeddings", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "1000",
-                      "--max-update", "1", "--save-dir", root / "run", "--no-epoch-checkpoints", "--num-workers", "0",
-                      "--criterion", "cross_entropy"])
-    return data, root / "run" / "checkpoint_last.pt"
+def trained(custom_model):
+    """(data dir, checkpoint): the fixture corpus prepared (scripts/prepare_data.sh custom), and a tiny model trained
+    one update (the session's ``custom_model``)."""
+    return custom_model
 
 
 def _bad_files(folder: Path, good: Path):

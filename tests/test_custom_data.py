@@ -4,13 +4,12 @@ work, the setting a custom dataset trains with, and prepare → a few training u
 
 import gzip
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import lines
+from conftest import CUSTOM_CORPUS as CORPUS
+from conftest import custom_script_env, lines
 
 from diverse_fairseq import training
 from diverse_fairseq.data.prepare import main as prepare
@@ -18,7 +17,6 @@ from diverse_fairseq.data.text import tokenize
 from diverse_fairseq.runs import settings
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"
 ENV_KEYS = ("BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "WORKERS", "SRC", "TGT", "CORPUS_DIR", "DATASET_NAME",
             "SEPARATE_VOCAB", "PROGRESS_INTERVAL", "STOP_AFTER", "GPUS", "SAVE_DIR", "NNODES", "MAX_TOKENS",
             "UPDATE_FREQ", "PRECISION", "AVERAGE", "OUT", "SUBSET", "SLURM_NNODES")
@@ -37,34 +35,6 @@ def load_split(dest: Path, split: str, lang: str, src="en", tgt="de"):
     dataset = data_utils.load_indexed_dataset(str(dest / f"{split}.{src}-{tgt}.{lang}"), dictionary)
     assert dataset is not None, f"{dest}/{split}.{src}-{tgt}.{lang} does not parse"
     return dictionary, dataset
-
-
-def _script_env(root: Path) -> dict:
-    """The environment of ``scripts/*.sh`` for the fixture's corpus (as ``args``: BPE size 200, one worker), in
-    ``root``, with nothing of the caller's that would change the run."""
-    env = dict(os.environ, SRC="en", TGT="de", CORPUS_DIR=str(CORPUS), BPE_SIZE="200", WORKERS="1",
-               DATA_BIN=str(root / "data-bin"), WORK_DIR=str(root / "work"), CHECKPOINTS=str(root / "checkpoints"),
-               MAX_UPDATE="3", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    for key in ENV_KEYS:
-        if key not in ("SRC", "TGT", "CORPUS_DIR", "BPE_SIZE", "WORKERS", "DATA_BIN", "WORK_DIR"):
-            env.pop(key, None)
-    return env
-
-
-def _script(env: dict, name: str, *args) -> str:
-    """The output of ``bash scripts/<name> args`` (fails the test on a non-zero exit)."""
-    proc = subprocess.run(["bash", str(REPO / "scripts" / name), *map(str, args)], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
-
-
-@pytest.fixture(scope="module")
-def custom_prepared(tmp_path_factory):
-    """``(root, output)``: ``scripts/prepare_data.sh custom`` run once on the fixture's corpus (subword-nmt, BPE
-    size 200); the binarization test and the end-to-end run read the same data-bin."""
-    root = tmp_path_factory.mktemp("custom")
-    return root, _script(_script_env(root), "prepare_data.sh", "custom")
 
 
 def test_custom_corpus_with_subword_nmt_binarizes_every_split(custom_prepared):
@@ -192,15 +162,24 @@ def test_a_custom_dataset_trains_with_a_setting_for_its_size(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_custom_prepare_train_evaluate_end_to_end(custom_prepared):
+def test_custom_prepare_train_evaluate_end_to_end(custom_prepared, monkeypatch, capsys):
+    """prepare (scripts/prepare_data.sh custom, the fixture) → train → evaluate; the training and evaluation tools'
+    ``main`` run in this process with the scripts' environment (scripts/train.sh and evaluate.sh, which only call
+    them, run in test_training_eval's demo end to end)."""
+    from diverse_fairseq import evaluate
+
     root, _ = custom_prepared  # prepared by scripts/prepare_data.sh custom
-    env = _script_env(root)
+    for key, value in custom_script_env(root).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(training, "visible_gpus", lambda: 0)
     assert (root / "data-bin" / "custom_en_de" / "train.en-de.en.bin").exists()
-    out = _script(env, "train.sh", "custom_en_de", "tiny", "--max-tokens", "500", "--num-workers", "0")
+    assert training.main(["custom_en_de", "tiny", "--max-tokens", "500", "--num-workers", "0"]) == 0
+    out = capsys.readouterr().out
     [save_dir] = (root / "checkpoints").glob("custom_en_de_tiny-*")  # one directory per variant
     checkpoint = save_dir / "checkpoint_last.pt"
     assert "on the CPU" in out and checkpoint.exists()
-    out = _script(env, "evaluate.sh", checkpoint, "custom_en_de", "--max-len-b", "5")
+    evaluate.main([str(checkpoint), "custom_en_de", "--max-len-b", "5"])
+    out = capsys.readouterr().out
     result_dir = checkpoint.parent / "eval-custom_en_de-test-checkpoint_last"
     results = json.loads((result_dir / "results.json").read_text())
     assert results["dataset"] == "custom_en_de" and results["sentences"] == 40 and 0 <= results["bleu"] <= 100

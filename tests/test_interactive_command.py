@@ -2,6 +2,9 @@
 segmented the dataset, on both recipes (subword-nmt after Moses tokenization, and sentencepiece): the fixture
 corpus prepared, a tiny model trained one update, the printed command parsed by fairseq and run."""
 
+import contextlib
+import io
+import json
 import os
 import shlex
 import subprocess
@@ -9,42 +12,49 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import lines, run_cli
+from conftest import CUSTOM_CORPUS as CORPUS
+from conftest import lines, one_update_model
 
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.interactive_command import main as interactive_command
-from diverse_fairseq.user_dir import USER_DIR
 
 pytestmark = pytest.mark.slow  # every test here uses a model trained by fairseq-train
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"
 ENV_KEYS = ("BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "WORKERS", "SRC", "TGT", "CORPUS_DIR", "DATASET_NAME",
             "SEPARATE_VOCAB", "PROGRESS_INTERVAL", "STOP_AFTER")
 RECIPES = {"subword-nmt": "200", "sentencepiece": "300"}  # BPE and BPE_SIZE
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, custom_model):
     """{bpe: (dataset folder, checkpoint)}: the fixture corpus prepared with each segmentation, and a tiny model
-    trained one update on it."""
-    out = {}
+    trained one update on it (subword-nmt: the session's ``custom_model``, on the corpus as scripts/prepare_data.sh
+    custom prepares it with these settings)."""
+    data, checkpoint = custom_model
+    meta = json.loads((data / "prepare.json").read_text())
+    assert (meta["bpe"], meta["bpe_size"]) == ("subword-nmt", int(RECIPES["subword-nmt"]))
+    out = {"subword-nmt": (data, checkpoint)}
     for bpe, size in RECIPES.items():
+        if bpe in out:
+            continue
         root = tmp_path_factory.mktemp(bpe)
         prepare(["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--work-dir", str(root / "work"),
                  "--data-bin", str(root / "data-bin"), "--bpe", bpe, "--bpe-size", size, "--workers", "1"])
         data = root / "data-bin" / "custom_en_de"
-        run_cli("train", [data, "--user-dir", USER_DIR, "--cpu", "--task", "translation", "--source-lang", "en",
-                          "--target-lang", "de", "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers",
-                          "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim",
-                          "16", "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2",
-                          "--decoder-attention-heads", "2", "--share-all-embeddings", "--optimizer", "adam", "--lr",
-                          "0.001", "--max-tokens", "1000", "--max-update", "1", "--save-dir", root / "run",
-                          "--no-epoch-checkpoints", "--num-workers", "0", "--criterion", "cross_entropy"])
-        out[bpe] = data, root / "run" / "checkpoint_last.pt"
+        out[bpe] = data, one_update_model(data, root / "run")
     return out
 
 
 def printed_command(checkpoint, *dataset):
+    """The command line that ``diverse_fairseq.interactive_command``'s main prints (called here), split into
+    arguments."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert interactive_command([str(checkpoint), *dataset]) == 0
+    return shlex.split(out.getvalue())
+
+
+def printed_command_cli(checkpoint, *dataset):
     """The command line ``python -m diverse_fairseq.interactive_command`` prints, split into arguments."""
     proc = subprocess.run([sys.executable, "-m", "diverse_fairseq.interactive_command", str(checkpoint), *dataset],
                           capture_output=True, text=True, check=True)
@@ -75,6 +85,8 @@ def test_the_printed_command_segments_input_as_the_data_preparation_did(trained,
     data, checkpoint = trained[bpe]
     cmd = printed_command(checkpoint)  # the dataset is the one stored in the checkpoint
     assert cmd[:2] == ["fairseq-interactive", str(data)] and cmd == printed_command(checkpoint, str(data))
+    if bpe == "subword-nmt":  # the command line prints the same (one run of it: a new process imports fairseq)
+        assert printed_command_cli(checkpoint) == cmd
     task, encode = encoder(cmd)
     test, dictionary = task.dataset("test"), task.source_dictionary
     raw = lines(CORPUS / "test.en")

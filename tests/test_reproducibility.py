@@ -52,15 +52,28 @@ def _prepare(root: Path, demo_dir: Path, workers: int) -> Path:
     return root / "data-bin"
 
 
+def _prepare_here(root: Path, demo_dir: Path, workers: int) -> Path:
+    """:func:`_prepare` with the data preparation's ``main`` called in this process (the same options)."""
+    from diverse_fairseq.data.prepare import main as prepare
+
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("BPE", raising=False)
+        prepare(["demo", "--data-bin", str(root / "data-bin"), "--work-dir", str(root / "work"), "--demo-dir",
+                 str(demo_dir), "--bpe-size", "400", "--workers", str(workers)])
+    return root / "data-bin"
+
+
 @pytest.fixture(scope="module")
 def demo_bins(tmp_path_factory):
-    """The first 1,000 training pairs (100 valid, 100 test) of data/demo, prepared twice: with 1 and 2 workers."""
+    """The first 1,000 training pairs (100 valid, 100 test) of data/demo, prepared twice: with 1 worker (the data
+    preparation's main, in this process) and 2 (scripts/prepare_data.sh demo)."""
     demo_dir = tmp_path_factory.mktemp("demo_subset")
     for split, n in (("train", 1000), ("valid", 100), ("test", 100)):
         for lang in ("en", "de"):
             src = DEMO / f"{split}.{lang}.gz" if split == "train" else DEMO / f"{split}.{lang}"
             (demo_dir / f"{split}.{lang}").write_text("".join(_head(src, n)), encoding="utf-8")
-    return [_prepare(tmp_path_factory.mktemp(f"prep_w{w}"), demo_dir, w) for w in (1, 2)]
+    return [_prepare_here(tmp_path_factory.mktemp("prep_w1"), demo_dir, 1),
+            _prepare(tmp_path_factory.mktemp("prep_w2"), demo_dir, 2)]
 
 
 def _pieces(model: Path):

@@ -227,7 +227,7 @@ TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim",
 
 @pytest.mark.slow
 def test_demo_train_average_evaluate_end_to_end(demo_text_prepared, tmp_path):
-    # the session's demo_text preparation (the same command and variables): prepare_data.sh checks and skips it
+    # data: the session's demo_text preparation (scripts/prepare_data.sh demo with these variables)
     env = dict(demo_text_env(demo_text_prepared), CHECKPOINTS=str(tmp_path / "checkpoints"), MAX_UPDATE="4",
                AVERAGE="2", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     for key in ("BPE", "SAVE_DIR", "PRECISION", "UPDATE_FREQ", "MAX_TOKENS", "NNODES", "OUT", "SUBSET"):
@@ -238,7 +238,7 @@ def test_demo_train_average_evaluate_end_to_end(demo_text_prepared, tmp_path):
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
-    out = run(REPO / "scripts" / "prepare_data.sh", "demo")
+    out = (demo_text_prepared / "prepare_data.log").read_text()  # the fixture's scripts/prepare_data.sh demo
     assert "step 7/7: binarize" in out
     out = run(REPO / "scripts" / "train.sh", "demo", "tiny", *TINY)
     (save,) = (tmp_path / "checkpoints").glob("demo_tiny-*")  # one directory per variant

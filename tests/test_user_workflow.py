@@ -52,12 +52,18 @@ def _run(cmd, cwd, stdin=None, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def workdir(demo_text_prepared):
+def user_dir_printed(tmp_path_factory):
+    """The output of ``python -m diverse_fairseq.user_dir`` run in a directory outside the repository."""
+    return _run([sys.executable, "-m", "diverse_fairseq.user_dir"], cwd=tmp_path_factory.mktemp("elsewhere")).stdout
+
+
+@pytest.fixture(scope="module")
+def workdir(demo_text_prepared, user_dir_printed):
     """A directory outside the repository with data-bin/demo (the fixture corpus, sentencepiece-segmented: the
-    session's ``demo_text_prepared``) and checkpoints/<model>/ trained from there with the package's user dir,
-    JSON logs and tensorboard."""
+    session's ``demo_text_prepared``) and checkpoints/<model>/ trained from there with the package's user dir
+    (as ``python -m diverse_fairseq.user_dir`` prints it), JSON logs and tensorboard."""
     root = demo_text_prepared
-    user_dir = _run([sys.executable, "-m", "diverse_fairseq.user_dir"], cwd=root).stdout.strip()
+    user_dir = user_dir_printed.strip()
     for name, args in MODELS.items():
         save = root / "checkpoints" / name
         save.mkdir(parents=True)  # --log-file is opened before fairseq makes --save-dir
@@ -68,18 +74,25 @@ def workdir(demo_text_prepared):
     return root
 
 
-def test_user_dir_helper_prints_a_directory_fairseq_imports(tmp_path):
-    out = _run([sys.executable, "-m", "diverse_fairseq.user_dir"], cwd=tmp_path).stdout
+def test_user_dir_helper_prints_a_directory_fairseq_imports(user_dir_printed, tmp_path):
+    out = user_dir_printed
     assert out == str(REPO / "diverse_fairseq") + "\n"
+    # one process: the repository-relative form first, then the helper's directory; fairseq's own argument
+    # parsing imports the plugin (not imported before)
     code = ("import sys; from fairseq import options; p = options.get_training_parser(); "
-            "a = options.parse_args_and_arch(p, ['x', '--user-dir', sys.argv[1], '--arch', 'diverse_transformer', "
-            "'--routing-encoder-layers', 'all']); print(a.arch, a.routing_encoder_layers)")
-    assert _run([sys.executable, "-c", code, out.strip()], cwd=tmp_path).stdout.split()[-2:] == \
-        ["diverse_transformer", "all"]
+            "args = lambda d: ['x', '--user-dir', d, '--arch', 'diverse_transformer', '--routing-encoder-layers', "
+            "'all']\n"
+            "try:\n    options.parse_args_and_arch(p, args('diverse_fairseq'))\n"
+            "except FileNotFoundError as e:\n    print('relative:', type(e).__name__)\n"
+            "else:\n    print('relative: imported')\n"
+            "print('imported before:', 'diverse_fairseq' in sys.modules)\n"
+            "a = options.parse_args_and_arch(p, args(sys.argv[1])); print('imported after:', 'diverse_fairseq' in "
+            "sys.modules); print(a.arch, a.routing_encoder_layers)")
+    shown = _run([sys.executable, "-c", code, out.strip()], cwd=tmp_path).stdout.splitlines()
+    assert shown[-1].split() == ["diverse_transformer", "all"]
+    assert "imported before: False" in shown and "imported after: True" in shown, shown
     # the repository-relative form does not work from another directory: the reason for the helper
-    bad = subprocess.run([sys.executable, "-c", code, "diverse_fairseq"], cwd=tmp_path, env=_env(),
-                         capture_output=True, text=True)
-    assert bad.returncode != 0 and "FileNotFoundError" in bad.stderr
+    assert "relative: FileNotFoundError" in shown, shown
 
 
 @pytest.mark.slow
