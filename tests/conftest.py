@@ -177,8 +177,11 @@ def custom_prepared(tmp_path_factory):
 
 def one_update_model(data, save_dir):
     """``save_dir/checkpoint_last.pt``: a 16-wide one-layer Transformer trained one update on ``data`` (en→de,
-    joined dictionary) by fairseq-train."""
-    run_cli("train", [data, "--user-dir", USER_DIR, "--cpu", "--task", "translation", "--source-lang", "en",
+    joined dictionary) by fairseq-train's ``main``, in this process (a new process would first import torch and
+    fairseq; test_custom_data runs the command line)."""
+    from fairseq_in_process import fairseq_train
+
+    fairseq_train([data, "--user-dir", USER_DIR, "--cpu", "--task", "translation", "--source-lang", "en",
                       "--target-lang", "de", "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
                       "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "16",
                       "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2", "--decoder-attention-heads",
@@ -257,12 +260,14 @@ def tiny_args():
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tiny_data, tmp_path_factory):
-    """``{"transformer": path, "diverse_transformer": path}``: tiny models trained 8 updates on ``tiny_data``, once
-    per session (test_analysis and test_probing only read them)."""
+    """``{"transformer": path, "diverse_transformer": path}``: tiny models trained 8 updates on ``tiny_data`` by
+    fairseq-train's ``main`` in this process, once per session (test_analysis and test_probing only read them)."""
+    from fairseq_in_process import fairseq_train
+
     root = tmp_path_factory.mktemp("analysis_ckpt")
     ckpts = {}
     for arch in ("transformer", "diverse_transformer"):
-        run_cli("train", tiny_train_args(tiny_data, root / arch, arch=arch, max_update=8))
+        fairseq_train(tiny_train_args(tiny_data, root / arch, arch=arch, max_update=8))
         ckpts[arch] = root / arch / "checkpoint_last.pt"
     return ckpts
 

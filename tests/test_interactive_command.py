@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import CUSTOM_CORPUS as CORPUS
 from conftest import lines, one_update_model
+from fairseq_in_process import fairseq_interactive
 
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.interactive_command import main as interactive_command
@@ -108,23 +109,31 @@ def test_the_printed_command_segments_input_as_the_data_preparation_did(trained,
 
 
 @pytest.mark.parametrize("bpe", list(RECIPES))
-def test_the_printed_command_runs_and_reads_input_as_prepared(trained, bpe):
+def test_the_printed_command_runs_and_reads_input_as_prepared(trained, bpe, tmp_path):
+    """subword-nmt: the printed command run (input on stdin); sentencepiece: fairseq-interactive's main called in
+    this process on the printed command's arguments (input from a file; a new process would import fairseq)."""
     data, checkpoint = trained[bpe]
     cmd = printed_command(checkpoint)
     raw = lines(CORPUS / "test.en")[:6]
-    proc = subprocess.run([sys.executable, "-m", "fairseq_cli.interactive", *cmd[1:], "--beam", "1", "--max-len-b", "3",
-                           "--cpu"], input="\n".join(raw) + "\n", capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if bpe == "subword-nmt":
+        proc = subprocess.run([sys.executable, "-m", "fairseq_cli.interactive", *cmd[1:], "--beam", "1",
+                               "--max-len-b", "3", "--cpu"], input="\n".join(raw) + "\n", capture_output=True,
+                              text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = proc.stdout
+    else:
+        (tmp_path / "input.txt").write_text("\n".join(raw) + "\n", encoding="utf-8")
+        out = fairseq_interactive([*cmd[1:], "--beam", "1", "--max-len-b", "3", "--cpu",
+                                   "--input", tmp_path / "input.txt"])
     task, encode = encoder(cmd)
     shown = {int(k[2:]): v
-             for k, v in (line.split("\t", 1) for line in proc.stdout.splitlines() if line.startswith("S-"))}
+             for k, v in (line.split("\t", 1) for line in out.splitlines() if line.startswith("S-"))}
     dictionary = task.source_dictionary
     assert shown == {i: dictionary.string(dictionary.encode_line(encode(line), add_if_not_exist=False))
                      for i, line in enumerate(raw)}
     test = task.dataset("test")
     assert list(shown.values()) == [dictionary.string(test.src[i]) for i in range(len(raw))]
-    assert sum(line.startswith("D-") for line in proc.stdout.splitlines()) == len(raw)  # a detokenized output each
+    assert sum(line.startswith("D-") for line in out.splitlines()) == len(raw)  # a detokenized output each
 
 
 def test_a_checkpoint_is_refused_for_another_dataset(trained):

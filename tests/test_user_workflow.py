@@ -7,7 +7,8 @@
   routing-by-agreement: ``fairseq-interactive`` with the data's sentencepiece model, and the hub interface
   (``from_pretrained(...).translate(...)``).
 
-The models are trained for 3 updates on the test fixture's small demo corpus (segmented with sentencepiece
+The models are trained for 3 updates (the routing one by the ``fairseq-train`` console script, the stock one by its
+``main`` in process, on the same arguments) on the test fixture's small demo corpus (segmented with sentencepiece
 as ``make data DATASET=demo`` does); the checks are about the plumbing, not the translation quality.
 """
 
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fairseq_in_process import fairseq_interactive, fairseq_train
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["Cannot open file %s", "Show hidden files"]
@@ -67,10 +69,13 @@ def workdir(demo_text_prepared, user_dir_printed):
     for name, args in MODELS.items():
         save = root / "checkpoints" / name
         save.mkdir(parents=True)  # --log-file is opened before fairseq makes --save-dir
-        _run(_tool("fairseq-train") + ["data-bin/demo", "--user-dir", user_dir, *args, *TINY,
-                                       "--save-dir", str(save), "--log-format", "json",
-                                       "--log-file", str(save / "train.log"),
-                                       "--tensorboard-logdir", str(save / "tensorboard")], cwd=root)
+        train_args = [*args, *TINY, "--save-dir", str(save), "--log-format", "json",
+                      "--log-file", str(save / "train.log")]
+        if name == "routing":  # the console script, from the directory outside the repository, with tensorboard
+            _run(_tool("fairseq-train") + ["data-bin/demo", "--user-dir", user_dir, *train_args,
+                                           "--tensorboard-logdir", str(save / "tensorboard")], cwd=root)
+        else:  # fairseq-train's main in this process, on the same arguments (a new process would import fairseq)
+            fairseq_train([root / "data-bin" / "demo", "--user-dir", user_dir, *train_args])
     return root
 
 
@@ -99,7 +104,7 @@ def test_user_dir_helper_prints_a_directory_fairseq_imports(user_dir_printed, tm
 def test_json_training_log_gives_the_runners_numbers(workdir):
     from diverse_fairseq.tables import progress as logs
 
-    log = (workdir / "checkpoints" / "baseline" / "train.log").read_text()
+    log = (workdir / "checkpoints" / "routing" / "train.log").read_text()  # written by the console script
     assert '"train_num_updates": "3"' in log  # fairseq's JSON records, not text lines
     train, valid = logs.last_summary(log, "train"), logs.last_summary(log, "valid")
     assert train["num_updates"] == 3 and train["loss"] > 0 and train["ups"] > 0
@@ -133,13 +138,21 @@ def test_tensorboard_logdir_writes_events(workdir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(MODELS))
-def test_fairseq_interactive_translates(workdir, model):
-    proc = _run(_tool("fairseq-interactive") + [
-        "data-bin/demo", "--user-dir", str(REPO / "diverse_fairseq"),
-        "--path", f"checkpoints/{model}/checkpoint_last.pt", "--source-lang", "en", "--target-lang", "de",
-        "--bpe", "sentencepiece", "--sentencepiece-model", "data-bin/demo/spm.model",
-        "--beam", "2", "--max-len-b", "20", "--cpu"], cwd=workdir, stdin="\n".join(SENTENCES) + "\n")
-    lines = proc.stdout.splitlines()
+def test_fairseq_interactive_translates(workdir, model, tmp_path):
+    args = ["--user-dir", str(REPO / "diverse_fairseq"), "--source-lang", "en", "--target-lang", "de",
+            "--bpe", "sentencepiece", "--beam", "2", "--max-len-b", "20", "--cpu"]
+    if model == "routing":  # the console script, input on stdin (incremental decoding through routing)
+        out = _run(_tool("fairseq-interactive") + [
+            "data-bin/demo", *args, "--path", f"checkpoints/{model}/checkpoint_last.pt",
+            "--sentencepiece-model", "data-bin/demo/spm.model"],
+            cwd=workdir, stdin="\n".join(SENTENCES) + "\n").stdout
+    else:  # fairseq-interactive's main in this process, the same input from a file
+        (tmp_path / "input.txt").write_text("\n".join(SENTENCES) + "\n")
+        out = fairseq_interactive([workdir / "data-bin" / "demo", *args,
+                                   "--path", workdir / "checkpoints" / model / "checkpoint_last.pt",
+                                   "--sentencepiece-model", workdir / "data-bin" / "demo" / "spm.model",
+                                   "--input", tmp_path / "input.txt"])
+    lines = out.splitlines()
     sources = [line.split("\t")[1] for line in lines if line.startswith("S-")]
     detok = [line.split("\t") for line in lines if line.startswith("D-")]
     assert len(sources) == 2 and all("▁" in s for s in sources)  # the input went through sentencepiece

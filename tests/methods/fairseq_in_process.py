@@ -1,12 +1,14 @@
-"""fairseq-train, fairseq-generate and fairseq-preprocess in the test's own process, their log returned as text.
+"""fairseq-train, fairseq-generate, fairseq-interactive and fairseq-preprocess in the test's own process, their log
+returned as text.
 
 A fairseq subprocess pays ~6 s of CPU for importing torch and fairseq before it does anything; the methods' tests
 whose subject is a method (not the command line, which the workflow's tests run as a subprocess) call the commands'
 ``main`` in process instead, on the same arguments. What a run changes in the process is put back afterwards: the
-root logger's level and handlers, the random number generators, torch's thread count (one, as the subprocesses of
-``conftest.run_cli`` get), fairseq's metrics and the best validation score that fairseq keeps between calls as
-function attributes (a second run in the process would otherwise save no checkpoint_best.pt that the first run's
-score beats).
+root logger's level, the handlers of every logger (a ``--log-file``'s), the random number generators, torch's thread
+count (one, as the subprocesses of ``conftest.run_cli`` get), fairseq's metrics and the best validation score that
+fairseq keeps between calls as function attributes (a second run in the process would otherwise save no
+checkpoint_best.pt that the first run's score beats). Not put back: tensorboard writers, which fairseq keeps open
+until the process exits (a test that reads ``--tensorboard-logdir`` runs fairseq-train as a subprocess).
 """
 
 import contextlib
@@ -45,12 +47,19 @@ def _forget_fairseq_state():
                 delattr(function, name)
 
 
+def _handlers():
+    """{logger: its handlers} of the root logger and every logger created so far."""
+    loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(logger, logging.Logger))]
+    return {logger: list(logger.handlers) for logger in loggers}
+
+
 @contextlib.contextmanager
 def _isolated(log):
     root = logging.getLogger()
     handler = logging.StreamHandler(log)
     handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
-    level, handlers, threads = root.level, list(root.handlers), torch.get_num_threads()
+    level, handlers, threads = root.level, _handlers(), torch.get_num_threads()
     states = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
@@ -60,9 +69,13 @@ def _isolated(log):
         yield
     finally:
         _forget_fairseq_state()
-        for extra in root.handlers[:]:  # fairseq may add its own (a --log-file, generate's basicConfig)
-            if extra not in handlers:
-                root.removeHandler(extra)
+        # fairseq may add its own: generate's basicConfig on the root logger, a --log-file's on fairseq_cli.train's
+        # and the progress bar's loggers
+        for logger in _handlers():
+            for extra in logger.handlers[:]:
+                if extra not in handlers.get(logger, ()):
+                    logger.removeHandler(extra)
+                    extra.close()
         handler.close()
         root.setLevel(level)
         torch.set_num_threads(threads)
@@ -76,6 +89,7 @@ def _run(command, args):
     log = io.StringIO()
     with _isolated(log):  # imported here: fairseq_cli's modules call logging.basicConfig when imported
         import fairseq_cli.generate
+        import fairseq_cli.interactive
         import fairseq_cli.preprocess
         import fairseq_cli.train
         from fairseq import options
@@ -87,6 +101,9 @@ def _run(command, args):
                     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(),
                                                                                      args))
                     fairseq_cli.train.main(cfg)
+                elif command == "interactive":
+                    fairseq_cli.interactive.main(options.parse_args_and_arch(
+                        options.get_interactive_generation_parser(), args))
                 elif command == "preprocess":
                     fairseq_cli.preprocess.main(options.get_preprocessing_parser().parse_args(args))
                 else:
@@ -107,6 +124,15 @@ def fairseq_generate(args):
     """``fairseq-generate args`` in this process: its output (hypotheses and log). Raises :class:`FairseqFailed` if
     it fails."""
     return _run("generate", args)
+
+
+def fairseq_interactive(args):
+    """``fairseq-interactive args`` in this process, its input read from the file that ``--input`` names: its output
+    (``S-``, ``H-``, ``D-`` lines and log). Raises :class:`FairseqFailed` if it fails."""
+    args = [str(a) for a in args]
+    if "--input" not in args:
+        raise ValueError("fairseq_interactive reads its input from a file: add --input FILE to the arguments")
+    return _run("interactive", args)
 
 
 def fairseq_preprocess(args):
