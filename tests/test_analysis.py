@@ -392,7 +392,7 @@ def test_ablation_with_replayed_layers_equals_full_recomputation(tiny_checkpoint
 
     loaded = load_checkpoint(str(tiny_checkpoints[arch]), str(tiny_data))
     pad = loaded.task.target_dictionary.pad()
-    batches = load_batches(loaded.task, "valid", 24, max_tokens=120)
+    batches = load_batches(loaded.task, "valid", 12, max_tokens=60)
     assert len(batches) > 1
     sites = attention_sites(loaded.model)
     assert [(s.attention_type, s.layer) for s in sites] == [
