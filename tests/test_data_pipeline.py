@@ -4,7 +4,6 @@ mirror override, run through the real preparation pipeline into binarized fairse
 
 import hashlib
 import json
-import subprocess
 import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -262,9 +261,14 @@ def test_corrupt_archive_is_rejected_then_replaced(tmp_path, capsys):
     assert (tmp_path / "data-bin" / "iwslt14_de_en" / "prepare.json").exists()
 
 
-def test_prepare_data_script_help():
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "--help"], capture_output=True, text=True)
-    assert proc.returncode == 0 and "iwslt14_de_en" in proc.stdout and "--mirror" in proc.stdout
+def test_prepare_data_script_help(capsys):
+    """scripts/prepare_data.sh execs ``python -m diverse_fairseq.data.prepare "$@"`` (the script itself runs for real
+    in test_reproducibility and conftest's demo_text_prepared): its --help, from that main in this process."""
+    assert 'exec "$PY" -m diverse_fairseq.data.prepare "$@"' in (REPO / "scripts" / "prepare_data.sh").read_text()
+    with pytest.raises(SystemExit) as stopped:
+        prepare(["--help"])
+    out = capsys.readouterr().out
+    assert stopped.value.code == 0 and "iwslt14_de_en" in out and "--mirror" in out
 
 
 @pytest.mark.slow

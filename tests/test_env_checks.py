@@ -2,8 +2,6 @@
 variable, the bad value and the accepted values (diverse_fairseq.runs.env_checks, shared by training, data
 preparation, evaluation and the table runner; the runner's own cases are in test_tables.py)."""
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ from conftest import fake_prepared
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.evaluate import main as evaluate
 from diverse_fairseq.runs import env_checks
+from diverse_fairseq.training import main as training_main
 from diverse_fairseq.training import request_from_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,12 +50,16 @@ def test_training_node_rank_must_be_below_the_node_count(data_bin):
         request_from_env("demo", "tiny", [], env={"DATA_BIN": str(data_bin), "NNODES": "2", "NODE_RANK": "2"}, gpus=1)
 
 
-def test_train_sh_refuses_a_bad_variable(data_bin, tmp_path):
-    env = dict(os.environ, DATA_BIN=str(data_bin), CHECKPOINTS=str(tmp_path / "ck"), MAX_UPDATE="lots",
-               CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "train.sh"), "demo", "tiny"], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "MAX_UPDATE='lots' is not valid: use a positive integer" in proc.stderr
+def test_train_sh_refuses_a_bad_variable(data_bin, tmp_path, monkeypatch):
+    """scripts/train.sh execs ``python -m diverse_fairseq.training "$@"``: that main, in this process, with the
+    variables in its environment (train.sh itself refuses for real in test_save_dir's
+    test_train_sh_refuses_before_training)."""
+    assert 'exec "$PY" -m diverse_fairseq.training "$@"' in (REPO / "scripts" / "train.sh").read_text()
+    for name, value in (("DATA_BIN", str(data_bin)), ("CHECKPOINTS", str(tmp_path / "ck")), ("MAX_UPDATE", "lots"),
+                        ("CUDA_VISIBLE_DEVICES", "")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit, match=r"MAX_UPDATE='lots' is not valid: use a positive integer"):
+        training_main(["demo", "tiny"])
     assert not (tmp_path / "ck").exists()
 
 

@@ -2,8 +2,11 @@
 parameters.
 
 The runs go through the code path of ``make demo``: ``scripts/prepare_data.sh demo`` (sentencepiece, binarize)
-on the first 1,000 pairs of ``data/demo``, then :func:`diverse_fairseq.training.run` with the ``tiny`` setting
-on the CPU with one thread (OMP_NUM_THREADS = MKL_NUM_THREADS = 1), for a few updates. A different number of
+on the first 600 pairs of ``data/demo``, then :func:`diverse_fairseq.training.run` with the ``tiny`` setting
+on the CPU with one thread (OMP_NUM_THREADS = MKL_NUM_THREADS = 1), for a few updates. The first run of each row
+is the real one (fairseq-train as a subprocess); the runs compared with it train the same plan's fairseq-train
+arguments in this process (tests/methods/fairseq_in_process.py, one thread, fairseq's global state put back), so
+"bit-identical" also holds across the two ways of running. A different number of
 threads or another CPU may give other bits (matrix products split their sums differently): see docs/reproducing.md,
 "What may differ across machines".
 """
@@ -16,12 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from fairseq_in_process import fairseq_train
 
 from diverse_fairseq import training
+from diverse_fairseq.runs.plan import plan
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "demo"
-UPDATES = 12  # within the first epoch (some 18 batches of 1,024 tokens): the seeded batch order matters
+UPDATES = 6  # within the first epoch (15 or more batches of 1,024 tokens): the seeded batch order matters
 
 ROWS = {
     "baseline": [],
@@ -65,10 +70,10 @@ def _prepare_here(root: Path, demo_dir: Path, workers: int) -> Path:
 
 @pytest.fixture(scope="module")
 def demo_bins(tmp_path_factory):
-    """The first 1,000 training pairs (100 valid, 100 test) of data/demo, prepared twice: with 1 worker (the data
+    """The first 600 training pairs (50 valid, 50 test) of data/demo, prepared twice: with 1 worker (the data
     preparation's main, in this process) and 2 (scripts/prepare_data.sh demo)."""
     demo_dir = tmp_path_factory.mktemp("demo_subset")
-    for split, n in (("train", 1000), ("valid", 100), ("test", 100)):
+    for split, n in (("train", 600), ("valid", 50), ("test", 50)):
         for lang in ("en", "de"):
             src = DEMO / f"{split}.{lang}.gz" if split == "train" else DEMO / f"{split}.{lang}"
             (demo_dir / f"{split}.{lang}").write_text("".join(_head(src, n)), encoding="utf-8")
@@ -126,7 +131,8 @@ def test_sentencepiece_learns_from_a_seeded_sample(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def train(demo_bins, tmp_path_factory):
-    """``train(row, seed, tag)`` → the checkpoint after UPDATES updates (cached per arguments)."""
+    """``train(row, seed, tag)`` → the checkpoint after UPDATES updates (cached per arguments): seed 1 without a tag
+    by :func:`diverse_fairseq.training.run` (a fairseq-train subprocess), the others in this process."""
     root = tmp_path_factory.mktemp("runs")
     done = {}
 
@@ -139,9 +145,14 @@ def train(demo_bins, tmp_path_factory):
                        PYTHONUNBUFFERED="1")
             for name in ("MAX_TOKENS", "UPDATE_FREQ", "PRECISION", "AVERAGE", "NNODES", "SLURM_NNODES", "DRY_RUN"):
                 env.pop(name, None)
-            result = training.run_from_env("demo", "tiny", ROWS[row], env=env, gpus=0)
-            state = torch.load(result.checkpoint, map_location="cpu", weights_only=False)
+            if tag or seed != 1:  # the same plan, fairseq-train in this process
+                fairseq_train(plan(training.request_from_env("demo", "tiny", ROWS[row], env=env, gpus=0)).args)
+                checkpoint = save_dir / "checkpoint_last.pt"
+            else:  # the real run: diverse_fairseq.training.run, fairseq-train as its subprocess
+                checkpoint = training.run_from_env("demo", "tiny", ROWS[row], env=env, gpus=0).checkpoint
+            state = torch.load(checkpoint, map_location="cpu", weights_only=False)
             assert state["optimizer_history"][-1]["num_updates"] == UPDATES
+            assert state["extra_state"]["train_iterator"]["epoch"] == 1  # within the first epoch
             done[key] = state
         return done[key]
 
