@@ -1,14 +1,13 @@
 """Live progress of a table row's training (diverse_fairseq/tables/progress.py): the log path when a
 row starts, then a line with update, losses and the time left, read from fairseq's JSON log while it grows."""
 
-import os
+import logging
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from conftest import job_record, tiny_train_args
+from fairseq_in_process import fairseq_train
 
 from diverse_fairseq.tables.config import RunConfig
 from diverse_fairseq.tables.progress import LogWatcher, Progress, progress_line
@@ -120,12 +119,22 @@ def test_progress_lines_while_a_real_tiny_run_trains(tiny_data, tmp_path, capsys
     run_dir.mkdir(parents=True)
     progress = Progress(table, run, total=1)
     progress.begin(row, 1)
-    proc = subprocess.run([sys.executable, "-m", "fairseq_cli.train", *args], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # fairseq-train in this process (one torch thread); the watcher's lines printed while it trains land in its
+    # returned output (fairseq_train redirects stdout), the later ones in capsys: together, in the order printed
+    log_path = str(run_dir / "train.log")
+    try:
+        during = fairseq_train(args)
+    finally:  # fairseq's --log-file handlers (on its module loggers, not the root one): closed, not left behind
+        for name in ("fairseq_cli.train", "fairseq.logging.progress_bar"):
+            logger = logging.getLogger(name)
+            for handler in logger.handlers[:]:
+                if isinstance(handler, logging.FileHandler) and handler.baseFilename == log_path:
+                    logger.removeHandler(handler)
+                    handler.close()
     time.sleep(1.0)  # one more look at the finished log
     progress.end(row, 1, job_record())
-    lines = [line for line in capsys.readouterr().out.splitlines() if ": update " in line]
+    printed = during + capsys.readouterr().out
+    lines = [line for line in printed.splitlines() if ": update " in line]
     assert lines, "no progress line while the run trained"
     pattern = re.compile(r"^\[t\] row 1 of 1 \(seed 1\) Base: update (\d+)/8 \(\d+%\), train loss \d+\.\d{3}"
                          r"(, valid loss \d+\.\d{3} \(update \d+\))?(; about \d:\d\d:\d\d left|; training done)?$")

@@ -2,9 +2,7 @@
 stored in it, and the refusal to resume a directory trained with other options (diverse_fairseq.runs.identity)."""
 
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,6 @@ from diverse_fairseq.runs.identity import write_args
 from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.training import request_from_env, run_from_env
 
-REPO = Path(__file__).resolve().parents[1]
 DISAGREEMENT = ["--arch", "diverse_transformer", "--criterion", "label_smoothed_cross_entropy_with_disagreement",
                 "--disagreement-lambda", "0.5"]
 
@@ -136,12 +133,20 @@ def test_a_directory_without_stored_options_resumes_with_a_warning(env, tmp_path
     assert "no train_args.json (trained by an older version)" in capsys.readouterr().out
 
 
-def test_train_sh_refuses_before_training(env, tmp_path):
+def test_the_training_command_refuses_before_training(env, tmp_path, monkeypatch, capfd):
+    """scripts/train.sh's command, ``python -m diverse_fairseq.training`` (train.sh execs it; here its main in this
+    process, with train.sh's variables; test_run_life's Ctrl-C test runs train.sh itself): a real run with another
+    option stops before fairseq-train starts, naming the change (the SystemExit's message is Python's stderr)."""
+    from diverse_fairseq import training
+
     where = tmp_path / "run"
     fake_trained(env, [], where)
-    full = dict(os.environ, **env, SAVE_DIR=str(where), CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
-    full.pop("DRY_RUN", None)  # a real run: it must stop before fairseq-train starts
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "train.sh"), "demo", "tiny", "--lr", "1e-3"], env=full,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "--lr [0.002] → [0.001]" in proc.stderr
-    assert "fairseq_cli.train" in proc.stdout and "| INFO |" not in proc.stdout + proc.stderr
+    for name, value in dict(env, SAVE_DIR=str(where), CUDA_VISIBLE_DEVICES="").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DRY_RUN", raising=False)  # a real run: it must stop before fairseq-train starts
+    with pytest.raises(SystemExit) as refused:
+        training.main(["demo", "tiny", "--lr", "1e-3"])
+    out, err = capfd.readouterr()
+    stderr = err + str(refused.value.code)
+    assert refused.value.code not in (0, None) and "--lr [0.002] → [0.001]" in stderr
+    assert "fairseq_cli.train" in out and "| INFO |" not in out + stderr

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import demo_text_env, fake_prepared, job_record, with_train
+from test_run_life import HYDRA_NOISE
 
 from diverse_fairseq import training
 from diverse_fairseq.runs import plan as run_plan
@@ -473,11 +474,14 @@ def test_good_environment(monkeypatch):
     assert default_jobs(100, 2) == 1
 
 
-def test_cli_refuses_a_bad_scale_before_any_work(tmp_path):
-    env = dict(os.environ, SCALE="Paper")
-    proc = subprocess.run([sys.executable, "-m", "diverse_fairseq.tables", "demo", "--out", str(tmp_path / "r"),
-                           "--data-bin", str(tmp_path / "d")], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "SCALE (--scale)='Paper' is not valid" in proc.stderr
+def test_cli_refuses_a_bad_scale_before_any_work(tmp_path, monkeypatch):
+    """The command's main in this process (the SystemExit's message is what Python prints on stderr, exit 1)."""
+    from diverse_fairseq.tables.__main__ import main
+
+    monkeypatch.setenv("SCALE", "Paper")
+    with pytest.raises(SystemExit) as refused:
+        main(["demo", "--out", str(tmp_path / "r"), "--data-bin", str(tmp_path / "d")])
+    assert refused.value.code not in (0, None) and "SCALE (--scale)='Paper' is not valid" in str(refused.value.code)
     assert not (tmp_path / "r").exists() and not (tmp_path / "d").exists()
 
 
@@ -496,8 +500,40 @@ def _run_table(root, table_path, seeds="2", jobs="2"):
     return proc.stdout
 
 
+def _run_table_here(root, table_path, monkeypatch, capfd, seeds, jobs):
+    """:func:`_run_table`'s run through the command's ``main`` in this process (its fairseq-train and -generate are
+    still subprocesses): the same environment and arguments, the same checks of its output. What ``main`` changes
+    in the process (the root logger, torch's threads, OMP/MKL_NUM_THREADS) is put back afterwards."""
+    import logging
+
+    import torch
+
+    from diverse_fairseq.tables.__main__ import main
+
+    env = dict(demo_text_env(root), PYTHONUNBUFFERED="1", THREADS="1", JOBS=jobs, PROGRESS_INTERVAL="1",
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # the last two: limit_threads's, put back by monkeypatch
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("BPE", raising=False)
+    root_logger = logging.getLogger()
+    handlers, level, threads = list(root_logger.handlers), root_logger.level, torch.get_num_threads()
+    capfd.readouterr()
+    try:
+        main([str(table_path), "--dataset", "demo", "--scale", "demo", "--data-bin", str(root / "data-bin"),
+              "--out", str(root / "results"), "--train-args", TINY, "--generate-args", "--beam 2 --max-len-b 5",
+              "--seeds", seeds])
+    finally:
+        root_logger.handlers[:] = handlers  # setup_cli_logging's basicConfig(force=True) replaced them
+        root_logger.setLevel(level)
+        torch.set_num_threads(threads)
+    out, err = capfd.readouterr()
+    assert "(ran 0 steps" in out + err, "the fixture's corpus was prepared again"
+    assert " DEBUG " not in err and "DEBUG:" not in err, err[-2000:]
+    return out
+
+
 @pytest.mark.slow
-def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_text_prepared):
+def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_text_prepared, monkeypatch, capfd):
     demo_bin = demo_text_prepared
     table_path = demo_bin / "tiny_table.yaml"
     table_path.write_text(TABLE)
@@ -521,6 +557,13 @@ def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_text_pre
     assert options["--criterion"] == "label_smoothed_cross_entropy_with_disagreement"
     logs = demo_bin / "results" / "demo-demo" / "logs"
     assert "fairseq" in (logs / "dis-seed2.log").read_text()  # the job's own output went to its log
+    # fairseq-generate's start-up (the evaluation's, as the interactive command's): no hydra deprecation warnings,
+    # no DEBUG:hydra lines (the real fairseq-generate runs of the evaluation, their whole log)
+    for row in ("base", "dis"):
+        for seed in (1, 2):
+            text = (runs / row / f"seed{seed}" / "eval" / "generate-test.log").read_text()
+            assert "loading model(s) from" in text, text[-2000:]  # it got past the configuration
+            assert not [noise for noise in HYDRA_NOISE if noise in text], text[:3000]
 
     summary = json.loads((demo_bin / "results" / "demo.json").read_text())
     assert [r["id"] for r in summary["rows"]] == ["base", "dis"]
@@ -546,7 +589,9 @@ def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_text_pre
 
     # A changed row: its runs are moved aside and retrained; the unchanged row is reused, not even decoded.
     table_path.write_text(TABLE.replace("--disagreement-terms, out]", "--disagreement-terms, out, --dropout, '0.2']"))
-    out = _run_table(demo_bin, table_path, seeds="1", jobs="1")  # in this process: the job output is printed
+    # the second invocation through main in this process (the first was the real command line); one job at a time,
+    # so the jobs run in the runner's own process: their output is printed
+    out = _run_table_here(demo_bin, table_path, monkeypatch, capfd, seeds="1", jobs="1")
     assert f"; training log: {runs / 'dis' / 'seed1' / 'train.log'}\n" in out
     assert out.count("training finished earlier") == 1 and "[base seed 1]" in out
     assert "[dis seed 1] the run in" in out and "changed: --dropout (default) → 0.2" in out
