@@ -1,7 +1,6 @@
 """Live progress of a table row's training (diverse_fairseq/tables/progress.py): the log path when a
 row starts, then a line with update, losses and the time left, read from fairseq's JSON log while it grows."""
 
-import logging
 import re
 import time
 from pathlib import Path
@@ -121,16 +120,7 @@ def test_progress_lines_while_a_real_tiny_run_trains(tiny_data, tmp_path, capsys
     progress.begin(row, 1)
     # fairseq-train in this process (one torch thread); the watcher's lines printed while it trains land in its
     # returned output (fairseq_train redirects stdout), the later ones in capsys: together, in the order printed
-    log_path = str(run_dir / "train.log")
-    try:
-        during = fairseq_train(args)
-    finally:  # fairseq's --log-file handlers (on its module loggers, not the root one): closed, not left behind
-        for name in ("fairseq_cli.train", "fairseq.logging.progress_bar"):
-            logger = logging.getLogger(name)
-            for handler in logger.handlers[:]:
-                if isinstance(handler, logging.FileHandler) and handler.baseFilename == log_path:
-                    logger.removeHandler(handler)
-                    handler.close()
+    during = fairseq_train(args)  # its --log-file handlers are closed and removed afterwards (fairseq_in_process)
     time.sleep(1.0)  # one more look at the finished log
     progress.end(row, 1, job_record())
     printed = during + capsys.readouterr().out
