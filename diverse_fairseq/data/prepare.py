@@ -158,9 +158,9 @@ class Preparer:
         self.expect = Expectations.load(args.expect) if args.expect else None
         # data made against a manifest's expectations never lands where the published data goes
         label = f"+{self.expect.name}" if self.expect else ""
-        self.work = Path(args.work_dir) / ((recipe.work_name or recipe.name) + label)
+        self.work = Path(args.work_dir) / (recipe.name + label)
         self.dest = Path(args.data_bin) / (recipe.name + label)
-        shared = recipe.downloads_name or recipe.work_name or recipe.name  # a variant shares its base's archives
+        shared = recipe.downloads_name or recipe.name  # a variant shares its base's archives
         self.downloads = Path(args.work_dir) / (shared + label) / "downloads"
         self.pair_stats = self.work / "stats" / "train.pairs.json"  # training pairs per corpus before/after cleaning
         self.models = bpe_mod.model_files(self.kind, self.work / "bpe", recipe.langs, recipe.joint_bpe)

@@ -65,9 +65,6 @@ class Recipe:
     # dictionary entries per language (fairseq-preprocess's: 4 special symbols, padded to a multiple of 8) that
     # paper-scale parameter counts (``make check-tables``) assume; empty: ``bpe_size`` symbols
     assumed_vocab: Dict[str, int] = field(default_factory=dict)
-    # the intermediate files' folder under WORK_DIR (default: ``name``): a variant that only binarizes differently
-    # shares the downloads, tokenization and BPE of the recipe it varies
-    work_name: Optional[str] = None
     # a JSON file that ``collect`` writes into raw/ (corpora, counts, checks): prepare.json's "training_data"
     corpora_file: Optional[str] = None
     # the training pairs the paper reports (0: none) and where; printed beside the final count (a large difference
