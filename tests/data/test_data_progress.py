@@ -11,7 +11,7 @@ from diverse_fairseq.data import progress
 from diverse_fairseq.data.download import Source, fetch
 from diverse_fairseq.data.prepare import main as prepare
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 ENV_KEYS = ("PROGRESS_INTERVAL", "BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "DEMO_DIR", "STOP_AFTER")
 

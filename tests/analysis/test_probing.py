@@ -20,7 +20,7 @@ from diverse_fairseq.analysis import probing
 from diverse_fairseq.data import senteval
 from diverse_fairseq.tables.spec import TableSpecError, load_table, parse_table
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "senteval"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "senteval"
 ENV_KEYS = ("DIVERSE_FAIRSEQ_MIRROR", "PROBING_DATA", "CHECKSUMS")
 
 

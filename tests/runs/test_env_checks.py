@@ -13,7 +13,7 @@ from diverse_fairseq.runs import env_checks
 from diverse_fairseq.training import main as training_main
 from diverse_fairseq.training import request_from_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_helpers():

@@ -16,7 +16,7 @@ from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.data.recipes import wmt14
 from diverse_fairseq.data.verify import Expected
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MIRROR = REPO / "tests" / "fixtures" / "mirror"
 GOOD = (MIRROR / "de-en.tgz").read_bytes()
 GOOD_EXPECTED = Expected(size=len(GOOD), sha256=__import__("hashlib").sha256(GOOD).hexdigest(), source="test")

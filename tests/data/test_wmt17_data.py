@@ -24,7 +24,7 @@ from diverse_fairseq.data.recipes import wmt17
 from diverse_fairseq.tables.__main__ import check_paper_data, data_problems
 from diverse_fairseq.tables.__main__ import main as tables_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 MIRROR = FIXTURES / "mirror"
 ENV_KEYS = ("BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "DIVERSE_FAIRSEQ_MIRROR", "CHECKSUMS", "WORKERS", "DEMO_DIR",

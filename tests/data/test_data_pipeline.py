@@ -17,7 +17,7 @@ from diverse_fairseq.data.download import DownloadError, Source, fetch
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.data.text import clean_pair, iwslt_train_lines, sgm_segments
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 MIRROR = FIXTURES / "mirror"
 EXPECT = str(MIRROR / "EXPECTED.json")  # the fixtures' expectations manifest: data goes to DATASET+fixture
@@ -183,7 +183,7 @@ def test_wmt14_from_a_mirror_directory(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_wmt17_downloads_cwmt_or_reads_a_manual_download(tmp_path, capsys):
-    # without a manual copy CWMT is downloaded (tests/test_wmt17_data.py); this mirror lacks the CWMT zips
+    # without a manual copy CWMT is downloaded (tests/data/test_wmt17_data.py); this mirror lacks the CWMT zips
     with pytest.raises(SystemExit, match="could not download casia2015.zip from mirror") as err:
         prepare(["wmt17_zh_en", *common(tmp_path / "a", "--mirror", str(MIRROR), "--expect", EXPECT)])
     assert "manual/cwmt/ (or CWMT_DIR=dir)" in str(err.value) and "CWMT=skip" in str(err.value)

@@ -13,7 +13,7 @@ from diverse_fairseq.runs.dataset_meta import load_dataset_meta
 from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.training import request_from_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_default_folders_are_the_repositorys_whatever_the_current_directory(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from diverse_fairseq.data import senteval
 from diverse_fairseq.data.download import DownloadError
 from diverse_fairseq.tables.__main__ import ensure_probing_data
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "senteval"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "senteval"
 ENV_KEYS = ("DIVERSE_FAIRSEQ_MIRROR", "PROBING_DATA", "CHECKSUMS")
 
 

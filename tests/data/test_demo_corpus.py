@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "demo_corpus"
 MESSAGES = FIXTURE / "usr/share/locale/de/LC_MESSAGES"
 DEMO = REPO / "data" / "demo"

@@ -34,7 +34,7 @@ from diverse_fairseq.tables.config import RunConfig
 from diverse_fairseq.tables.progress import Progress
 from diverse_fairseq.tables.spec import Row, parse_table
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
         "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --max-tokens 200 --max-update 3 "
         "--save-interval-updates 3 --num-workers 0")
