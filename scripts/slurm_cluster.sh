@@ -88,8 +88,12 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/linux
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
+# up to 4 jobs share a core, as the local runner's processes and the tests' share this machine's (a job waiting
+# for its time limit does not hold one); each job reserves 1 GB of the memory unless it asks for more (sbatch --mem)
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=CR_Core_Memory
+DefMemPerNode=1024
+MailProg=/bin/true
 SchedulerType=sched/builtin
 MpiDefault=none
 # finished jobs leave the controller's memory after 2 minutes (sacct keeps them); 5 s from SIGTERM to SIGKILL
@@ -97,7 +101,7 @@ MinJobAge=120
 KillWait=5
 ReturnToService=2
 $node NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
     cat >"$DBD_CONF" <<EOF
 $MARK

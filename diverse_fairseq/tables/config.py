@@ -2,12 +2,15 @@
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from ..runs.paths import DATA_BIN
 from ..runs.plan import TrainOptions
 from ..runs.settings import DEMO_SETTING, default_setting
 from .spec import Row
+
+if TYPE_CHECKING:  # slurm.py imports job.py, which imports this module
+    from .slurm import SlurmOptions
 
 
 @dataclass
@@ -35,6 +38,8 @@ class RunConfig:
     subsets: List[str] = field(default_factory=lambda: ["test"])
     # the command that runs this table again (the hints name it)
     rerun: str = "run the same command again"
+    # LAUNCHER=slurm: how each job is submitted as a SLURM job and followed (None: the jobs run on this machine)
+    slurm: Optional["SlurmOptions"] = None
 
     def run_dir(self, row: Row, seed: int) -> Path:
         return self.out_dir / "runs" / row.id / f"seed{seed}"

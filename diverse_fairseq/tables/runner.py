@@ -56,6 +56,12 @@ def run_table(table: Table, run: RunConfig, env: Mapping[str, str]) -> Optional[
     if not (data / "prepare.json").exists():
         raise SystemExit(f"error: no prepared dataset in {data}. Prepare it first: make data DATASET={run.dataset}")
     jobs = table_jobs(table, run)
+    if run.slurm is not None:  # LAUNCHER=slurm
+        from .slurm import run_on_slurm
+
+        print(f"[{table.table}] {len(table.rows)} rows x {len(run.seeds)} seed(s) = {len(jobs)} jobs, each a SLURM "
+              f"job", flush=True)
+        return _by_row(table, run, jobs, run_on_slurm(jobs, run.slurm, run.progress_interval))
     progress = Progress(table, run, len(jobs))
     print(f"[{table.table}] {len(table.rows)} rows x {len(run.seeds)} seed(s) = {len(jobs)} jobs, {run.jobs} at a "
           f"time, {run.threads} CPU thread(s) each", flush=True)
@@ -77,6 +83,12 @@ def run_table(table: Table, run: RunConfig, env: Mapping[str, str]) -> Optional[
     if failed:
         logs_ = "\n".join(f"  {job.tag}: {job.log_path}" for job in failed)
         raise SystemExit(f"error: {len(failed)} job(s) failed; their logs:\n{logs_}")
+    return _by_row(table, run, jobs, records)
+
+
+def _by_row(table: Table, run: RunConfig, jobs: List[TableJob],
+            records: Dict[Tuple[str, int], JobRecord]) -> Dict[str, List[JobRecord]]:
+    """``{row id: [per-seed record]}`` of the jobs' ``{(row, seed): record}``, a same-model row's from its job."""
     by_row = {(row, job.seed): records[job.row, job.seed] if row == job.row else
               replace(records[job.row, job.seed], same_as=job.row) for job in jobs for row in job.rows}
     return {row.id: [by_row[row.id, seed] for seed in run.seeds] for row in table.rows}

@@ -18,29 +18,29 @@ import fcntl
 import math
 import os
 import re
-import shlex
 import shutil
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..runs import env_checks
 from ..runs.options import choice, integer, number, option, word, words
 from .cache import load, store
-from .job import TableJob, finished_record, run_job
+from .job import RECORD, TableJob, finished_record, run_job
 from .progress import LogWatcher
 from .records import JobRecord
+from .steps import SLURM_LOGS, SLURM_STATE
 
 LAUNCHERS = ("local", "slurm")
-STATE_FILE = "slurm.json"  # in the run directory: the job's SLURM submissions, the last one current
-LOG_DIR = "slurm"  # in the run directory: submitit's folder (sbatch scripts, pickles, <id>_0_log.out)
 #: states of a job that is not over (sacct's; UNKNOWN: not yet in sacct right after its submission)
 ACTIVE = ("UNKNOWN", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
           "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT")
 #: ended by the cluster, not by the job: always submitted again, to resume from checkpoint_last.pt
 RESUMED = ("TIMEOUT", "PREEMPTED")
+#: seconds after its submission by which sacct knows a job; one it does not know by then is lost (another cluster's)
+FORGOTTEN = 600
 #: submitted again in one invocation at most this many times each (a time limit too short to reach a checkpoint)
 MAX_RESUMES = 3
 #: sbatch options that the launcher sets itself, and the variable to use instead
@@ -110,23 +110,36 @@ class SlurmOptions:
     resubmit_failed: bool = option(
         "RESUBMIT", "failed: submit again the jobs that ended FAILED, CANCELLED, OUT_OF_MEMORY or NODE_FAIL (TIMEOUT "
         "and PREEMPTED jobs always are)", False, word("failed"), flag="--resubmit")
-    interval: float = field(default=30.0)  # seconds between two looks at the jobs' states and training logs
 
 
 # ----------------------------------------------------------------------------------------------- on the node
-def job_main(job: TableJob) -> JobRecord:
-    """The SLURM job's main (submitit unpickles ``job`` on the node and calls this): the node's environment, read
-    once, handed to :func:`~.job.run_job`.
-
-    SLURM's warning before the time limit (submitit's ``--signal USR2``) is ignored, here and by fairseq-train (a
-    signal ignored stays ignored in the processes started after): without it fairseq-train would die at the
-    warning and the job would end FAILED; with it, training goes on to the limit, the job ends TIMEOUT, and the
-    launcher submits it again, to resume from checkpoint_last.pt."""
+def job_main(job: TableJob) -> Optional[JobRecord]:
+    """The SLURM job's main, on each of its nodes (submitit unpickles ``job`` there and calls this): the node's
+    environment, read once, handed to :func:`~.job.run_job` (on the first node; the others only train with it)."""
+    from .. import training
     from ..runs.cli_logging import setup_cli_logging
 
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     setup_cli_logging()
-    return run_job(job, dict(os.environ))
+    env = dict(os.environ)
+    job = on_node(job, env)
+    if not job.plan.rank0:  # a further node of a job over several: fairseq-train's ranks there, nothing else
+        training.run(job.plan, env)
+        return None
+    return run_job(job, env)
+
+
+def on_node(job: TableJob, env: Dict[str, str]) -> TableJob:
+    """``job`` as this node runs it. Over several nodes, fairseq's SLURM initialisation needs the same port on every
+    node and this node's rank, which the submitting side cannot know: the plan is made again with this SLURM job's
+    id (the port) and node id (the first node averages and evaluates); neither is part of the run's identity."""
+    if job.plan.nodes == 1:
+        return job
+    from ..runs.plan import plan
+
+    request = job.plan.request
+    options = replace(request.options, slurm_nnodes=int(env["SLURM_NNODES"]), slurm_job_id=int(env["SLURM_JOB_ID"]),
+                      slurm_node_id=int(env["SLURM_NODEID"]))
+    return replace(job, plan=plan(replace(request, options=options)))
 
 
 # ------------------------------------------------------------------------------------ the submitting side
@@ -162,31 +175,36 @@ def log_path(job: TableJob, slurm_id: str) -> Path:
     """The SLURM log of one submission of ``job`` (its output and errors, where submitit's sbatch script puts them)."""
     from submitit.core.utils import JobPaths
 
-    return JobPaths(job.run_dir / LOG_DIR, job_id=slurm_id, task_id=0).stdout
+    return JobPaths(job.run_dir / SLURM_LOGS, job_id=slurm_id, task_id=0).stdout
+
+
+def _submitted(job: TableJob) -> float:
+    """When the job's last submission was made (seconds since the epoch)."""
+    return time.mktime(time.strptime(submissions(job)[-1]["submitted"], "%Y-%m-%d %H:%M:%S"))
 
 
 def submissions(job: TableJob) -> List[Dict]:
     """The job's SLURM submissions recorded in its run directory (``slurm.json``), oldest first."""
-    return (load(job.run_dir / STATE_FILE) or {}).get("submissions", [])
+    return (load(job.run_dir / SLURM_STATE) or {}).get("submissions", [])
 
 
 def _record(job: TableJob, slurm_id: str, state: Optional[str] = None):
     """Record a new submission (``state`` None) or the last state of ``slurm_id`` in ``slurm.json``."""
     subs = submissions(job)
     if state is None:
-        subs.append({"job_id": slurm_id, "submitted": time.strftime("%Y-%m-%d %H:%M:%S"), "state": "SUBMITTED"})
+        subs.append({"job_id": slurm_id, "submitted": time.strftime("%Y-%m-%d %H:%M:%S"), "state": "PENDING"})
     else:
         for sub in subs:
             if sub["job_id"] == slurm_id:
                 sub["state"] = state
-    store(job.run_dir / STATE_FILE, {"submissions": subs})
+    store(job.run_dir / SLURM_STATE, {"submissions": subs})
 
 
 @contextlib.contextmanager
 def _deciding(job: TableJob) -> Iterator[None]:
     """One invocation at a time looks at a job's submissions and submits it (two collecting at once, or one
     collecting while another waits, submit it once)."""
-    folder = job.run_dir / LOG_DIR
+    folder = job.run_dir / SLURM_LOGS
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -214,8 +232,12 @@ def submit(job: TableJob, o: SlurmOptions) -> str:
     parameters = dict(job_name=f"{job.table}.{job.row}.seed{job.seed}", nodes=o.nodes, ntasks_per_node=1,
                       cpus_per_task=job.threads * max(1, gpus), gpus_per_node=gpus or None, time=o.time_limit,
                       partition=o.partition, account=o.account, qos=o.qos, constraint=o.constraint,
-                      stderr_to_stdout=True, additional_parameters=dict(o.sbatch_args) or None)
-    executor = submitit.SlurmExecutor(folder=job.run_dir / LOG_DIR, max_num_timeout=0)
+                      stderr_to_stdout=True, additional_parameters=dict(o.sbatch_args) or None,
+                      # no warning signal before the time limit (submitit's USR2, which fairseq-train would die of,
+                      # and which would end the job FAILED): training goes on to the limit, the job ends TIMEOUT, and
+                      # it is submitted again, to resume from checkpoint_last.pt
+                      signal_delay_s=0)
+    executor = submitit.SlurmExecutor(folder=job.run_dir / SLURM_LOGS, max_num_timeout=0)
     executor.update_parameters(**{k: v for k, v in parameters.items() if v is not None})
     try:
         slurm_id = executor.submit(job_main, job).job_id
@@ -236,13 +258,16 @@ def tail(path: Path, lines: int = 20) -> str:
 
 def _start(j: _Job, o: SlurmOptions, say) -> None:
     """The first look at a job in this invocation: its record, else its last submission's state, else submit it."""
-    j.record = finished_record(j.job)
-    if j.record is not None:
-        say(j, f"finished earlier: BLEU {j.record.eval.bleu:.2f} (its record {j.job.run_dir / 'job.json'})")
+    record = finished_record(j.job)
+    if record is not None:
+        j.record = replace(record, reused=True)
+        say(j, f"finished earlier: BLEU {record.eval.bleu:.2f} (its record {j.job.run_dir / RECORD})")
         return
     with _deciding(j.job):
         j.ids = [s["job_id"] for s in submissions(j.job)]
         state = states(j.ids[-1:])[j.ids[-1]] if j.ids else None
+        if state == "UNKNOWN" and time.time() - _submitted(j.job) > FORGOTTEN:
+            state = "LOST"  # sacct does not know it: another cluster's, or forgotten by this one
         if state in ACTIVE:
             j.state = state
             say(j, f"SLURM job {j.ids[-1]} {state}, submitted earlier: followed, not submitted again (log: {j.log})")
@@ -250,18 +275,21 @@ def _start(j: _Job, o: SlurmOptions, say) -> None:
         if state is None:
             why = "submitted"
         elif state == "COMPLETED":  # without the record of this job: the table changed since
-            why = f"SLURM job {j.ids[-1]} COMPLETED for another version of this job: submitted again"
+            why = f"SLURM job {j.ids[-1]} COMPLETED for another version of this job, submitted again"
         elif state in RESUMED:
-            why = f"SLURM job {j.ids[-1]} {state}: submitted again, to resume from checkpoint_last.pt"
+            why = f"SLURM job {j.ids[-1]} {state}, submitted again to resume from checkpoint_last.pt"
+        elif state == "LOST":
+            why = f"SLURM job {j.ids[-1]} unknown to sacct {FORGOTTEN // 60} minutes after its submission, submitted " \
+                  f"again"
         elif o.resubmit_failed:
-            why = f"SLURM job {j.ids[-1]} {state}: submitted again (RESUBMIT=failed)"
+            why = f"SLURM job {j.ids[-1]} {state}, submitted again (RESUBMIT=failed)"
         else:
             j.state = state
             say(j, f"SLURM job {j.ids[-1]} {state}; the end of its log ({j.log}):\n{tail(j.log)}")
             return
         j.ids.append(submit(j.job, o))
-    j.state = "SUBMITTED"
-    say(j, f"{why} as SLURM job {j.ids[-1]} (log: {j.log})")
+    j.state = "PENDING"
+    say(j, f"{why}: SLURM job {j.ids[-1]}, PENDING (log: {j.log})")
 
 
 def _resume(j: _Job, o: SlurmOptions, state: str, say) -> None:
@@ -269,12 +297,13 @@ def _resume(j: _Job, o: SlurmOptions, state: str, say) -> None:
     with _deciding(j.job):
         ids = [s["job_id"] for s in submissions(j.job)]
         if ids[-1] != j.ids[-1]:  # another invocation submitted it meanwhile: follow that submission
-            j.ids, j.state = ids, None
+            j.ids, j.state = ids, "UNKNOWN"
+            say(j, f"SLURM job {j.ids[-2]} {state}, submitted again by another invocation: SLURM job {j.ids[-1]}")
             return
         j.ids.append(submit(j.job, o))
-    j.resumes, j.state = j.resumes + 1, "SUBMITTED"
-    say(j, f"SLURM job {j.ids[-2]} {state}: submitted again as SLURM job {j.ids[-1]}, to resume from "
-           f"checkpoint_last.pt (log: {j.log})")
+    j.resumes, j.state = j.resumes + 1, "PENDING"
+    say(j, f"SLURM job {j.ids[-2]} {state}, submitted again to resume from checkpoint_last.pt: SLURM job "
+           f"{j.ids[-1]}, PENDING (log: {j.log})")
 
 
 def _changed(j: _Job, state: str, o: SlurmOptions, interval: float, say) -> None:
@@ -303,54 +332,61 @@ def _changed(j: _Job, state: str, o: SlurmOptions, interval: float, say) -> None
         say(j, f"SLURM job {j.ids[-1]} {state}; the end of its log ({j.log}):\n{tail(j.log)}")
 
 
-def run_on_slurm(jobs: List[TableJob], o: SlurmOptions, rerun: str) -> Dict[Tuple[str, int], JobRecord]:
-    """``{(row id, seed): record}`` of every job, each a SLURM job (the module's docstring). SystemExit when some
-    are not done: 0 when they are still queued or running (``WAIT`` reached), with the command that collects them
-    (``rerun``); 1 when some failed; 130 at Ctrl-C, which leaves the jobs running and says how to collect or
-    cancel them."""
+def run_on_slurm(jobs: List[TableJob], o: SlurmOptions, interval: float) -> Dict[Tuple[str, int], JobRecord]:
+    """``{(row id, seed): record}`` of every job, each a SLURM job (the module's docstring); ``interval``: seconds
+    between two looks at the jobs' states and progress (the first ones sooner). SystemExit when some are not done: 0
+    when they are still queued or running (``WAIT`` reached), with the command that collects them; 1 when some
+    failed; 130 at Ctrl-C, which leaves the jobs running and says how to collect or cancel them."""
     check_cluster()
-    say = _printer()
+    say, rerun = _printer(), jobs[0].rerun
     followed = [_Job(job, []) for job in jobs]
     for j in followed:
         _start(j, o, say)
     deadline = None if o.wait is None else time.time() + o.wait
+    pause = 1.0
     try:
         while True:
-            active = [j for j in followed if j.record is None and j.state in ACTIVE + ("SUBMITTED",)]
-            if not active or (deadline is not None and time.time() >= deadline):
+            active = [j for j in followed if _active(j)]
+            left = float("inf") if deadline is None else deadline - time.time()
+            if not active or left <= 0:
                 break
-            time.sleep(min(o.interval, max(0.0, deadline - time.time())) if deadline is not None else o.interval)
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, max(interval, 1.0))
             now = states([j.ids[-1] for j in active])
             for j in active:
                 if now[j.ids[-1]] not in (j.state, "UNKNOWN"):
-                    _changed(j, now[j.ids[-1]], o, o.interval, say)
+                    _changed(j, now[j.ids[-1]], o, interval, say)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C would cut the lines short
         _stop_watching(followed)
-        ids = " ".join(j.ids[-1] for j in followed if j.record is None and j.state in ACTIVE + ("SUBMITTED",))
-        print(f"[{jobs[0].table}] Ctrl-C: the jobs keep running on the cluster. Collect them with: {rerun}"
-              + (f"; cancel them with: scancel {ids}" if ids else ""), flush=True)
+        ids = " ".join(j.ids[-1] for j in followed if _active(j))
+        print(f"[{jobs[0].table}] Ctrl-C: the jobs keep running on the cluster; to collect them, {rerun}"
+              + (f"; to cancel them: scancel {ids}" if ids else ""), flush=True)
         raise SystemExit(130) from None
     _stop_watching(followed)
     return _outcome(followed, rerun)
 
 
+def _active(j: _Job) -> bool:
+    return j.record is None and j.state in ACTIVE
+
+
 def _outcome(followed: List[_Job], rerun: str) -> Dict[Tuple[str, int], JobRecord]:
+    """The records when every job has one; else SystemExit (1 naming the failed jobs, 0 naming the running ones)."""
     done = {(j.job.row, j.job.seed): j.record for j in followed if j.record is not None}
     if len(done) == len(followed):
         return done
-    table = followed[0].job.table
-    running = [j for j in followed if j.record is None and j.state in ACTIVE + ("SUBMITTED",)]
+    running = [j for j in followed if _active(j)]
     failed = [j for j in followed if j.record is None and j not in running]
     if failed:
         lines = "\n".join(f"  row {j.job.row} seed {j.job.seed}: SLURM job {j.ids[-1]} {j.state}, log {j.log}"
                           for j in failed)
-        raise SystemExit(f"error: {len(failed)} job(s) failed on the cluster:\n{lines}\nTIMEOUT and PREEMPTED jobs "
-                         f"are submitted again by: {rerun}; the others when it is given RESUBMIT=failed")
+        raise SystemExit(f"error: {len(failed)} job(s) failed on the cluster:\n{lines}\nTo submit TIMEOUT and "
+                         f"PREEMPTED jobs again, {rerun}; other failed jobs are submitted again with RESUBMIT=failed")
     ids = " ".join(j.ids[-1] for j in running)
-    print(f"[{table}] {len(running)} job(s) queued or running on the cluster (SLURM jobs {ids}), {len(done)} "
-          f"finished. Collect them with: {rerun} (the table is written once every job has finished); cancel them "
-          f"with: scancel {ids}", flush=True)
+    print(f"[{followed[0].job.table}] {len(running)} job(s) queued or running on the cluster (SLURM jobs {ids}), "
+          f"{len(done)} finished; the table is written once every job has finished. To collect them, {rerun}; to "
+          f"cancel them: scancel {ids}", flush=True)
     raise SystemExit(0)
 
 
@@ -374,5 +410,3 @@ def _printer():
     return say
 
 
-def cancel_command(ids: List[str]) -> str:
-    return shlex.join(["scancel", *ids])

@@ -22,6 +22,12 @@ from .records import TrainRecord, from_json
 if TYPE_CHECKING:  # job.py imports this module
     from .job import TableJob
 
+#: the SLURM launcher's files in a run directory (tables/slurm.py): the job's submissions and their logs
+SLURM_STATE, SLURM_LOGS = "slurm.json", "slurm"
+#: what a run directory holds besides the run, never moved aside with a stale run: the lock of the job that trains it
+#: (runs/lock.py) and the SLURM launcher's files (a SLURM job writes its log there while it runs)
+BESIDE_THE_RUN = (LOCK_FILE, SLURM_STATE, SLURM_LOGS)
+
 
 def train(job: "TableJob", env: Mapping[str, str]) -> Tuple[TrainRecord, bool]:
     """Train the job's plan (or reuse its finished run); return its training record and whether it was reused.
@@ -48,11 +54,11 @@ def train(job: "TableJob", env: Mapping[str, str]) -> Tuple[TrainRecord, bool]:
         stored = finished.get("key") if finished is not None else load(run_dir / "key.json")  # key.json: interrupted
         if stored == key:
             print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
-        elif finished is not None or run_dir.is_dir() and any(path.name != LOCK_FILE for path in run_dir.iterdir()):
+        elif finished is not None or run_dir.is_dir() and any(f.name not in BESIDE_THE_RUN for f in run_dir.iterdir()):
             stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
             stale.mkdir()
-            for path in run_dir.iterdir():  # all but the lock this job holds
-                if path.name != LOCK_FILE:
+            for path in run_dir.iterdir():  # all but the lock this job holds and the launcher's files
+                if path.name not in BESIDE_THE_RUN:
                     path.rename(stale / path.name)
             print(f"  [{tag}] the run in {run_dir} was made by a different command ({key_difference(stored, key)}): "
                   f"moved it to {stale.name}/ and training afresh", flush=True)
