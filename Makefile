@@ -12,7 +12,7 @@ DATASET ?= demo
 help:
 	@echo "make install   create .venv with torch, fairseq-fixed and this package (idempotent)"
 	@echo "make demo      train and evaluate on the shipped demo corpus, print the results table"
-	@echo "make tables    list the paper-table targets: make table-<id> [SCALE=demo|paper] [DATASET=..] [SEEDS=..] [GPUS=..]"
+	@echo "make tables    list the paper-table targets: make table-<id> [SCALE=demo|paper] [DATASET=..] [SEEDS=..] [GPUS=..] [LAUNCHER=slurm PARTITION=.. TIME_LIMIT=..]"
 	@echo "make figures   list the paper-figure targets: make figure-<id> [SCALE=..] [SEEDS=..] (runs, then a PNG + JSON)"
 	@echo "make check-tables [SCALE=demo|paper]  build every table row's model (demo: and train one step), no data"
 	@echo "make test      lint (ruff, configured in pyproject.toml), then run the test suite"
@@ -43,7 +43,9 @@ demo: install
 	$(PY) -m diverse_fairseq.tables demo
 
 # One target per paper table (configs/tables/<table>.yaml), e.g. `make table-emnlp18_t1 SCALE=demo`.
-# Variables: DATASET, SCALE=demo|paper, SEEDS (a count or a list), GPUS (0 = CPU), TRAIN_ARGS, GENERATE_ARGS.
+# Variables: DATASET, SCALE=demo|paper, SEEDS (a count or a list), GPUS (0 = CPU), TRAIN_ARGS, GENERATE_ARGS;
+# LAUNCHER=slurm runs each row and seed as a SLURM job (PARTITION, TIME_LIMIT, NODES, WAIT, ...: docs/usage.md,
+# "Paper tables on a cluster"). make passes the variables given on its command line to the runner's environment.
 # A figure (configs/tables/<paper>_f<N>.yaml, rows with a `figure:` point) is run by the same runner, then
 # plotted: `make figure-emnlp20_f3 SCALE=demo SEEDS=3` writes results/<figure>/<dataset>-figure.png and .json.
 FIGURES := $(basename $(notdir $(wildcard configs/tables/*_f[0-9]*.yaml)))

@@ -154,6 +154,41 @@ def demo_text_prepared(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_table_local(demo_text_prepared):
+    """test_tables' tiny two-row table (``TABLE``, ``TINY`` settings, seeds 1 and 2, two jobs at a time) run once per
+    session by the local runner, a command line of its own, in ``demo_text_prepared/results``: test_tables' end-to-end
+    test reads its output, test_slurm compares a run on the cluster with its records. Returns ``stdout``, ``table``
+    (the YAML), ``records`` and ``hypotheses`` by ``(row, seed)``, read when the run ended (the end-to-end test then
+    changes a row and runs the table again in the same folder)."""
+    from types import SimpleNamespace
+
+    from test_tables import TABLE, _run_table
+
+    table = demo_text_prepared / "tiny_table.yaml"
+    table.write_text(TABLE)
+    stdout = _run_table(demo_text_prepared, table)
+    runs = demo_text_prepared / "results" / "demo-demo" / "runs"
+    pairs = [(row, seed) for row in ("base", "dis") for seed in (1, 2)]
+    return SimpleNamespace(
+        stdout=stdout, table=table,
+        records={(r, s): json.loads((runs / r / f"seed{s}" / "job.json").read_text()) for r, s in pairs},
+        hypotheses={(r, s): (runs / r / f"seed{s}" / "eval" / "hyp.detok.de").read_text() for r, s in pairs})
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The one-node SLURM cluster of ``scripts/slurm_cluster.sh`` on this machine, started when it is not running
+    (as root the script installs the packages it needs; ``.ci/run`` starts it before the tests). Where it cannot be
+    started (not root, no package), the tests that submit to it skip with the script's one line."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm_cluster.sh"), "start"], capture_output=True,
+                          text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.skip("no SLURM cluster: " + (proc.stderr.strip().splitlines() or ["scripts/slurm_cluster.sh start "
+                                                                                  "failed"])[-1])
+    return proc.stdout.strip()
+
+
 CUSTOM_CORPUS = REPO / "tests" / "fixtures" / "custom_corpus"
 # the variables of scripts/prepare_data.sh, train.sh and evaluate.sh that would change a run on the custom corpus
 _CUSTOM_SCRIPT_KEYS = ("BPE", "DATASET_NAME", "SEPARATE_VOCAB", "PROGRESS_INTERVAL", "STOP_AFTER", "GPUS", "SAVE_DIR",

@@ -270,7 +270,8 @@ def _start(j: _Job, o: SlurmOptions, say) -> None:
             state = "LOST"  # sacct does not know it: another cluster's, or forgotten by this one
         if state in ACTIVE:
             j.state = state
-            say(j, f"SLURM job {j.ids[-1]} {state}, submitted earlier: followed, not submitted again (log: {j.log})")
+            shown = "(not in sacct yet)" if state == "UNKNOWN" else state
+            say(j, f"SLURM job {j.ids[-1]} {shown}, submitted earlier: followed, not submitted again (log: {j.log})")
             return
         if state is None:
             why = "submitted"

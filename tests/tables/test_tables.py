@@ -536,11 +536,9 @@ def _run_table_here(root, table_path, monkeypatch, capfd, seeds, jobs):
 
 
 @pytest.mark.slow
-def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_text_prepared, monkeypatch, capfd):
-    demo_bin = demo_text_prepared
-    table_path = demo_bin / "tiny_table.yaml"
-    table_path.write_text(TABLE)
-    out = _run_table(demo_bin, table_path)  # 2 rows x 2 seeds, 2 jobs at a time
+def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(tiny_table_local, monkeypatch, capfd):
+    demo_bin, table_path = tiny_table_local.table.parent, tiny_table_local.table
+    out = tiny_table_local.stdout  # 2 rows x 2 seeds, 2 jobs at a time
     assert "4 jobs, 2 at a time, 1 CPU thread(s) each" in out
     for row, label in ((1, "Transformer"), (2, "+ Disagreement")):
         for seed in (1, 2):
