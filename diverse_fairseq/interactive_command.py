@@ -25,7 +25,7 @@ from typing import Dict, List
 from .evaluate import resolve_data
 from .runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
-from .runs.options import add_options, resolve
+from .runs.options import add_options, resolve, warn_misspelled
 from .runs.paths import DataBin
 from .runs.plan import task_args
 from .user_dir import USER_DIR
@@ -75,6 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("dataset", nargs="?", help="dataset name under --data-bin, or a prepared dataset folder "
                                               "(default: the one the checkpoint was trained on)")
     args = add_options(p, DataBin).parse_args(argv)
+    warn_misspelled(os.environ, "interactive_command", file=sys.stderr)  # stdout: the command alone
     data_bin = resolve(DataBin, os.environ, args).data_bin
     checkpoint = Path(args.checkpoint)
     state = read_checkpoint(checkpoint)

@@ -206,7 +206,8 @@ def misspelled_variables(env: Mapping[str, str], ours: Optional[Set[str]] = None
             for name, like in found if like]
 
 
-def warn_misspelled(env: Mapping[str, str], prefix: str):
-    """Print :func:`misspelled_variables`' warnings, each as ``[prefix] warning: ...`` (before any work)."""
+def warn_misspelled(env: Mapping[str, str], prefix: str, file=None):
+    """Print :func:`misspelled_variables`' warnings, each as ``[prefix] warning: ...`` (before any work), to
+    ``file`` (default: stdout)."""
     for warning in misspelled_variables(env):
-        print(f"[{prefix}] warning: {warning}", flush=True)
+        print(f"[{prefix}] warning: {warning}", file=file, flush=True)
