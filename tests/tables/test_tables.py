@@ -28,7 +28,7 @@ from diverse_fairseq.runs import plan as run_plan
 from diverse_fairseq.runs.env_checks import parse_seeds
 from diverse_fairseq.runs.plan import TrainOptions
 from diverse_fairseq.tables import report, runner, steps
-from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs
+from diverse_fairseq.tables.__main__ import default_jobs, parse_options
 from diverse_fairseq.tables.cache import cache_key, key_difference
 from diverse_fairseq.tables.config import RunConfig
 from diverse_fairseq.tables.job import job_plan, make_job, table_jobs
@@ -327,7 +327,7 @@ def test_train_args_may_not_set_the_runners_log_flags(monkeypatch):
     monkeypatch.setenv("TRAIN_ARGS", "--max-update 5 --log-format simple")
     with pytest.raises(SystemExit, match=r"TRAIN_ARGS \(--train-args\)='--max-update 5 --log-format simple' is not "
                                          r"valid: leave out --log-format: the runner sets --log-format and --log-file"):
-        check_settings(build_parser().parse_args(["demo"]))
+        parse_options(["demo"], os.environ)
 
 
 def test_log_reader_takes_fairseq_json_records():
@@ -426,7 +426,7 @@ def _settings(monkeypatch, **env):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return check_settings(build_parser().parse_args(["demo"]))
+    return parse_options(["demo"], os.environ)
 
 
 @pytest.mark.parametrize("env,message", [
@@ -465,14 +465,14 @@ def test_an_unknown_dataset_is_refused_before_any_work(monkeypatch, tmp_path):
 def test_good_environment(monkeypatch):
     settings = _settings(monkeypatch, SCALE="paper", SEEDS="3", GPUS="0", THREADS="2", JOBS="4",
                          TRAIN_ARGS="--lr '1e-3'")
-    assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
-                        "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False,
-                        "allow_unverified_data": False, "train_options": TrainOptions(), "subsets": ["test"],
-                        "train_hook": None, "progress_interval": 30.0}
-    assert _settings(monkeypatch, PROGRESS_INTERVAL="0")["progress_interval"] == 0
-    assert _settings(monkeypatch, MAX_UPDATE="7")["train_options"] == TrainOptions(max_update=7)
-    assert _settings(monkeypatch, DRY_RUN="1")["dry_run"]
-    assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
+    assert settings == replace(settings, table="demo", scale="paper", seeds=[1, 2, 3], gpus=0, threads=2, jobs=4,
+                               train_args=["--lr", "1e-3"], generate_args=[], dry_run=False,
+                               allow_unverified_data=False, train_options=TrainOptions(), subsets=["test"],
+                               train_hook=None, progress_interval=30.0)
+    assert _settings(monkeypatch, PROGRESS_INTERVAL="0").progress_interval == 0
+    assert _settings(monkeypatch, MAX_UPDATE="7").train_options == TrainOptions(max_update=7)
+    assert _settings(monkeypatch, DRY_RUN="1").dry_run
+    assert _settings(monkeypatch).seeds == [1] and _settings(monkeypatch).threads == 1
     assert parse_seeds("SEEDS", "5,2") == [5, 2]
     assert default_jobs(1, 0) == 1 and default_jobs(100, 0) == len(os.sched_getaffinity(0))
     assert default_jobs(100, 2) == 1
@@ -793,8 +793,14 @@ def test_a_row_launched_through_torchrun_records_its_fairseq_train_arguments(pre
 
 
 def test_rows_and_subsets_are_chosen_on_the_command_line(capsys):
-    from diverse_fairseq.tables.__main__ import parse_hook, parse_subsets, select_rows
+    from diverse_fairseq.tables.__main__ import parse_options, select_rows
     from diverse_fairseq.tables.spec import load_table
+
+    def parse_subsets(text):
+        return parse_options(["t", "--subsets", text], {}).subsets
+
+    def parse_hook(text):
+        return parse_options(["t", "--train-hook", text], {}).train_hook
 
     table = load_table(str(REPO / "configs" / "experiments" / "repulsive_diagnosis.yaml"))
     chosen = select_rows(table, "drive_only,authors_bw")
