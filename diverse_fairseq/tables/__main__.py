@@ -44,7 +44,8 @@ OPTIONS = (
     ("--gpus", "GPUS", "0", env_checks.parse_int, "GPUs per run, 0 = CPU"),
     ("--threads", "THREADS", "1", lambda name, text: env_checks.parse_int(name, text, 1),
      "CPU threads of every training/decoding job (OMP_NUM_THREADS, MKL_NUM_THREADS, torch): fixed, so that a seed "
-     "gives the same numbers on any machine"),
+     "gives the same numbers again on the same machine type with the same library versions (not on any machine: "
+     "docs/reproducing.md)"),
     ("--jobs", "JOBS", None, lambda name, text: None if text in (None, "") else env_checks.parse_int(name, text, 1),
      "row/seed jobs run at once, each with its log in <out>/logs/; default: the CPU cores (at most the number of "
      "jobs), 1 with GPUS > 0"),
