@@ -92,7 +92,7 @@ WMT_SETTINGS = dict(bpe="subword-nmt", bpe_size=32000, punct_norm=True, non_prin
 
 #: where the WMT dev/test archives' md5s are published: sacrebleu's test-set registry, which sacrebleu checks its
 #: own downloads against. Written here (not looked up in the installed sacrebleu at run time, which would silently
-#: check nothing if a release moved an address); tests/data/test_data_pins.py checks the installed sacrebleu agrees
+#: check nothing if a release moved an address); tests/data/test_data_sources.py checks the installed sacrebleu agrees
 SACREBLEU_REGISTRY = ("sacrebleu's test-set registry (github.com/mjpost/sacrebleu, sacrebleu/dataset/__init__.py at "
                       "5166cf77b880ddd6d677f9243bcc4b4cb233cc90; sacrebleu 2.6.0)")
 #: {address: (sacrebleu dataset, md5)}: the registry lists these under http://; statmt.org serves both schemes
