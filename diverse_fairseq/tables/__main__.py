@@ -9,7 +9,6 @@ are checked before any work starts; a bad one stops the run with a message namin
 """
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -22,6 +21,7 @@ from .. import training
 from ..data.recipes import RECIPES
 from ..runs import env_checks, options
 from ..runs.cli_logging import setup_cli_logging
+from ..runs.dataset_meta import DatasetMeta, load_dataset_meta
 from ..runs.options import warn_misspelled
 from .check import dataset_for
 from .config import RunConfig
@@ -104,24 +104,16 @@ def resume_command(argv: List[str], env) -> str:
     return prefix + shlex.join(["python", "-m", "diverse_fairseq.tables", *argv])
 
 
-def data_problems(meta: dict) -> List[str]:
+def data_problems(meta: DatasetMeta) -> List[str]:
     """Why a prepared dataset (its prepare.json) is not the published data, in words; empty when it is."""
-    expectations = (meta.get("verification") or {}).get("expectations", "published")
-    stand_in = [] if expectations == "published" else [
-        f"its files were checked against the stand-in manifest {expectations.get('manifest')!r} (EXPECT), not the "
-        f"published sizes, checksums and counts"]
-    record, recipe = meta.get("training_data"), RECIPES.get(meta.get("dataset"))
-    if record is None:  # a recipe that records its corpora, prepared before it did
-        older = recipe is not None and recipe.corpora_file
-        return stand_in + (["prepared by an older version that did not check the corpora' counts (no training_data)"]
-                           if older else [])
-    return stand_in + ([] if record.get("verified", True) else list(record.get("problems") or ["not verified"]))
+    recipe = RECIPES.get(meta.dataset)
+    return meta.problems(records_corpora=recipe is not None and bool(recipe.corpora_file))
 
 
 def check_paper_data(data: Path, allow: bool):
     """Refuse data prepared from other than the published corpora unless ALLOW_UNVERIFIED_DATA=1."""
-    meta = data / "prepare.json"  # not prepared yet: the runner says how to prepare it
-    what = "; ".join(data_problems(json.loads(meta.read_text(encoding="utf-8"))) if meta.is_file() else [])
+    # not prepared yet: the runner says how to prepare it
+    what = "; ".join(data_problems(load_dataset_meta(data)) if (data / "prepare.json").is_file() else [])
     if not what:
         return
     if allow:

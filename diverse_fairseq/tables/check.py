@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..data.recipes import RECIPES
 from ..runs.cli_logging import setup_cli_logging
-from ..runs.dataset_meta import load_dataset_meta
+from ..runs.dataset_meta import DatasetMeta, load_dataset_meta
 from ..runs.options import add_options, choice, integer, option, resolve, warn_misspelled
 from ..runs.paths import data_bin_option
 from ..runs.plan import Plan, TrainOptions
@@ -75,12 +75,11 @@ def write_synthetic_data(data_bin: Path, dataset: str) -> Path:
         size = None if recipe.joined_dictionary else recipe.assumed_vocab.get(lang)
         dictionary = synthetic_dictionary(size, None if size else recipe.bpe_size)
         dictionary.save(str(data / f"dict.{lang}.txt"))
-    meta = {"dataset": dataset, "source_lang": recipe.src, "target_lang": recipe.tgt,
-            "joined_dictionary": recipe.joined_dictionary, "synthetic": True, "beam": recipe.beam,
-            "lenpen": recipe.lenpen, "max_len_a": recipe.max_len_a, "max_len_b": recipe.max_len_b,
-            "post_process": "subword_nmt" if recipe.bpe == "subword-nmt" else "sentencepiece",
-            "moses_tokenized": recipe.bpe == "subword-nmt"}
-    (data / "prepare.json").write_text(json.dumps(meta) + "\n")
+    DatasetMeta(source_lang=recipe.src, target_lang=recipe.tgt, dataset=dataset,
+                joined_dictionary=recipe.joined_dictionary, synthetic=True, beam=recipe.beam, lenpen=recipe.lenpen,
+                max_len_a=recipe.max_len_a, max_len_b=recipe.max_len_b,
+                post_process="subword_nmt" if recipe.bpe == "subword-nmt" else "sentencepiece",
+                moses_tokenized=recipe.bpe == "subword-nmt").write(data)
     return data
 
 

@@ -61,8 +61,9 @@ class TableOptions:
                               parse=seeds, default_factory=lambda: [1])
     gpus: Optional[int] = gpus_option()
     threads: int = option("THREADS", "CPU threads of every training/decoding job (OMP_NUM_THREADS, MKL_NUM_THREADS, "
-                                     "torch): fixed, so that a seed gives the same numbers on any machine", 1,
-                          integer(1))
+                                     "torch): fixed, so that a seed gives the same numbers again on the same machine "
+                                     "type with the same library versions (not on any machine: docs/reproducing.md)",
+                          1, integer(1))
     jobs: Optional[int] = option("JOBS", "row/seed jobs run at once, each with its log in <out>/logs/; default: the "
                                          "CPU cores (at most the number of jobs), 1 with GPUs", None, integer(1))
     out: Optional[Path] = option("RESULTS", "results directory (default results/<table>)", None, a_path)
