@@ -86,8 +86,9 @@ def eval_request(run: RunConfig, row: Row, seed: int, checkpoint: str, subset: s
     data = run.data_bin / run.dataset
     d = decoding(load_dataset_meta(data), SETTINGS[run.setting(row)])
     return EvalRequest(checkpoint=Path(checkpoint), data_dir=data, subset=subset, length_penalty=d.length_penalty,
-                       max_len_a=d.max_len_a, max_len_b=d.max_len_b, out=run.eval_dir(row, seed, subset),
-                       cpu=run.gpus == 0, precision=precision, generate_args=tuple(run.generate_args))
+                       beam_search=d.beam_search, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
+                       out=run.eval_dir(row, seed, subset), cpu=run.gpus == 0, precision=precision,
+                       generate_args=tuple(run.generate_args))
 
 
 def evaluation_key(request: EvalRequest) -> Dict:
