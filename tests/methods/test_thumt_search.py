@@ -71,7 +71,8 @@ class HashEncoder(FairseqEncoder):
 
 
 class HashDecoder(FairseqIncrementalDecoder):
-    """Next-word logits from the table (:func:`fake_logits`); incrementally, the prefix hash is the state."""
+    """Next-word logits: the table's row of the prefix hash, the EOS logit shifted by :func:`eos_shift`;
+    incrementally, the prefix hash is the state."""
 
     def __init__(self, d):
         super().__init__(d)
