@@ -147,7 +147,10 @@ def _dry_run(monkeypatch, capsys, data_bin, visible, **env):
     for key in ("GPUS", "CUDA_VISIBLE_DEVICES", "NNODES", "NODE_RANK", "SLURM_NNODES", "UPDATE_FREQ", "MAX_TOKENS",
                 "PRECISION", "SAVE_DIR"):
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setattr(training, "visible_gpus", lambda: visible)
+    from diverse_fairseq.runs import plan as run_plan
+
+    monkeypatch.setattr(run_plan, "visible_gpus", lambda: visible)  # GPUS unset: the plan takes every visible GPU
+    monkeypatch.setattr(training, "visible_gpus", lambda: visible)  # and training checks GPUS=N against them
     for key, val in dict(env, DATA_BIN=str(data_bin), DRY_RUN="1").items():
         monkeypatch.setenv(key, val)
     status = training.main(["wmt14_en_de", "base"])

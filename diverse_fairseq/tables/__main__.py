@@ -102,9 +102,10 @@ def foreign_variable_warnings(env) -> List[str]:
     return env_checks.foreign_variables(env, FOREIGN_VARIABLES, "the table runner (ignored)")
 
 
-def default_jobs(jobs: int, gpus: int) -> int:
-    """``JOBS`` unset: one job per CPU core (at most ``jobs``), or 1 when the jobs use GPUs."""
-    if gpus > 0:
+def default_jobs(jobs: int, gpus: Optional[int]) -> int:
+    """``JOBS`` unset: one job per CPU core (at most ``jobs``), or 1 when the jobs use GPUs (``gpus`` None: every
+    visible GPU)."""
+    if (training.visible_gpus() if gpus is None else gpus) > 0:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cores, jobs))
@@ -257,13 +258,15 @@ def main(argv: Optional[List[str]] = None):
     n_jobs = len(table.rows) * len(settings["seeds"])
     jobs = min(settings.pop("jobs") or default_jobs(n_jobs, settings["gpus"]), n_jobs)
     allow_unverified_data = settings.pop("allow_unverified_data")
+    env = dict(os.environ)  # this machine's environment, handed to the jobs
+    resume = resume_command(sys.argv[1:] if argv is None else argv, env)
     run = RunConfig(dataset=dataset, out_dir=out / f"{dataset}-{scale}", data_bin=Path(args.data_bin).resolve(),
-                    jobs=jobs, probing_tasks=table.probing,
+                    jobs=jobs, probing_tasks=table.probing, rerun=f"run {resume}",
                     probing_dir=probing_dir(args.probing_data) if table.probing else None, **settings)
     if scale == "paper":
         check_paper_data(run.data_bin / dataset, allow_unverified_data)
     if run.dry_run:
-        run_table(table, run)
+        run_table(table, run, env)
         raise SystemExit(0)  # also ending make figure-*
     if table.probing:
         ensure_probing_data(table.probing, args.probing_data, scale)
@@ -273,11 +276,10 @@ def main(argv: Optional[List[str]] = None):
 
         prepare(parse_options(["demo", "--data-bin", str(run.data_bin)]))
     try:
-        results = run_table(table, run)
+        results = run_table(table, run, env)
     except TableInterrupted as e:  # Ctrl-C: one line per interrupted row, then the shell's status for SIGINT
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C would cut the lines or the exit short
-        resume = resume_command(sys.argv[1:] if argv is None else argv, os.environ)
-        for line in interrupted_lines(table, run, e.jobs, resume):
+        for line in interrupted_lines(e.jobs, resume):
             print(line, file=sys.stderr, flush=True)
         raise SystemExit(training.INTERRUPT_EXIT) from None
     summary = summarise(table, results, dataset, scale, subset=run.subsets[0])

@@ -32,8 +32,8 @@ from ..runs.dataset_meta import load_dataset_meta
 from ..runs.plan import Plan, TrainOptions
 from . import scale as scale_mod
 from .config import RunConfig
+from .job import job_plan
 from .spec import TABLE_DIR, Row, Table, load_table
-from .steps import job_plan
 
 SCALES = ("demo", "paper")
 
