@@ -257,7 +257,8 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                         changes = scale_mod.changes(row.args, scale_mod.row_args(row.args, job.setting_name))
                         d = job.decoding  # how the row's runs decode (validation BLEU and test)
                         note = (f" [layers mapped: {'; '.join(changes)}]" if changes else "") + (
-                            f" [decoding: beam {d.beam}, {d.length_penalty} length penalty {d.lenpen:g}, at most "
+                            f" [decoding: {d.beam_search} beam search {d.beam}, {d.length_penalty} length penalty "
+                            f"{d.lenpen:g}, at most "
                             f"{d.max_len_a:g}·|x| + {d.max_len_b} tokens]" if scale == "paper" else "")
                         key = (scale, json.dumps(job.identity, sort_keys=True))  # the same run: built once
                         if key in done:

@@ -82,8 +82,8 @@ def make_job(table: str, row: Row, run: RunConfig, seed: int, same: Sequence[str
     d, threads = p.decoding, str(run.threads)
     evals = tuple(EvalRequest(
         checkpoint=p.checkpoint(p.average), data_dir=Path(run.data_bin) / run.dataset, subset=subset, beam=d.beam,
-        lenpen=d.lenpen, length_penalty=d.length_penalty, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
-        out=run.eval_dir(row, seed, subset), cpu=p.gpus == 0, precision=p.precision,
+        lenpen=d.lenpen, length_penalty=d.length_penalty, beam_search=d.beam_search, max_len_a=d.max_len_a,
+        max_len_b=d.max_len_b, out=run.eval_dir(row, seed, subset), cpu=p.gpus == 0, precision=p.precision,
         generate_args=tuple(run.generate_args)) for subset in run.subsets)
     return TableJob(table=table, rows=(row.id, *same), seed=seed, plan=p, evals=evals,
                     row_args=tuple(scale.row_args(row.args, p.setting_name)), train_args=tuple(run.train_args),

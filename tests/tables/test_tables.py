@@ -819,8 +819,8 @@ def test_rows_and_subsets_are_chosen_on_the_command_line(capsys):
 
 def test_paper_dry_run_decodes_each_row_as_its_paper(tmp_path, monkeypatch, capsys):
     """``DRY_RUN=1 make table-journal_t5 SCALE=paper``: the THUMT rows (base, big) validate and evaluate with GNMT's
-    length penalty and at most |x| + 50 tokens; EMNLP 2020's fairseq rows keep fairseq's --lenpen and the recipe's
-    200-token cap."""
+    length penalty, THUMT's beam search and at most |x| + 50 tokens; EMNLP 2020's fairseq rows keep fairseq's
+    --lenpen, fairseq's search and the recipe's 200-token cap."""
     from diverse_fairseq.tables.__main__ import main
 
     for key in ("SEED", "SEEDS", "SAVE_DIR", "TRAIN_ARGS", "GENERATE_ARGS", "JOBS", "ROWS", "SCALE"):
@@ -845,13 +845,13 @@ def test_paper_dry_run_decodes_each_row_as_its_paper(tmp_path, monkeypatch, caps
     train, evaluate = commands("journal_t5", "base,big")
     assert len(train) == len(evaluate) == 2
     for line in train:
-        assert "--task translation_length_penalty --length-penalty gnmt" in line and "--max-update 100000" in line
-        assert '"max_len_a": 1.0, "max_len_b": 49' in line
+        assert "--task translation_length_penalty --length-penalty gnmt --beam-search thumt" in line
+        assert '"max_len_a": 1.0, "max_len_b": 49' in line and "--max-update 100000" in line
     for line in evaluate:
-        assert "--length-penalty gnmt --max-len-a 1 --max-len-b 49" in line
+        assert "--length-penalty gnmt --beam-search thumt --max-len-a 1 --max-len-b 49" in line
     train, evaluate = commands("emnlp20_t2_wmt14", "ma")
-    assert "--task translation " in train[0] and "--length-penalty" not in train[0]
-    assert "--length-penalty fairseq --max-len-a 0 --max-len-b 200" in evaluate[0]
+    assert "--task translation " in train[0] and "--length-penalty" not in train[0] and "--beam-search" not in train[0]
+    assert "--length-penalty fairseq --beam-search fairseq --max-len-a 0 --max-len-b 200" in evaluate[0]
 
 
 def test_job_records_round_trip_through_json(tmp_path):
