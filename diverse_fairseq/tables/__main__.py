@@ -1,5 +1,6 @@
 """``python -m diverse_fairseq.tables TABLE [--dataset D] [--scale demo|paper] [--seeds 1,2] [--gpus N]
-[--threads N] [--jobs N] [--rows a,b] [--subsets valid,test] [--train-hook SCRIPT] [--dry-run 1]``.
+[--threads N] [--jobs N] [--rows a,b] [--subsets valid,test] [--train-hook SCRIPT] [--dry-run 1] [...]`` (``--help``
+lists every option).
 
 TABLE is a table of ``configs/tables/`` or any table YAML, such as the diagnosis experiments of
 ``configs/experiments/`` (docs/demo-findings.md).
@@ -165,9 +166,9 @@ def results_dir(options: TableOptions, table_id: str) -> Path:
 
 def main(argv: Optional[List[str]] = None):
     env = os.environ
+    warn_misspelled(env, "tables")
     o = check_gpus(parse_options(argv, env), env)  # every option checked before any work
     setup_cli_logging()
-    warn_misspelled(env, "tables")
     for warning in foreign_variable_warnings(env):
         print(f"[tables] warning: {warning}", flush=True)
     scale = o.scale

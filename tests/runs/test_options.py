@@ -90,6 +90,16 @@ def test_each_commands_parser_is_generated_from_its_fields(capsys):
     assert "GPUS" in options.variables(TableOptions) and "--gpus" in _help(tables.main, ["demo"], capsys)
 
 
+def test_train_sh_help_lists_every_variable_of_its_fields(capsys):
+    from diverse_fairseq.runs.plan import TrainOptions, TrainRequest
+    from diverse_fairseq.training import main as train
+
+    assert train(["--help"]) == 0
+    text = capsys.readouterr().out
+    for cls in (TrainRequest, TrainOptions):
+        assert all(f"  {var}: " in text for var in options.variables(cls))
+
+
 def test_training_reads_every_variable_of_its_fields():
     """scripts/train.sh has no flags of its own: each of its fields is its variable (``VAR`` in the error)."""
     from diverse_fairseq.runs.plan import TrainOptions, TrainRequest
