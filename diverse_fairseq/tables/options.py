@@ -99,5 +99,6 @@ def check_gpus(options: TableOptions, env: Mapping[str, str]) -> TableOptions:
     GPUs it sees; more than it sees stop now, not when the first row starts training.
     A launcher that trains elsewhere (LAUNCHER=slurm) cannot see the GPUs of the machine that trains: there, GPUS
     must be given instead (refuse before any work, naming ``GPUS=N``) and is not checked against this machine."""
+    # LAUNCHER=slurm (the launcher's option, issue 36): return here, refusing GPUS unset before any work
     gpus, _ = training.select_gpus(options.gpus, env, training.visible_gpus())
     return replace(options, gpus=gpus)

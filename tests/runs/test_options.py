@@ -118,7 +118,7 @@ def test_training_reads_every_variable_of_its_fields():
     assert (request.options.master_addr, request.gpus, request.seed) == ("m", 2, 3)
 
 
-def test_commands_take_the_flag_before_the_variable(monkeypatch):
+def test_commands_take_the_flag_before_the_variable():
     from diverse_fairseq.data.prepare import parse_options as prepare_options
     from diverse_fairseq.evaluate import parse_request
     from diverse_fairseq.tables.__main__ import parse_options as table_options
