@@ -154,7 +154,6 @@ FOREIGN_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_", "SACCT_"
 def option_classes() -> list:
     """The dataclasses that hold every command's options (a test checks that no other class in the package
     declares an :func:`option`)."""
-    from ..data.download import MirrorOptions
     from ..data.prepare import PrepareOptions
     from ..data.progress import ProgressOptions
     from ..data.senteval import DownloadOptions
@@ -166,7 +165,7 @@ def option_classes() -> list:
     from .plan import TrainOptions, TrainRequest
 
     return [TrainOptions, TrainRequest, TableOptions, EvalRequest, DataBin, PrepareOptions, ProgressOptions,
-            CheckOptions, DownloadOptions, MirrorOptions, ProbingFiles]
+            CheckOptions, DownloadOptions, ProbingFiles]
 
 
 def our_variables() -> Set[str]:

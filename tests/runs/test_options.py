@@ -162,7 +162,10 @@ def environment_uses(root: Path):
     imported by name) in ``root``'s Python files."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        source = path.read_text(encoding="utf-8")
+        if "env" not in source:  # os.environ, getenv, putenv, unsetenv (also imported by name)
+            continue
+        tree = ast.parse(source)
         names = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                  and node.module == "os" for a in node.names}
 
@@ -252,7 +255,8 @@ def test_our_variables_are_the_fields_and_the_scripts():
     the shell scripts and the Makefile read from the environment."""
     classes = set()
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        source = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(source)) if "option(" in source else ():
             body = node.body if isinstance(node, ast.ClassDef) else []
             calls = [s.value.func for s in body if isinstance(s, ast.AnnAssign) and isinstance(s.value, ast.Call)]
             if any(isinstance(c, ast.Name) and c.id.endswith("option") for c in calls):
