@@ -20,7 +20,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -116,11 +116,12 @@ def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: Lis
     return hyps, refs
 
 
-def run_logged(cmd: List[str], log_file: Path) -> int:
-    """Run ``cmd``, echoing its output and keeping a copy in ``log_file``; returns the exit status."""
+def run_logged(cmd: List[str], log_file: Path, env: Mapping[str, str]) -> int:
+    """Run ``cmd`` in environment ``env``, echoing its output and keeping a copy in ``log_file``; returns the exit
+    status."""
     with open(log_file, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                env=dict(env, PYTHONUNBUFFERED="1"))
         for line in proc.stdout:
             sys.stdout.write(line)
             log.write(line)
@@ -153,6 +154,37 @@ class EvalRequest:
                                          "(amp, memory-efficient-fp16, fp32) decode in fp32", "fp32",
                             choice(PRECISIONS))
     generate_args: Tuple[str, ...] = ()  # extra fairseq-generate options
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """What :func:`evaluate` measured, as ``results.json`` holds it (:func:`dataclasses.asdict`)."""
+
+    checkpoint: str
+    dataset: str
+    data: str  # the prepared data decoded (its dictionaries: the table report's parameter footnote)
+    subset: str  # the split decoded: test or valid
+    out: str  # the folder of hyp.detok.<target_lang>, ref.detok.<target_lang> and results.json
+    target_lang: str
+    sentences: int
+    beam: int
+    lenpen: float
+    max_len_a: float
+    max_len_b: int
+    length_penalty: str
+    batch_size: int
+    device: str  # gpu or cpu
+    reference: str  # what the hypotheses were scored against
+    bleu: float  # sacrebleu on detokenized text
+    bleu_detail: str
+    signature: str  # sacrebleu's
+    tok_bleu: float
+    tok_bleu_detail: str
+    tok_bleu_kind: str
+    paper_bleu: Optional[float] = None  # the authors' own scoring (runs/paper_bleu.py), where the dataset has one
+    paper_bleu_kind: Optional[str] = None
+    paper_bleu_detail: Optional[str] = None
+    speed: Optional[Dict] = None  # fairseq-generate's: {"sentences", "seconds", "sentences_per_second", ...}
 
 
 def build_parser():
@@ -192,7 +224,7 @@ def parse_request(argv: Optional[List[str]], env: Mapping[str, str]) -> EvalRequ
 
 def main(argv=None):
     warn_misspelled(os.environ, "evaluate")
-    return evaluate(parse_request(argv, os.environ))
+    return evaluate(parse_request(argv, os.environ), os.environ)
 
 
 def decoding(request: EvalRequest, meta: DatasetMeta) -> Dict[str, object]:
@@ -221,9 +253,9 @@ def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu:
     return cmd + list(request.generate_args)
 
 
-def evaluate(request: EvalRequest) -> Dict:
-    """Decode ``request.subset`` with the checkpoint, detokenize, score; write the outputs and ``results.json``
-    into the output directory and return the results."""
+def evaluate(request: EvalRequest, env: Mapping[str, str]) -> EvalRecord:
+    """Decode ``request.subset`` with the checkpoint (fairseq-generate in environment ``env``), detokenize, score;
+    write the outputs and ``results.json`` (:class:`EvalRecord`) into the output directory and return the record."""
     data_dir, subset, ckpt = Path(request.data_dir), request.subset, Path(request.checkpoint)
     meta = load_dataset_meta(data_dir)
     tgt = meta.target_lang
@@ -239,7 +271,7 @@ def evaluate(request: EvalRequest) -> Dict:
           f"{'GPU' if on_gpu else 'CPU'})", flush=True)
     print("  " + " ".join(cmd[1:]), flush=True)
     gen_file, log_file = out / f"generate-{subset}.txt", out / f"generate-{subset}.log"
-    returncode = run_logged(cmd, log_file)
+    returncode = run_logged(cmd, log_file, env)
     if returncode != 0 or not gen_file.exists():
         raise SystemExit(f"error: fairseq-generate failed (exit {returncode}); its log is {log_file}")
 
@@ -270,24 +302,25 @@ def evaluate(request: EvalRequest) -> Dict:
         (out / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
     print("[evaluate] step 3/3: score", flush=True)
-    results = {"checkpoint": str(ckpt), "dataset": meta.dataset, "data": str(data_dir), "subset": subset,
-               "sentences": n, **d, "length_penalty": request.length_penalty, "batch_size": request.batch_size,
-               "device": "gpu" if on_gpu else "cpu", "reference": ref_kind}
-    results.update(bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta))
-    results.update(authors_bleu(meta.dataset, hyps_model, targets, refs_detok, tgt))
-    results["speed"] = speed = (parse_generate_speed(log_file.read_text(encoding="utf-8", errors="replace"))
-                                or parse_generate_speed(generated))
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(f"BLEU (sacrebleu, detokenized) = {results['bleu']:.2f}   {results['signature']}\n"
-          f"BLEU ({results['tok_bleu_kind']}) = {results['tok_bleu']:.2f}\n" +
-          (f"BLEU ({results['paper_bleu_kind']}) = {results['paper_bleu']:.2f}\n" if "paper_bleu" in results else "") +
+    log_text = log_file.read_text(encoding="utf-8", errors="replace")
+    r = EvalRecord(checkpoint=str(ckpt), dataset=meta.dataset, data=str(data_dir), subset=subset, out=str(out),
+                   target_lang=tgt, sentences=n, **d, length_penalty=request.length_penalty,
+                   batch_size=request.batch_size, device="gpu" if on_gpu else "cpu", reference=ref_kind,
+                   **bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta),
+                   **authors_bleu(meta.dataset, hyps_model, targets, refs_detok, tgt),
+                   speed=parse_generate_speed(log_text) or parse_generate_speed(generated))
+    (out / "results.json").write_text(json.dumps(asdict(r), indent=1) + "\n")
+    speed = r.speed
+    print(f"BLEU (sacrebleu, detokenized) = {r.bleu:.2f}   {r.signature}\n"
+          f"BLEU ({r.tok_bleu_kind}) = {r.tok_bleu:.2f}\n" +
+          (f"BLEU ({r.paper_bleu_kind}) = {r.paper_bleu:.2f}\n" if r.paper_bleu is not None else "") +
           (f"decoding: {speed['sentences']} sentences in {speed['seconds']:.1f}s = "
            f"{speed['sentences_per_second']:.2f} sentences/s ({speed['tokens_per_second']:.1f} tokens/s)\n"
            if speed else "") +
           f"outputs and results.json in {out}\n"
           f"to translate your own text: python -m diverse_fairseq.interactive_command {ckpt} {data_dir} "
           f"(prints the fairseq-interactive command; docs/translating.md)", flush=True)
-    return results
+    return r
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from .average_checkpoints import average_files, last_n_checkpoints
 from .runs import env_checks
 from .runs.checkpoint_file import finished, refuse_damaged_last, trained_updates
 from .runs.identity import ARGS_FILE, check_resume, write_args
+from .runs.lock import LOCK_FILE, run_lock
 from .runs.options import options_of, resolve, warn_misspelled
 from .runs.plan import Plan, TrainOptions, TrainRequest, plan, select_gpus, visible_gpus
 from .runs.settings import SETTINGS, default_setting
@@ -66,8 +67,14 @@ def request_from_env(dataset: str, setting_or_arch: str, extra: List[str], env: 
 
 def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env: Mapping[str, str],
                  gpus: Optional[int] = None) -> "TrainResult":
-    """:func:`run` of :func:`request_from_env`'s request, ``env`` also being the training processes' environment."""
-    return run(request_from_env(dataset, setting_or_arch, extra, env=env, gpus=gpus), env=env)
+    """``scripts/train.sh``: :func:`run` of the plan of :func:`request_from_env`'s request, holding the run's lock
+    (:func:`~diverse_fairseq.runs.lock.run_lock`; a dry run writes nothing and takes none). ``env``: this process's
+    environment, also the training processes'."""
+    p = plan(request_from_env(dataset, setting_or_arch, extra, env=env, gpus=gpus))
+    if p.request.options.dry_run:
+        return run(p, env)
+    with run_lock(p.save_dir, env):
+        return run(p, env)
 
 
 @dataclass(frozen=True)
@@ -83,16 +90,16 @@ class TrainResult:
         return self.plan.checkpoint(self.averaged)
 
 
-def run(request: TrainRequest, env=None) -> TrainResult:
-    """Train the :func:`~diverse_fairseq.runs.plan.plan` of ``request`` (resuming from ``checkpoint_last.pt``), then
-    average. Refused before training: a resume of another run (:func:`check_resume`) and an unreadable
+def run(p: Plan, env: Mapping[str, str]) -> TrainResult:
+    """Train plan ``p`` (resuming from ``checkpoint_last.pt``), then average. Refused before training: more GPUs
+    than this machine shows, a resume of another run (:func:`check_resume`) and an unreadable
     ``checkpoint_last.pt`` (:func:`refuse_damaged_last`); a finished run is left alone (:func:`finished`). A failed
     fairseq-train raises SystemExit (:func:`failure_message`), Ctrl-C :class:`Interrupted` with its one line. ``env``
-    is the training processes' environment (default: this process's; no option is read from it)."""
-    env = dict(os.environ if env is None else env)
-    gpus, device_env = select_gpus(request.gpus, env, visible_gpus())
-    env.update(device_env)
-    p = plan(replace(request, gpus=gpus))
+    is the environment of the machine that trains, the training processes' with the GPUs chosen
+    (``CUDA_VISIBLE_DEVICES``: the plan's GPUs where ``GPUS`` was given). The caller holds the run's lock."""
+    request = p.request
+    device_env = select_gpus(request.gpus, env, visible_gpus())[1]
+    env = {**env, **device_env}
     dataset, save_dir, cmd = request.dataset, p.save_dir, p.command
     device = f"{p.world} GPU(s)" if p.gpus else "the CPU"
     print(f"[train] {dataset} {request.setting}: {p.arch} on {device}, "
@@ -251,6 +258,7 @@ def remove_unused(save_dir: Path) -> bool:
     if not save_dir.is_dir() or any(save_dir.glob("checkpoint*.pt")):
         return False
     (save_dir / ARGS_FILE).unlink(missing_ok=True)
+    (save_dir / LOCK_FILE).unlink(missing_ok=True)  # held until the caller's run ends; the next one makes another
     for folder in [*sorted(save_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True), save_dir]:
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
@@ -290,15 +298,15 @@ def main(argv=None):
                                           for cls in (TrainRequest, TrainOptions) for f in options_of(cls)))
         return 0 if argv else 2
     dataset, rest = argv[0], argv[1:]
-    request = request_from_env(dataset, "", [], env)  # every variable checked before anything runs
+    data_bin = request_from_env(dataset, "", [], env).data_bin  # every variable checked before anything runs
     if rest and not rest[0].startswith("-"):
         setting, extra = rest[0], rest[1:]
     else:  # no setting named: the dataset's default
-        setting, extra = default_setting(dataset, request.data_bin), rest
+        setting, extra = default_setting(dataset, data_bin), rest
         print(f"[train] no setting given: {dataset} trains with {setting!r} (name one to choose: "
               f"{', '.join(SETTINGS)})", flush=True)
     try:
-        run(replace(request, setting=setting, extra=tuple(extra)), env=dict(env))
+        run_from_env(dataset, setting, extra, env)
     except KeyboardInterrupt as e:  # Interrupted: during fairseq-train, with its line; else before or after it
         print(f"[train] {getattr(e, 'message', '') or 'interrupted (outside fairseq-train)'}", file=sys.stderr,
               flush=True)

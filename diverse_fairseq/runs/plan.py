@@ -172,6 +172,7 @@ class Plan:
     max_update: int = 0
     average: int = 0  # checkpoints averaged after training (0: a single model)
     best_checkpoint_metric: Optional[str] = None
+    precision: str = "fp32"  # one of PRECISIONS: training's, and the evaluation's on a GPU
     rank0: bool = True  # this process is on the first node (it averages)
 
     @property
@@ -303,5 +304,5 @@ def plan(request: TrainRequest) -> Plan:
     return Plan(request=request, setting_name=key, setting=s, arch=final.arch, args=tuple(args),
                 launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity, gpus=gpus, nodes=nnodes,
                 max_tokens=max_tokens, update_freq=freq, max_update=final.max_update or 0, average=average,
-                best_checkpoint_metric=best_metric,
+                best_checkpoint_metric=best_metric, precision=precision,
                 rank0=o.node_rank == 0 and o.slurm_node_id == 0)

@@ -65,9 +65,10 @@ def foreign_variable_warnings(env) -> List[str]:
     return env_checks.foreign_variables(env, FOREIGN_VARIABLES, "the table runner (ignored)")
 
 
-def default_jobs(jobs: int, gpus: int) -> int:  # gpus: decided (check_gpus)
-    """``JOBS`` unset: one job per CPU core (at most ``jobs``), or 1 when the jobs use GPUs."""
-    if gpus > 0:
+def default_jobs(jobs: int, gpus: Optional[int]) -> int:
+    """``JOBS`` unset: one job per CPU core (at most ``jobs``), or 1 when the jobs use GPUs (``gpus`` None: every
+    visible GPU)."""
+    if (training.visible_gpus() if gpus is None else gpus) > 0:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cores, jobs))
@@ -165,9 +166,10 @@ def results_dir(options: TableOptions, table_id: str) -> Path:
 
 
 def main(argv: Optional[List[str]] = None):
-    env = os.environ
+    env = dict(os.environ)  # this machine's environment, handed to the jobs
     warn_misspelled(env, "tables")
-    o = check_gpus(parse_options(argv, env), env)  # every option checked before any work
+    o = parse_options(argv, env)  # every option checked before any work
+    check_gpus(o, env)
     setup_cli_logging()
     for warning in foreign_variable_warnings(env):
         print(f"[tables] warning: {warning}", flush=True)
@@ -184,16 +186,17 @@ def main(argv: Optional[List[str]] = None):
         raise SystemExit(f"error: {e}")
     out = results_dir(o, table.table)
     n_jobs = len(table.rows) * len(o.seeds)
+    resume = resume_command(sys.argv[1:] if argv is None else argv, env)
     run = RunConfig(dataset=dataset, scale=scale, seeds=o.seeds, gpus=o.gpus, out_dir=out / f"{dataset}-{scale}",
                     data_bin=o.data_bin.resolve(), train_args=o.train_args, generate_args=o.generate_args,
                     threads=o.threads, jobs=min(o.jobs or default_jobs(n_jobs, o.gpus), n_jobs),
-                    progress_interval=o.progress_interval, probing_tasks=table.probing,
+                    progress_interval=o.progress_interval, probing_tasks=table.probing, rerun=f"run {resume}",
                     probing_dir=probing_dir(o.probing_data, o.mirror) if table.probing else None, dry_run=o.dry_run,
                     train_options=o.train_options, train_hook=o.train_hook, subsets=o.subsets)
     if scale == "paper":
         check_paper_data(run.data_bin / dataset, o.allow_unverified_data)
     if run.dry_run:
-        run_table(table, run)
+        run_table(table, run, env)
         raise SystemExit(0)  # also ending make figure-*
     if table.probing:
         ensure_probing_data(table.probing, o.probing_data, scale, o.mirror)
@@ -203,11 +206,10 @@ def main(argv: Optional[List[str]] = None):
 
         prepare.prepare(prepare.parse_options(["demo", "--data-bin", str(run.data_bin)], env))
     try:
-        results = run_table(table, run)
+        results = run_table(table, run, env)
     except TableInterrupted as e:  # Ctrl-C: one line per interrupted row, then the shell's status for SIGINT
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C would cut the lines or the exit short
-        resume = resume_command(sys.argv[1:] if argv is None else argv, env)
-        for line in interrupted_lines(table, run, e.jobs, resume):
+        for line in interrupted_lines(e.jobs, resume):
             print(line, file=sys.stderr, flush=True)
         raise SystemExit(training.INTERRUPT_EXIT) from None
     summary = summarise(table, results, dataset, scale, subset=run.subsets[0])

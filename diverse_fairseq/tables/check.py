@@ -33,9 +33,9 @@ from ..runs.paths import data_bin_option
 from ..runs.plan import Plan, TrainOptions
 from . import scale as scale_mod
 from .config import RunConfig
+from .job import job_plan
 from .options import SCALES
 from .spec import TABLE_DIR, Row, Table, load_table
-from .steps import job_plan
 
 
 @dataclass

@@ -151,9 +151,6 @@ def test_gpus_is_one_field_for_train_sh_and_the_tables():
 ALLOWED = {
     ("significance.py", "paired_bootstrap"): "sacrebleu reads its bootstrap seed only from SACREBLEU_SEED: set for "
                                              "one test and restored (docs/architecture.md)",
-    # the child processes' environment, built from this process's; core (issue 36) hands it down from main()
-    ("evaluate.py", "run_logged"): "core", ("tables/runner.py", "limit_threads"): "core",
-    ("tables/steps.py", "train_row"): "core", ("training.py", "run"): "core",
 }
 
 
