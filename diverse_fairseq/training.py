@@ -67,10 +67,15 @@ def request_from_env(dataset: str, setting_or_arch: str, extra: List[str], env: 
 
 def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env: Mapping[str, str],
                  gpus: Optional[int] = None) -> "TrainResult":
-    """``scripts/train.sh``: :func:`run` of the plan of :func:`request_from_env`'s request, holding the run's lock
+    """:func:`train` of :func:`request_from_env`'s request, ``env`` also being the training processes' environment."""
+    return train(request_from_env(dataset, setting_or_arch, extra, env=env, gpus=gpus), env)
+
+
+def train(request: TrainRequest, env: Mapping[str, str]) -> "TrainResult":
+    """``scripts/train.sh``: :func:`run` of the plan of ``request``, holding the run's lock
     (:func:`~diverse_fairseq.runs.lock.run_lock`; a dry run writes nothing and takes none). ``env``: this process's
     environment, also the training processes'."""
-    p = plan(request_from_env(dataset, setting_or_arch, extra, env=env, gpus=gpus))
+    p = plan(request)
     if p.request.options.dry_run:
         return run(p, env)
     with run_lock(p.save_dir, env):
@@ -298,15 +303,15 @@ def main(argv=None):
                                           for cls in (TrainRequest, TrainOptions) for f in options_of(cls)))
         return 0 if argv else 2
     dataset, rest = argv[0], argv[1:]
-    data_bin = request_from_env(dataset, "", [], env).data_bin  # every variable checked before anything runs
+    request = request_from_env(dataset, "", [], env)  # every variable checked before anything runs
     if rest and not rest[0].startswith("-"):
         setting, extra = rest[0], rest[1:]
     else:  # no setting named: the dataset's default
-        setting, extra = default_setting(dataset, data_bin), rest
+        setting, extra = default_setting(dataset, request.data_bin), rest
         print(f"[train] no setting given: {dataset} trains with {setting!r} (name one to choose: "
               f"{', '.join(SETTINGS)})", flush=True)
     try:
-        run_from_env(dataset, setting, extra, env)
+        train(replace(request, setting=setting, extra=tuple(extra)), dict(env))
     except KeyboardInterrupt as e:  # Interrupted: during fairseq-train, with its line; else before or after it
         print(f"[train] {getattr(e, 'message', '') or 'interrupted (outside fairseq-train)'}", file=sys.stderr,
               flush=True)

@@ -166,7 +166,7 @@ def results_dir(options: TableOptions, table_id: str) -> Path:
 
 
 def main(argv: Optional[List[str]] = None):
-    env = dict(os.environ)  # this machine's environment, handed to the jobs
+    env = dict(os.environ)  # this machine's environment, read once and handed down (to the jobs too)
     warn_misspelled(env, "tables")
     o = parse_options(argv, env)  # every option checked before any work
     check_gpus(o, env)
