@@ -43,7 +43,7 @@ from .runs import env_checks
 from .runs.checkpoint_file import finished, refuse_damaged_last, trained_updates
 from .runs.identity import ARGS_FILE, check_resume, write_args
 from .runs.lock import LOCK_FILE, run_lock
-from .runs.options import resolve, warn_misspelled
+from .runs.options import options_of, resolve, warn_misspelled
 from .runs.plan import Plan, TrainOptions, TrainRequest, plan, select_gpus, visible_gpus
 from .runs.settings import SETTINGS, default_setting
 
@@ -299,6 +299,8 @@ def main(argv=None):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         print("settings: " + ", ".join(f"{k} ({v.arch})" for k, v in SETTINGS.items()))
+        print("variables:\n" + "\n".join(f"  {f.metadata['var']}: {f.metadata['help']}"
+                                          for cls in (TrainRequest, TrainOptions) for f in options_of(cls)))
         return 0 if argv else 2
     dataset, rest = argv[0], argv[1:]
     request = request_from_env(dataset, "", [], env)  # every variable checked before anything runs

@@ -1,6 +1,6 @@
 """Download files with resume (``NAME.part``, an HTTP ``Range`` request), verification (:mod:`.verify`), atomic
 rename and a mirror override (``--mirror BASE`` or ``$DIVERSE_FAIRSEQ_MIRROR``, read by the commands' ``main()``
-(:class:`MirrorOptions`) and handed down: a URL or a local directory, a flat folder of the original files looked up
+(:func:`mirror_option`) and handed down: a URL or a local directory, a flat folder of the original files looked up
 by name): :func:`fetch`. docs/usage.md says why not pooch or mtdata."""
 
 import http.client
@@ -37,13 +37,6 @@ def mirror_option(help: str = "URL or directory holding the files by name, used 
 
 def checksums_option(help: str = "md5sum/sha256sum file"):
     return option("CHECKSUMS", help)
-
-
-@dataclass(frozen=True)
-class MirrorOptions:
-    """Where a command that may download gets its files."""
-
-    mirror: Optional[str] = mirror_option()
 
 
 class DownloadError(RuntimeError):

@@ -1,5 +1,6 @@
 """``python -m diverse_fairseq.tables TABLE [--dataset D] [--scale demo|paper] [--seeds 1,2] [--gpus N]
-[--threads N] [--jobs N] [--rows a,b] [--subsets valid,test] [--train-hook SCRIPT] [--dry-run 1]``.
+[--threads N] [--jobs N] [--rows a,b] [--subsets valid,test] [--train-hook SCRIPT] [--dry-run 1] [...]`` (``--help``
+lists every option).
 
 TABLE is a table of ``configs/tables/`` or any table YAML, such as the diagnosis experiments of
 ``configs/experiments/`` (docs/demo-findings.md).
@@ -64,9 +65,10 @@ def foreign_variable_warnings(env) -> List[str]:
     return env_checks.foreign_variables(env, FOREIGN_VARIABLES, "the table runner (ignored)")
 
 
-def default_jobs(jobs: int, gpus: int) -> int:  # gpus: decided (check_gpus)
-    """``JOBS`` unset: one job per CPU core (at most ``jobs``), or 1 when the jobs use GPUs."""
-    if gpus > 0:
+def default_jobs(jobs: int, gpus: Optional[int]) -> int:
+    """``JOBS`` unset: one job per CPU core (at most ``jobs``), or 1 when the jobs use GPUs (``gpus`` None: every
+    visible GPU)."""
+    if (training.visible_gpus() if gpus is None else gpus) > 0:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cores, jobs))
@@ -157,9 +159,10 @@ def results_dir(options: TableOptions, table_id: str) -> Path:
 
 def main(argv: Optional[List[str]] = None):
     env = dict(os.environ)  # this machine's environment, read once and handed down (to the jobs too)
-    o = check_gpus(parse_options(argv, env), env)  # every option checked before any work
-    setup_cli_logging()
     warn_misspelled(env, "tables")
+    o = parse_options(argv, env)  # every option checked before any work
+    check_gpus(o, env)
+    setup_cli_logging()
     for warning in foreign_variable_warnings(env):
         print(f"[tables] warning: {warning}", flush=True)
     scale = o.scale
@@ -179,10 +182,9 @@ def main(argv: Optional[List[str]] = None):
     run = RunConfig(dataset=dataset, scale=scale, seeds=o.seeds, gpus=o.gpus, out_dir=out / f"{dataset}-{scale}",
                     data_bin=o.data_bin.resolve(), train_args=o.train_args, generate_args=o.generate_args,
                     threads=o.threads, jobs=min(o.jobs or default_jobs(n_jobs, o.gpus), n_jobs),
-                    progress_interval=o.progress_interval, probing_tasks=table.probing,
+                    progress_interval=o.progress_interval, probing_tasks=table.probing, rerun=f"run {resume}",
                     probing_dir=probing_dir(o.probing_data, o.mirror) if table.probing else None, dry_run=o.dry_run,
-                    train_options=o.train_options, train_hook=o.train_hook, subsets=o.subsets,
-                    rerun=f"run {resume}")
+                    train_options=o.train_options, train_hook=o.train_hook, subsets=o.subsets)
     if scale == "paper":
         check_paper_data(run.data_bin / dataset, o.allow_unverified_data)
     if run.dry_run:
