@@ -119,8 +119,8 @@ def test_a_finished_row_whose_last_checkpoint_is_gone_gives_its_result(run, fake
     capsys.readouterr()
     runner.run_table(TABLE, run, {})
     out = capsys.readouterr().out
-    assert "[a seed 1] training finished earlier" in out and "checkpoint it evaluates, checkpoint_last.pt, is " \
-        "truncated" in out
+    assert "[a seed 1] training finished earlier" in out and "checkpoint it evaluates, checkpoint_last.pt, cannot " \
+        "be read" in out
     assert "[a seed 1] checkpoint_last.pt is truncated (100 bytes; " in out
     assert "moved it to checkpoint_last.pt.damaged" in out and (job.run_dir / "checkpoint_last.pt.damaged").exists()
     assert "[a seed 1] resuming from checkpoint_best.pt (update 2, intact), copied to checkpoint_last.pt" in out
