@@ -85,10 +85,11 @@ def request_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=N
 def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env: Mapping[str, str],
                  gpus: Optional[int] = None) -> "TrainResult":
     """``scripts/train.sh``: :func:`run` of the plan of :func:`request_from_env`'s request, holding the run's lock
-    (:func:`~diverse_fairseq.runs.lock.run_lock`; a dry run writes nothing and takes none). ``env``: this process's
-    environment, also the training processes'."""
+    (:func:`~diverse_fairseq.runs.lock.run_lock`) on the first node (the other nodes of a multi-node run train the
+    same run with it; a dry run writes nothing and takes none). ``env``: this process's environment, also the
+    training processes'."""
     p = plan(request_from_env(dataset, setting_or_arch, extra, env=env, gpus=gpus))
-    if p.request.options.dry_run:
+    if p.request.options.dry_run or not p.rank0:
         return run(p, env)
     with run_lock(p.save_dir, env):
         return run(p, env)
