@@ -73,10 +73,11 @@ def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env: Mapp
 
 def train(request: TrainRequest, env: Mapping[str, str]) -> "TrainResult":
     """``scripts/train.sh``: :func:`run` of the plan of ``request``, holding the run's lock
-    (:func:`~diverse_fairseq.runs.lock.run_lock`; a dry run writes nothing and takes none). ``env``: this process's
-    environment, also the training processes'."""
+    (:func:`~diverse_fairseq.runs.lock.run_lock`) on the first node (the other nodes of a multi-node run train the
+    same run with it; a dry run writes nothing and takes none). ``env``: this process's environment, also the
+    training processes'."""
     p = plan(request)
-    if p.request.options.dry_run:
+    if p.request.options.dry_run or not p.rank0:
         return run(p, env)
     with run_lock(p.save_dir, env):
         return run(p, env)

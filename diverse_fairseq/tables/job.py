@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+import torch
+
 from ..evaluate import EvalRequest
 from ..runs.lock import run_lock
 from ..runs.plan import Plan, TrainRequest, plan
@@ -141,8 +143,6 @@ def run_job(job: TableJob, env: Mapping[str, str]) -> JobRecord:
         print(f"  [{job.tag}] training finished earlier ({record.train.trained_at}) and evaluated: reusing its "
               f"record {job.run_dir / RECORD}", flush=True)
         return replace(record, reused=True)
-    import torch
-
     torch.set_num_threads(job.threads)
     env = {**env, **job.env}
     with run_lock(job.run_dir, env, rerun=job.rerun):
