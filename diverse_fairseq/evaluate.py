@@ -20,7 +20,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -28,12 +28,24 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from .data.text import compound_split, detokenize, tokenize
-from .methods.length_penalty import LENGTH_PENALTIES
-from .runs import env_checks, paths
+from .methods.length_penalty import BEAM_SEARCHES, LENGTH_PENALTIES
 from .runs.checkpoint_file import check_dataset, read_checkpoint
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
-from .runs.env_checks import parse_choice, parse_float, parse_int
+from .runs.options import (
+    add_options,
+    choice,
+    flag_of,
+    integer,
+    number,
+    option,
+    options_of,
+    resolve,
+    switch,
+    warn_misspelled,
+)
+from .runs.options import path as a_path
 from .runs.paper_bleu import authors_bleu
+from .runs.paths import DataBin
 from .runs.plan import PRECISIONS, task_args
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
@@ -116,16 +128,6 @@ def run_logged(cmd: List[str], log_file: Path, env: Mapping[str, str]) -> int:
         return proc.wait()
 
 
-def _option(env: str, help: str, default=None, parse=None, *bounds):
-    """A field of :class:`EvalRequest` that is the option ``--field-name``, read from the variable ``env`` where not
-    given; ``parse(label, text, *bounds)`` of :mod:`.runs.env_checks` checks its text."""
-    return field(default=default, metadata={"env": env, "help": help, "parse": parse, "bounds": bounds})
-
-
-def _precision(label: str, text: str) -> str:  # training's variable: its name alone, every training precision
-    return parse_choice("PRECISION", text, PRECISIONS)
-
-
 @dataclass(frozen=True)
 class EvalRequest:
     """One evaluation: what :func:`evaluate` decodes and scores. ``main`` builds it from the command line and the
@@ -133,23 +135,28 @@ class EvalRequest:
 
     checkpoint: Path
     data_dir: Path  # a prepared dataset (with prepare.json)
-    subset: str = _option("SUBSET", "valid or test", "test", parse_choice, ("test", "valid"))
-    beam: Optional[int] = _option("BEAM", "default: the recipe's (prepare.json)", None, parse_int, 1)
-    lenpen: Optional[float] = _option("LENPEN", "default: the recipe's", None, parse_float)
-    length_penalty: str = _option(
+    subset: str = option("SUBSET", "valid or test", "test", choice(("test", "valid")))
+    beam: Optional[int] = option("BEAM", "default: the recipe's (prepare.json)", None, integer(1))
+    lenpen: Optional[float] = option("LENPEN", "default: the recipe's", None, number())
+    length_penalty: str = option(
         "LENGTH_PENALTY", "how --lenpen normalises a finished hypothesis' score by its length |y| (EOS included): "
         "'fairseq' divides by |y|^lenpen, 'gnmt' by ((5 + |y|)/6)^lenpen (GNMT's, as the THUMT papers decoded: their "
-        "settings base and big use it); default fairseq", "fairseq", parse_choice, LENGTH_PENALTIES)
-    max_len_a: Optional[float] = _option(
+        "settings base and big use it); default fairseq", "fairseq", choice(LENGTH_PENALTIES))
+    beam_search: str = option(
+        "BEAM_SEARCH", "the beam search: 'fairseq' (fairseq's) or 'thumt' (THUMT's, as the THUMT papers decoded: their "
+        "settings base and big use it; at the length limit a hypothesis without EOS, an empty output allowed); "
+        "default fairseq", "fairseq", choice(BEAM_SEARCHES))
+    max_len_a: Optional[float] = option(
         "MAX_LEN_A", "at most max-len-a * source length (with its EOS) + max-len-b output tokens; default: the "
-        "recipe's (the THUMT settings: 1, with --max-len-b 49: |x| + 50 tokens)", None, parse_float)
-    max_len_b: Optional[int] = _option("MAX_LEN_B", "default: the recipe's", None, parse_int, 0)
-    batch_size: int = _option("BATCH_SIZE", "sentences per batch", 128, parse_int, 1)
-    out: Optional[Path] = _option("OUT", "output directory (default <checkpoint dir>/eval-<dataset>-<subset>-"
-                                         "<checkpoint name>)", None, lambda label, text: Path(text))
-    cpu: bool = _option("CPU=1", "decode on the CPU even with a GPU", False)
-    precision: str = _option("PRECISION", "decoding precision on a GPU: fp16 or bf16; the other training precisions "
-                                          "(amp, memory-efficient-fp16, fp32) decode in fp32", "fp32", _precision)
+        "recipe's (the THUMT settings: 1, with --max-len-b 49: |x| + 50 tokens)", None, number())
+    max_len_b: Optional[int] = option("MAX_LEN_B", "default: the recipe's", None, integer(0))
+    batch_size: int = option("BATCH_SIZE", "sentences per batch", 128, integer(1))
+    out: Optional[Path] = option("OUT", "output directory (default <checkpoint dir>/eval-<dataset>-<subset>-"
+                                        "<checkpoint name>)", None, a_path)
+    cpu: bool = option("CPU", "decode on the CPU even with a GPU (CPU=1)", False, switch, store_true=True)
+    precision: str = option("PRECISION", "decoding precision on a GPU: fp16 or bf16; the other training precisions "
+                                         "(amp, memory-efficient-fp16, fp32) decode in fp32", "fp32",
+                            choice(PRECISIONS))
     generate_args: Tuple[str, ...] = ()  # extra fairseq-generate options
 
 
@@ -184,30 +191,13 @@ class EvalRecord:
     speed: Optional[Dict] = None  # fairseq-generate's: {"sentences", "seconds", "sentences_per_second", ...}
 
 
-#: the fields of :class:`EvalRequest` that are options of the command line
-OPTIONS = [f for f in fields(EvalRequest) if f.metadata]
-
-
-def _checked(label: str, f):
-    """An argparse type: the field's check; an optional field's empty text is None (the recipe's)."""
-    parse, bounds = f.metadata["parse"], f.metadata["bounds"]
-    return lambda text: None if f.default is None and text == "" else parse(label, text, *bounds)
-
-
 def build_parser():
     """The options; each defaults to its environment variable (in brackets), checked before any work."""
     p = argparse.ArgumentParser(prog="evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoint file (.pt)")
     p.add_argument("dataset", help="dataset name under --data-bin, or a prepared dataset directory")
-    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
-    for f in OPTIONS:
-        flag, env, help = "--" + f.name.replace("_", "-"), f.metadata["env"], f.metadata["help"]
-        if f.type is bool:  # a switch: parse_request reads its variable
-            p.add_argument(flag, action="store_true", help=f"{help} [{env}]")
-        else:  # argparse checks a text default (the variable's, the field's) where the option is not given
-            p.add_argument(flag, default=env_checks.get(os.environ, env) or f.default, help=f"{help} [{env}]",
-                           type=_checked(f"{env} ({flag})", f))
+    add_options(p, DataBin, EvalRequest)
     p.add_argument("--fp16", dest="precision", action="store_const", const="fp16", help="the same as --precision fp16")
     return p
 
@@ -216,8 +206,8 @@ def command_line(request: EvalRequest) -> List[str]:
     """``python -m diverse_fairseq.evaluate`` arguments that make ``request`` (every option spelled out, so
     that no environment variable changes it); what a dry run prints."""
     args = [str(request.checkpoint), str(request.data_dir)]
-    for f in OPTIONS:
-        value, flag = getattr(request, f.name), "--" + f.name.replace("_", "-")
+    for f in options_of(EvalRequest):
+        value, flag = getattr(request, f.name), flag_of(f)
         if value is True:
             args.append(flag)
         elif value is not None and value is not False:  # a float as short as it reads back: 1.0 is "1"
@@ -225,19 +215,20 @@ def command_line(request: EvalRequest) -> List[str]:
     return args + list(request.generate_args)
 
 
-def parse_request(argv=None) -> EvalRequest:
+def parse_request(argv: Optional[List[str]], env: Mapping[str, str]) -> EvalRequest:
     """The :class:`EvalRequest` of a command line and the environment (checked; SystemExit naming a bad value)."""
     args, extra = build_parser().parse_known_args(argv)
     if Path(args.dataset).suffix == ".pt":
         raise SystemExit(f"error: the second argument {args.dataset!r} is a checkpoint, not a dataset: name one "
                          "checkpoint (a checkpoints/NAME-*/ pattern matching several variants gives several)")
-    options = dict(vars(args), cpu=args.cpu or env_checks.parse_flag("CPU", os.environ.get("CPU")))
-    return EvalRequest(checkpoint=Path(args.checkpoint), data_dir=resolve_data(args.dataset, args.data_bin),
-                       generate_args=tuple(extra), **{f.name: options[f.name] for f in OPTIONS})
+    data_bin = resolve(DataBin, env, args).data_bin
+    return resolve(EvalRequest, env, args, checkpoint=Path(args.checkpoint),
+                   data_dir=resolve_data(args.dataset, data_bin), generate_args=tuple(extra))
 
 
 def main(argv=None):
-    return evaluate(parse_request(argv), os.environ)
+    warn_misspelled(os.environ, "evaluate")
+    return evaluate(parse_request(argv, os.environ), os.environ)
 
 
 def decoding(request: EvalRequest, meta: DatasetMeta) -> Dict[str, object]:
@@ -249,10 +240,11 @@ def decoding(request: EvalRequest, meta: DatasetMeta) -> Dict[str, object]:
 
 def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu: bool) -> List[str]:
     """The fairseq-generate command that decodes ``request.subset`` into ``out`` as :func:`decoding` says, GNMT's
-    length penalty through the plugin's ``--task translation_length_penalty``."""
+    length penalty and THUMT's search through the plugin's ``--task translation_length_penalty``."""
     d = decoding(request, meta)
     cmd = [sys.executable, "-m", "fairseq_cli.generate", str(request.data_dir), "--path", str(request.checkpoint),
-           "--user-dir", USER_DIR, *task_args(request.length_penalty), "--source-lang", meta.source_lang,
+           "--user-dir", USER_DIR, *task_args(request.length_penalty, request.beam_search),
+           "--source-lang", meta.source_lang,
            "--target-lang", meta.target_lang, "--gen-subset", request.subset, "--beam", str(d["beam"]),
            "--lenpen", str(d["lenpen"]), "--batch-size", str(request.batch_size),
            "--max-len-a", f"{d['max_len_a']:g}", "--max-len-b", str(d["max_len_b"]),

@@ -8,23 +8,25 @@ training text was made, and the command repeats that on the input:
   alone segments ``file:`` as ``fi@@ le@@ :`` where training saw ``file :``.
 * ``BPE=sentencepiece``: the dataset's sentencepiece model on the raw text, no tokenizer.
 
-Both undo their segmentation on the output. Decoding uses the recipe's beam and length penalty, and the penalty form
-and length limit the checkpoint was validated with (:func:`stored_decoding`: GNMT's penalty and |x| + 50 tokens for
-the THUMT papers' settings), as the evaluation does. A checkpoint of another dataset is refused
-(:mod:`diverse_fairseq.runs.checkpoint_file`). See docs/translating.md.
+Both undo their segmentation on the output. Decoding uses the recipe's beam and length penalty, and the penalty form,
+beam search and length limit the checkpoint was validated with (:func:`stored_decoding`: GNMT's penalty, THUMT's
+search and |x| + 50 tokens for the THUMT papers' settings), as the evaluation does. A checkpoint of another dataset
+is refused (:mod:`diverse_fairseq.runs.checkpoint_file`). See docs/translating.md.
 """
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Dict, List
 
 from .evaluate import resolve_data
-from .runs import paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
+from .runs.options import add_options, resolve, warn_misspelled
+from .runs.paths import DataBin
 from .runs.plan import task_args
 from .user_dir import USER_DIR
 
@@ -44,14 +46,16 @@ def segmentation_options(data_dir: Path, meta: DatasetMeta) -> List[str]:
 
 
 def stored_decoding(state: Dict) -> Dict[str, object]:
-    """How the checkpoint's training decoded its validation set: ``length_penalty`` (its task's
-    ``--length-penalty``; ``fairseq`` for the plain ``translation`` task) and, where ``--eval-bleu-args`` gave
-    them, ``max_len_a`` / ``max_len_b``. ``state`` is :func:`~diverse_fairseq.runs.checkpoint_file.read_checkpoint`'s,
-    which fairseq has upgraded: an argparse-era checkpoint's ``args`` are in its ``cfg`` too."""
+    """How the checkpoint's training decoded its validation set: ``length_penalty`` and ``beam_search`` (its task's
+    ``--length-penalty`` and ``--beam-search``; ``fairseq`` for the plain ``translation`` task) and, where
+    ``--eval-bleu-args`` gave them, ``max_len_a`` / ``max_len_b``. ``state`` is
+    :func:`~diverse_fairseq.runs.checkpoint_file.read_checkpoint`'s, which fairseq has upgraded: an argparse-era
+    checkpoint's ``args`` are in its ``cfg`` too."""
     task = state["cfg"]["task"]
     # valid JSON where --eval-bleu is on: fairseq's translation task parsed it when it built the model
     generation = json.loads(task.get("eval_bleu_args") or "{}") if task.get("eval_bleu") else {}
     return {"length_penalty": str(task.get("length_penalty") or "fairseq"),
+            "beam_search": str(task.get("beam_search") or "fairseq"),
             **{k: generation[k] for k in ("max_len_a", "max_len_b") if k in generation}}
 
 
@@ -60,7 +64,7 @@ def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Dict[str, o
     decoding settings, with ``decoding`` (:func:`stored_decoding`) over them."""
     d = {"max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **decoding}
     return ["fairseq-interactive", str(data_dir), "--path", str(checkpoint), "--user-dir", USER_DIR,
-            *task_args(str(d["length_penalty"])), "--source-lang", meta.source_lang,
+            *task_args(str(d["length_penalty"]), str(d["beam_search"])), "--source-lang", meta.source_lang,
             "--target-lang", meta.target_lang, *segmentation_options(data_dir, meta),
             "--beam", str(meta.beam), "--lenpen", str(meta.lenpen),
             "--max-len-a", str(d["max_len_a"]), "--max-len-b", str(d["max_len_b"])]
@@ -72,11 +76,12 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint", help="checkpoint file (.pt)")
     p.add_argument("dataset", nargs="?", help="dataset name under --data-bin, or a prepared dataset folder "
                                               "(default: the one the checkpoint was trained on)")
-    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
-    args = p.parse_args(argv)
+    args = add_options(p, DataBin).parse_args(argv)
+    warn_misspelled(os.environ, "interactive_command", file=sys.stderr)  # stdout: the command alone
+    data_bin = resolve(DataBin, os.environ, args).data_bin
     checkpoint = Path(args.checkpoint)
     state = read_checkpoint(checkpoint)
-    data_dir = resolve_data(args.dataset, args.data_bin) if args.dataset else stored_data_dir(state, checkpoint)
+    data_dir = resolve_data(args.dataset, data_bin) if args.dataset else stored_data_dir(state, checkpoint)
     meta = load_dataset_meta(data_dir)
     check_dataset(state, checkpoint, data_dir, meta.source_lang, meta.target_lang)
     # what the command does not repeat of the preparation, for the user to do on the input

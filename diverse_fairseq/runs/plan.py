@@ -15,35 +15,47 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..methods.length_penalty import LENGTH_PENALTIES
+from ..methods.length_penalty import BEAM_SEARCHES, LENGTH_PENALTIES
 from ..user_dir import USER_DIR  # the package directory, for --user-dir
 from .dataset_meta import DatasetMeta, load_dataset_meta
-from .identity import identity_hash, parse_train_args, run_identity
-from .paths import CHECKPOINTS, DATA_BIN
-from .settings import Setting, checkpoint_name, resolve_setting
+from .identity import RESUME_ENV, identity_hash, parse_train_args, run_identity
+from .options import choice, gpus_option, integer, option, switch
+from .options import path as a_path
+from .paths import checkpoints_option, data_bin_option
+from .settings import EMBEDDINGS, Setting, checkpoint_name, resolve_setting
+
+PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
 
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """The launch options of one training (``scripts/train.sh``'s variables: ``training.options_from_env``); None:
-    the setting's value (``precision``: fp16 on GPUs, fp32 on the CPU)."""
+    """The launch options of one training: ``scripts/train.sh``'s variables (:mod:`.options` fields, read by
+    ``training.options_from_env``; the table runner reads them too, for every row); None: the setting's value
+    (``precision``: fp16 on GPUs, fp32 on the CPU)."""
 
-    max_tokens: Optional[int] = None
-    update_freq: Optional[int] = None
-    max_update: Optional[int] = None
-    average: Optional[int] = None  # average the last N checkpoints (None: the setting's, 0: off)
-    precision: Optional[str] = None  # one of PRECISIONS
-    embeddings: Optional[str] = None  # one of EMBEDDINGS
-    nnodes: Optional[int] = None  # set: launch through torchrun on NNODES nodes
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: Optional[int] = None
-    slurm_nnodes: int = 1  # > 1: a SLURM job over several nodes (fairseq reads the SLURM variables itself)
-    slurm_job_id: int = 0
-    slurm_node_id: int = 0
-    checkpoints: Path = CHECKPOINTS  # parent of the default save directory (when no save_dir is given)
-    resume_anyway: bool = False  # resume a directory trained with other options (RESUME_ANYWAY=1)
-    dry_run: bool = False  # print the command, train and write nothing (DRY_RUN=1)
+    max_tokens: Optional[int] = option("MAX_TOKENS", "tokens per GPU batch (default: the setting's)", None, integer(1))
+    update_freq: Optional[int] = option("UPDATE_FREQ", "batches per update (default: what keeps the papers' tokens "
+                                                       "per update on the GPUs used)", None, integer(1))
+    max_update: Optional[int] = option("MAX_UPDATE", "updates to train (default: the setting's)", None, integer(1))
+    average: Optional[int] = option("AVERAGE", "average the last N checkpoints, 0: off (default: the setting's)",
+                                    None, integer(0))
+    precision: Optional[str] = option("PRECISION", f"{', '.join(PRECISIONS)} (default: fp16 on GPUs, fp32 on the "
+                                                   f"CPU)", None, choice(PRECISIONS))
+    embeddings: Optional[str] = option("EMBEDDINGS", "shared or untied (default: the setting's)", None,
+                                       choice(EMBEDDINGS))
+    nnodes: Optional[int] = option("NNODES", "set: launch through torchrun on NNODES nodes", None, integer(1))
+    node_rank: int = option("NODE_RANK", "this node's rank under torchrun, 0 to NNODES-1", 0, integer(0))
+    master_addr: str = option("MASTER_ADDR", "torchrun's rendezvous host (default 127.0.0.1)", "127.0.0.1")
+    master_port: Optional[int] = option("MASTER_PORT", "torchrun's rendezvous port, or fairseq's --distributed-port "
+                                                       "under SLURM", None, integer(1, 65535))
+    # > 1: a SLURM job over several nodes (fairseq reads the SLURM variables itself)
+    slurm_nnodes: int = option("SLURM_NNODES", "set by SLURM: the job's nodes", 1, integer(1))
+    slurm_job_id: int = option("SLURM_JOB_ID", "set by SLURM: the job's id", 0, integer(0))
+    slurm_node_id: int = option("SLURM_NODEID", "set by SLURM: this node's index in the job", 0, integer(0))
+    checkpoints: Path = checkpoints_option()  # parent of the default save directory (when no save_dir is given)
+    resume_anyway: bool = option(RESUME_ENV, "1: resume a directory trained with other options", False,
+                                 switch)
+    dry_run: bool = option("DRY_RUN", "1: print the command, train and write nothing", False, switch)
 
 
 @dataclass(frozen=True)
@@ -54,10 +66,12 @@ class TrainRequest:
     dataset: str
     setting: str  # a setting name or a registered architecture (:func:`resolve_setting`)
     extra: Tuple[str, ...] = ()  # fairseq-train options that replace ours (:func:`last_wins`)
-    seed: int = 1
-    save_dir: Optional[Path] = None  # None: a --save-dir among ``extra``, else CHECKPOINTS/<name>-<hash>
-    data_bin: Path = DATA_BIN
-    gpus: Optional[int] = None  # GPUs per node: None every visible one, 0 the CPU, N the first N visible
+    seed: int = option("SEED", "the training's seed", 1, integer(0))
+    # None: a --save-dir among ``extra``, else CHECKPOINTS/<name>-<hash>
+    save_dir: Optional[Path] = option("SAVE_DIR", "the save directory (default: CHECKPOINTS/<dataset>_<setting>-<hash "
+                                                  "of the run's identity>)", None, a_path)
+    data_bin: Path = data_bin_option()
+    gpus: Optional[int] = gpus_option()  # GPUs per node: None every visible one, 0 the CPU, N the first N visible
     options: TrainOptions = TrainOptions()
     # a script started in place of ``-m fairseq_cli.train`` with the same arguments, a hook that watches training
     # (e.g. scripts/experiments/kernel_probe.py); not part of the run's identity
@@ -88,22 +102,23 @@ def update_freq(batch_tokens: int, world: int, max_tokens: int) -> int:
     return max(1, math.ceil(batch_tokens / (max(1, world) * max_tokens)))
 
 
-PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
-
-
 def tensorboard_available() -> bool:
     """Whether fairseq's ``--tensorboard-logdir`` can write (it needs ``tensorboard`` or ``tensorboardX``)."""
     return any(importlib.util.find_spec(name) is not None for name in ("tensorboardX", "tensorboard"))
 
 
-def task_args(length_penalty: str) -> List[str]:
-    """fairseq's ``--task`` for decoding with ``length_penalty``: ``translation`` for fairseq's penalty, the
-    plugin's ``translation_length_penalty --length-penalty gnmt`` for GNMT's
-    (:mod:`diverse_fairseq.methods.length_penalty`)."""
+def task_args(length_penalty: str, beam_search: str = "fairseq") -> List[str]:
+    """fairseq's ``--task`` for decoding with ``length_penalty`` and ``beam_search``: ``translation`` for fairseq's
+    penalty and search, else the plugin's ``translation_length_penalty --length-penalty P`` and, for THUMT's search,
+    ``--beam-search thumt`` (:mod:`diverse_fairseq.methods.length_penalty`)."""
     if length_penalty not in LENGTH_PENALTIES:
         raise ValueError(f"length penalty {length_penalty!r}: use one of {', '.join(LENGTH_PENALTIES)}")
-    plugin = ["--task", "translation_length_penalty", "--length-penalty", length_penalty]
-    return ["--task", "translation"] if length_penalty == "fairseq" else plugin
+    if beam_search not in BEAM_SEARCHES:
+        raise ValueError(f"beam search {beam_search!r}: use one of {', '.join(BEAM_SEARCHES)}")
+    if (length_penalty, beam_search) == ("fairseq", "fairseq"):
+        return ["--task", "translation"]
+    return ["--task", "translation_length_penalty", "--length-penalty", length_penalty,
+            *(["--beam-search", beam_search] if beam_search != "fairseq" else [])]
 
 
 @dataclass(frozen=True)
@@ -113,15 +128,16 @@ class Decoding:
     beam: int
     lenpen: float
     length_penalty: str
+    beam_search: str
     max_len_a: float
     max_len_b: int
 
 
 def decoding(meta: DatasetMeta, s: Setting) -> Decoding:
     """How setting ``s`` decodes the prepared data: the recipe's beam and length penalty value, the setting's
-    penalty form (fairseq's or GNMT's) and its length limit ``max_len_a * |x| + max_len_b`` where it has one, else
-    the recipe's."""
-    return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty,
+    penalty form (fairseq's or GNMT's), beam search (fairseq's or THUMT's) and its length limit
+    ``max_len_a * |x| + max_len_b`` where it has one, else the recipe's."""
+    return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty, beam_search=s.beam_search,
                     max_len_a=meta.max_len_a if s.max_len_a is None else s.max_len_a,
                     max_len_b=meta.max_len_b if s.max_len_b is None else s.max_len_b)
 
@@ -131,7 +147,7 @@ def eval_bleu_args(meta: DatasetMeta, s: Setting) -> List[str]:
     (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
     segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
     text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
-    d = decoding(meta, s)  # the penalty form is a task option (task_args), not part of --eval-bleu-args
+    d = decoding(meta, s)  # the penalty form and the search are task options (task_args), not --eval-bleu-args
     generation = {name: getattr(d, name) for name in ("beam", "lenpen", "max_len_a", "max_len_b")}
     post = meta.post_process
     detok = ["moses", "--eval-bleu-detok-args", json.dumps({"target_lang": meta.target_lang})] \
@@ -231,7 +247,7 @@ def plan(request: TrainRequest) -> Plan:
     max_update = o.max_update or s.max_update
     placeholder = "\0SAVE_DIR\0"  # replaced below: the default save directory depends on the identity
     args = [
-        str(data), "--user-dir", USER_DIR, *task_args(s.length_penalty),
+        str(data), "--user-dir", USER_DIR, *task_args(s.length_penalty, s.beam_search),
         "--source-lang", meta.source_lang, "--target-lang", meta.target_lang,
         "--arch", arch, *s.extra,
         # embedding sharing (shared: fairseq's, all three matrices on a joined dictionary, else the target's with

@@ -1,7 +1,8 @@
 """Train, evaluate and measure every row and seed of a table (one *job* each: :func:`~.job.run_job` of its
 :class:`~.job.TableJob`), resuming whatever is already finished, one by one in this process or ``jobs`` at once in
 worker processes; ``DRY_RUN=1`` prints the jobs' commands instead. Every job runs with ``threads`` CPU threads, so a
-seed gives the same numbers on any machine.
+seed gives the same numbers again on the same machine type with the same library versions (docs/reproducing.md,
+"What may differ across machines").
 """
 
 import multiprocessing
