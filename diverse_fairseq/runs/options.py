@@ -161,11 +161,12 @@ def option_classes() -> list:
     from ..probing import ProbingFiles
     from ..tables.check import CheckOptions
     from ..tables.options import TableOptions
+    from ..tables.slurm import SlurmOptions
     from .paths import DataBin
     from .plan import TrainOptions, TrainRequest
 
     return [TrainOptions, TrainRequest, TableOptions, EvalRequest, DataBin, PrepareOptions, ProgressOptions,
-            CheckOptions, DownloadOptions, ProbingFiles]
+            CheckOptions, DownloadOptions, ProbingFiles, SlurmOptions]
 
 
 def our_variables() -> Set[str]:

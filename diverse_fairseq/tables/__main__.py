@@ -29,6 +29,7 @@ from .config import RunConfig
 from .options import TableOptions, check_gpus
 from .report import summarise, write_report
 from .runner import TableInterrupted, interrupted_lines, run_table
+from .slurm import SlurmOptions, check_cluster
 from .spec import REPO, TableSpecError, load_table
 
 #: variables of other commands that the table runner does not read: {name: what to use instead}
@@ -49,7 +50,7 @@ FOREIGN_VARIABLES = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.tables", description=__doc__)
     p.add_argument("table", help="a table id from configs/tables/ (e.g. demo, emnlp18_t1) or a YAML path")
-    return options.add_options(p, TableOptions)
+    return options.add_options(p, TableOptions, SlurmOptions)
 
 
 def parse_options(argv: Optional[List[str]], env: Mapping[str, str]) -> TableOptions:
@@ -57,7 +58,15 @@ def parse_options(argv: Optional[List[str]], env: Mapping[str, str]) -> TableOpt
     variable, before any work)."""
     args = build_parser().parse_args(argv)
     table_options = options.resolve(TableOptions, env, args, table=args.table)  # its own variables' errors first
-    return replace(table_options, train_options=training.options_from_env(env))
+    return replace(table_options, slurm=options.resolve(SlurmOptions, env, args),
+                   train_options=training.options_from_env(env))
+
+
+def slurm_variable_warnings(launcher: str, env) -> List[str]:
+    """Warnings for LAUNCHER=slurm's variables set in ``env`` when the jobs run on this machine."""
+    given = [v for v in options.variables(SlurmOptions) if env_checks.get(env, v) is not None]
+    return [f"{', '.join(given)}: LAUNCHER=slurm's, ignored by LAUNCHER={launcher}"] if launcher != "slurm" and given \
+        else []
 
 
 def foreign_variable_warnings(env) -> List[str]:
@@ -91,8 +100,8 @@ def select_rows(table, text: str):
 
 
 #: the variables the runner reads: its options', and scripts/train.sh's launch variables for every row
-RUNNER_VARIABLES = (*(v for v in options.variables(TableOptions) if v != "DRY_RUN"), "MAX_TOKENS", "UPDATE_FREQ",
-                    "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "RESUME_ANYWAY")
+RUNNER_VARIABLES = (*(v for v in options.variables(TableOptions) if v != "DRY_RUN"), *options.variables(SlurmOptions),
+                    "MAX_TOKENS", "UPDATE_FREQ", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "RESUME_ANYWAY")
 
 
 def resume_command(argv: List[str], env) -> str:
@@ -162,8 +171,11 @@ def main(argv: Optional[List[str]] = None):
     warn_misspelled(env, "tables")
     o = parse_options(argv, env)  # every option checked before any work
     check_gpus(o, env)
+    slurm = o.launcher == "slurm" and not o.dry_run
+    if slurm:
+        check_cluster()
     setup_cli_logging()
-    for warning in foreign_variable_warnings(env):
+    for warning in foreign_variable_warnings(env) + slurm_variable_warnings(o.launcher, env):
         print(f"[tables] warning: {warning}", flush=True)
     scale = o.scale
     try:
@@ -184,7 +196,9 @@ def main(argv: Optional[List[str]] = None):
                     threads=o.threads, jobs=min(o.jobs or default_jobs(n_jobs, o.gpus), n_jobs),
                     progress_interval=o.progress_interval, probing_tasks=table.probing, rerun=f"run {resume}",
                     probing_dir=probing_dir(o.probing_data, o.mirror) if table.probing else None, dry_run=o.dry_run,
-                    train_options=o.train_options, train_hook=o.train_hook, subsets=o.subsets)
+                    train_hook=o.train_hook, subsets=o.subsets, slurm=o.slurm if slurm else None,
+                    # over NODES nodes, fairseq's world size and the update frequency count every node's GPUs
+                    train_options=replace(o.train_options, slurm_nnodes=o.slurm.nodes) if slurm else o.train_options)
     if scale == "paper":
         check_paper_data(run.data_bin / dataset, o.allow_unverified_data)
     if run.dry_run:

@@ -15,6 +15,7 @@ from ..runs.options import path as a_path
 from ..runs.paths import data_bin_option
 from ..runs.plan import TrainOptions
 from .cache import RUNNER_FLAGS
+from .slurm import SlurmOptions, launcher_option
 
 SCALES = ("demo", "paper")
 SUBSETS = ("valid", "test")
@@ -92,6 +93,8 @@ class TableOptions:
         number(0))
     dry_run: bool = option("DRY_RUN", "1: print every row's training and evaluation commands, run and write nothing",
                            False, switch)
+    launcher: str = launcher_option()
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)  # LAUNCHER=slurm's options (parse_options)
     train_options: TrainOptions = field(default_factory=TrainOptions)
 
 
@@ -100,6 +103,10 @@ def check_gpus(options: TableOptions, env: Mapping[str, str]):
     trains every row here). Unset, every GPU visible to the process that trains, decided there.
     A launcher that trains elsewhere (LAUNCHER=slurm) cannot see the GPUs of the machine that trains: there, GPUS
     must be given instead (refuse before any work, naming ``GPUS=N``) and is not checked against this machine."""
-    # LAUNCHER=slurm (the launcher's option, issue 36): return here, refusing GPUS unset before any work
+    if options.launcher == "slurm":
+        if options.gpus is None:
+            raise SystemExit("error: LAUNCHER=slurm needs GPUS, the GPUs per node of each job (this machine cannot see "
+                             "the nodes'): e.g. GPUS=8, or GPUS=0 for jobs on the nodes' CPUs")
+        return
     if options.gpus:
         training.select_gpus(options.gpus, env, training.visible_gpus())

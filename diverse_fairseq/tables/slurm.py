@@ -1,7 +1,7 @@
 """The table runner on a SLURM cluster (``LAUNCHER=slurm``): every job of a table (:class:`~.job.TableJob`: a row and
 seed, with the rows that train the same model) is one SLURM job, submitted with submitit, FAIR's launcher library
 (it writes the sbatch script, pickles the job, starts it on the node through ``srun`` and keeps its log). On the
-node, :func:`job_main` is the job's main: it reads the node's environment once and calls
+node, :func:`main` is the job's main: it reads the node's environment once and calls
 :func:`~.job.run_job`, the job function of the local runner too.
 
 A table's life on the cluster (:func:`run_on_slurm`): the jobs are submitted, then followed (``WAIT`` seconds;
@@ -113,7 +113,7 @@ class SlurmOptions:
 
 
 # ----------------------------------------------------------------------------------------------- on the node
-def job_main(job: TableJob) -> Optional[JobRecord]:
+def main(job: TableJob) -> Optional[JobRecord]:
     """The SLURM job's main, on each of its nodes (submitit unpickles ``job`` there and calls this): the node's
     environment, read once, handed to :func:`~.job.run_job` (on the first node; the others only train with it)."""
     from .. import training
@@ -240,7 +240,7 @@ def submit(job: TableJob, o: SlurmOptions) -> str:
     executor = submitit.SlurmExecutor(folder=job.run_dir / SLURM_LOGS, max_num_timeout=0)
     executor.update_parameters(**{k: v for k, v in parameters.items() if v is not None})
     try:
-        slurm_id = executor.submit(job_main, job).job_id
+        slurm_id = executor.submit(main, job).job_id
     except FailedJobError as e:
         raise SystemExit(f"error: sbatch refused row {job.row} seed {job.seed}: {str(e).strip()}. Check PARTITION, "
                          f"ACCOUNT, QOS, CONSTRAINT, TIME_LIMIT and SBATCH_ARGS") from None
