@@ -268,6 +268,8 @@ def _start(j: _Job, o: SlurmOptions, say) -> None:
         state = states(j.ids[-1:])[j.ids[-1]] if j.ids else None
         if state == "UNKNOWN" and time.time() - _submitted(j.job) > FORGOTTEN:
             state = "LOST"  # sacct does not know it: another cluster's, or forgotten by this one
+        if state not in (None, "UNKNOWN"):
+            _record(j.job, j.ids[-1], state)
         if state in ACTIVE:
             j.state = state
             shown = "(not in sacct yet)" if state == "UNKNOWN" else state
