@@ -63,10 +63,12 @@ def parse_options(argv: Optional[List[str]], env: Mapping[str, str]) -> TableOpt
 
 
 def slurm_variable_warnings(launcher: str, env) -> List[str]:
-    """Warnings for LAUNCHER=slurm's variables set in ``env`` when the jobs run on this machine."""
-    given = [v for v in options.variables(SlurmOptions) if env_checks.get(env, v) is not None]
-    return [f"{', '.join(given)}: LAUNCHER=slurm's, ignored by LAUNCHER={launcher}"] if launcher != "slurm" and given \
-        else []
+    """Warnings for the variables of the other launcher set in ``env``: LAUNCHER=slurm's when the jobs run on this
+    machine, ``JOBS`` (the local worker pool's) when each is a SLURM job."""
+    theirs = ["JOBS"] if launcher == "slurm" else options.variables(SlurmOptions)
+    given = [v for v in theirs if env_checks.get(env, v) is not None]
+    other = "local" if launcher == "slurm" else "slurm"
+    return [f"{', '.join(given)}: LAUNCHER={other}'s, ignored by LAUNCHER={launcher}"] if given else []
 
 
 def foreign_variable_warnings(env) -> List[str]:

@@ -55,8 +55,9 @@ def test_the_nodes_gpus_must_be_given_and_are_not_this_machines(monkeypatch, tmp
     assert not list(tmp_path.iterdir())
 
 
-def test_slurm_variables_are_named_when_the_jobs_run_here():
+def test_the_other_launchers_variables_are_named():
     env = {"PARTITION": "gpu", "TIME_LIMIT": "60", "SEEDS": "2"}
     assert slurm_variable_warnings("local", env) == ["PARTITION, TIME_LIMIT: LAUNCHER=slurm's, ignored by "
                                                      "LAUNCHER=local"]
     assert slurm_variable_warnings("slurm", env) == [] and slurm_variable_warnings("local", {"SEEDS": "2"}) == []
+    assert slurm_variable_warnings("slurm", {"JOBS": "4"}) == ["JOBS: LAUNCHER=local's, ignored by LAUNCHER=slurm"]
