@@ -39,7 +39,7 @@ ACTIVE = ("UNKNOWN", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPEND
           "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT")
 #: ended by the cluster, not by the job: always submitted again, to resume from checkpoint_last.pt
 RESUMED = ("TIMEOUT", "PREEMPTED")
-#: seconds after its submission by which sacct knows a job; one it does not know by then is lost (another cluster's)
+#: seconds after its submission by which sacct knows a job; one it does not know by then is reported LOST, as failed
 FORGOTTEN = 600
 #: submitted again in one invocation at most this many times each (a time limit too short to reach a checkpoint)
 MAX_RESUMES = 3
@@ -238,7 +238,9 @@ def submit(job: TableJob, o: SlurmOptions) -> str:
                       # it is submitted again, to resume from checkpoint_last.pt
                       signal_delay_s=0)
     executor = submitit.SlurmExecutor(folder=job.run_dir / SLURM_LOGS, max_num_timeout=0)
-    executor.update_parameters(**{k: v for k, v in parameters.items() if v is not None})
+    # every parameter given, None ones too: submitit leaves those out of the script (time None: not its 5 minutes,
+    # the partition's time limit)
+    executor.update_parameters(**parameters)
     try:
         slurm_id = executor.submit(main, job).job_id
     except FailedJobError as e:
@@ -267,7 +269,7 @@ def _start(j: _Job, o: SlurmOptions, say) -> None:
         j.ids = [s["job_id"] for s in submissions(j.job)]
         state = states(j.ids[-1:])[j.ids[-1]] if j.ids else None
         if state == "UNKNOWN" and time.time() - _submitted(j.job) > FORGOTTEN:
-            state = "LOST"  # sacct does not know it: another cluster's, or forgotten by this one
+            state = "LOST"  # sacct does not know it (sacct failing, another cluster's job): a failure
         if state not in (None, "UNKNOWN"):
             _record(j.job, j.ids[-1], state)
         if state in ACTIVE:
@@ -281,14 +283,12 @@ def _start(j: _Job, o: SlurmOptions, say) -> None:
             why = f"SLURM job {j.ids[-1]} COMPLETED for another version of this job, submitted again"
         elif state in RESUMED:
             why = f"SLURM job {j.ids[-1]} {state}, submitted again to resume from checkpoint_last.pt"
-        elif state == "LOST":
-            why = f"SLURM job {j.ids[-1]} unknown to sacct {FORGOTTEN // 60} minutes after its submission, submitted " \
-                  f"again"
         elif o.resubmit_failed:
             why = f"SLURM job {j.ids[-1]} {state}, submitted again (RESUBMIT=failed)"
         else:
             j.state = state
-            say(j, f"SLURM job {j.ids[-1]} {state}; the end of its log ({j.log}):\n{tail(j.log)}")
+            shown = f"unknown to sacct {FORGOTTEN // 60} minutes after its submission" if state == "LOST" else state
+            say(j, f"SLURM job {j.ids[-1]} {shown}; the end of its log ({j.log}):\n{tail(j.log)}")
             return
         j.ids.append(submit(j.job, o))
     j.state = "PENDING"
@@ -329,6 +329,10 @@ def _changed(j: _Job, state: str, o: SlurmOptions, interval: float, say) -> None
         else:
             say(j, f"SLURM job {j.ids[-1]} COMPLETED without this job's record; the end of its log ({j.log}):\n"
                    f"{tail(j.log)}")
+    elif state == "TIMEOUT" and not (j.job.run_dir / "checkpoint_last.pt").exists():
+        say(j, f"SLURM job {j.ids[-1]} TIMEOUT before its first checkpoint: not submitted again (it would start "
+               f"afresh and stop at the same point; give it a longer TIME_LIMIT, then {j.job.rerun}); the end of its "
+               f"log ({j.log}):\n{tail(j.log)}")
     elif state in RESUMED and j.resumes < MAX_RESUMES:
         _resume(j, o, state, say)
     else:

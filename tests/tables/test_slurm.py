@@ -110,6 +110,8 @@ def test_the_tiny_table_on_slurm_has_the_local_runs_numbers_and_a_rerun_submits_
         assert f"row {row} seed 1: SLURM job {slurm_id} RUNNING (log: {log})" in out
         assert re.search(rf"row {row} seed 1: SLURM job {slurm_id} COMPLETED: BLEU \d+\.\d\d\n", out)
         assert "[train] " in log.read_text() and _sacct(slurm_id) == "COMPLETED"
+        script = (run_dir / "slurm" / f"{slurm_id}_submission.sh").read_text()  # submitit's sbatch script
+        assert "--cpus-per-task=1\n" in script and "--signal=USR2@0\n" in script and "--time" not in script
         assert _submissions(run_dir) == [(slurm_id, "COMPLETED")]
         # exactly the local run's numbers and translations (tiny_table_local: the same table, seed 1)
         local, cluster = tiny_table_local.records[row, 1], json.loads((run_dir / "job.json").read_text())
@@ -203,6 +205,8 @@ def test_a_job_that_reaches_its_time_limit_is_submitted_again_and_resumes(time_l
     again = found.group(1)
     assert f"SLURM job {again} COMPLETED: BLEU" in out
     assert _submissions(run_dir) == [(first, "TIMEOUT"), (again, "COMPLETED")]
+    assert "#SBATCH --time=1\n" in (run_dir / "slurm" / f"{first}_submission.sh").read_text()
+    assert "#SBATCH --time=10\n" in (run_dir / "slurm" / f"{again}_submission.sh").read_text()
     stalled = (run_dir / "slurm" / f"{first}_0_log.out").read_text()
     assert "trained to update 2; waiting for the time limit" in stalled and "DUE TO TIME LIMIT" in stalled
     resumed = (run_dir / "slurm" / f"{again}_0_log.out").read_text()  # fairseq-train's output among the job's
