@@ -81,10 +81,11 @@ def _submissions(run_dir: Path):
     return [(s["job_id"], s["state"]) for s in json.loads((run_dir / "slurm.json").read_text())["submissions"]]
 
 
-@pytest.fixture(scope="session", autouse=True)  # session: set up before the session fixtures it shares
+@pytest.fixture(scope="session", autouse=True)
 def time_limited(slurm_cluster, demo_text_prepared):
-    """The time-limit test's job, submitted before the module's other tests (``WAIT=0``): the first row alone, four
-    updates, TIME_LIMIT=1, slurm_stall_hook.py as fairseq-train. Returns its results folder."""
+    """The time-limit test's job, submitted (``WAIT=0``) before this module's first test, and before the session
+    fixtures its tests use (``tiny_table_local``: hence the session scope), so that its minute passes meanwhile: the
+    first row alone, four updates, TIME_LIMIT=1, slurm_stall_hook.py as fairseq-train. Returns its results folder."""
     root = demo_text_prepared
     env = _environment(root, WAIT="0", TIME_LIMIT="1", ROWS="base", TRAIN_HOOK=str(HOOK))
     command = [sys.executable, "-m", "diverse_fairseq.tables", *_command(root, "results-time-limit", LIMITED)]
