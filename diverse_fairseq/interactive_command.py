@@ -16,7 +16,6 @@ the THUMT papers' settings), as the evaluation does. A checkpoint of another dat
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 from typing import Dict, List
@@ -25,6 +24,7 @@ from .evaluate import resolve_data
 from .runs import paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
+from .runs.hints import python_words, shown_command
 from .runs.plan import task_args
 from .user_dir import USER_DIR
 
@@ -56,14 +56,15 @@ def stored_decoding(state: Dict) -> Dict[str, object]:
 
 
 def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Dict[str, object]) -> List[str]:
-    """``fairseq-interactive`` with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
+    """fairseq-interactive (``fairseq_cli.interactive`` run by this Python: the command works outside the virtual
+    environment too) with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
     decoding settings, with ``decoding`` (:func:`stored_decoding`) over them."""
     d = {"max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **decoding}
-    return ["fairseq-interactive", str(data_dir), "--path", str(checkpoint), "--user-dir", USER_DIR,
-            *task_args(str(d["length_penalty"])), "--source-lang", meta.source_lang,
-            "--target-lang", meta.target_lang, *segmentation_options(data_dir, meta),
-            "--beam", str(meta.beam), "--lenpen", str(meta.lenpen),
-            "--max-len-a", str(d["max_len_a"]), "--max-len-b", str(d["max_len_b"])]
+    return python_words("fairseq_cli.interactive", data_dir, "--path", checkpoint, "--user-dir", USER_DIR,
+                        *task_args(str(d["length_penalty"])), "--source-lang", meta.source_lang,
+                        "--target-lang", meta.target_lang, *segmentation_options(data_dir, meta),
+                        "--beam", meta.beam, "--lenpen", meta.lenpen,
+                        "--max-len-a", d["max_len_a"], "--max-len-b", d["max_len_b"])
 
 
 def main(argv=None) -> int:
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
         seg = meta.zh_seg or "jieba"  # prepare_data's default segmenter
         print(f"note: the Chinese source was segmented ({seg}) before Moses tokenization: give input segmented the "
               f"same way (words separated by spaces{', characters' if seg == 'char' else ''})", file=sys.stderr)
-    print(shlex.join(build_command(checkpoint, data_dir, meta, stored_decoding(state))))
+    print(shown_command(build_command(checkpoint, data_dir, meta, stored_decoding(state))))
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from .dataset_meta import load_dataset_meta
+from .hints import prepare_hint
 
 #: the metrics a setting may name, with its evaluated checkpoint in words for the report: None the last
 #: checkpoint (the demo scale); "bleu" checkpoint_best.pt by validation BLEU (fairseq's --eval-bleu), as the THUMT
@@ -144,7 +145,7 @@ def default_setting(dataset: str, data_bin) -> str:
         return DEFAULT_SETTING[dataset]
     data = Path(data_bin) / dataset
     if not (data / "prepare.json").exists():
-        raise SystemExit(f"error: {data / 'prepare.json'} not found; prepare the data first (scripts/prepare_data.sh), "
+        raise SystemExit(f"error: {data / 'prepare.json'} not found; prepare the data first: {prepare_hint(data)}; "
                          f"or name the setting: {', '.join(SETTINGS)}")
     pairs = load_dataset_meta(data).sentences.get("train")
     if not isinstance(pairs, int):

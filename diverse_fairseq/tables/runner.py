@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import training
 from ..evaluate import command_line
+from ..runs.hints import prepare_hint
 from ..runs.settings import SETTINGS
 from .cache import cache_key, load
 from .config import RunConfig
@@ -54,7 +55,7 @@ def run_table(table: Table, run: RunConfig) -> Optional[Dict[str, List[JobRecord
         return dry_run_table(table, run)
     data = run.data_bin / run.dataset
     if not (data / "prepare.json").exists():
-        raise SystemExit(f"error: no prepared dataset in {data}. Prepare it first: make data DATASET={run.dataset}")
+        raise SystemExit(f"error: no prepared dataset in {data}. Prepare it first: {prepare_hint(data)}")
     same_as, todo = _jobs(table, run)
     progress = Progress(table, run, len(todo))
     print(f"[{table.table}] {len(table.rows)} rows x {len(run.seeds)} seed(s) = {len(todo)} jobs, {run.jobs} at a "
@@ -191,7 +192,7 @@ def dry_run_table(table: Table, run: RunConfig):
               f"downloads the missing ones first)", flush=True)
     if not (data / "prepare.json").exists():
         demo = run.dataset == "demo"
-        prepare = "bash scripts/prepare_data.sh demo" if demo else f"make data DATASET={run.dataset}"
+        prepare = prepare_hint(data)
         print(f"[{table.table}] DRY_RUN=1: {data} is not prepared, and the training commands depend on it "
               f"(languages, dictionaries); {'a real run prepares it first' if demo else 'prepare it'} ({prepare}), "
               f"then run the dry run again to see them. Rows: "
