@@ -19,6 +19,7 @@ from ..methods.length_penalty import LENGTH_PENALTIES
 from ..user_dir import USER_DIR  # the package directory, for --user-dir
 from .dataset_meta import DatasetMeta, load_dataset_meta
 from .identity import identity_hash, parse_train_args, run_identity
+from .naming import default_save_dir, method_label
 from .paths import CHECKPOINTS, DATA_BIN
 from .settings import Setting, checkpoint_name, resolve_setting
 
@@ -62,6 +63,7 @@ class TrainRequest:
     # a script started in place of ``-m fairseq_cli.train`` with the same arguments, a hook that watches training
     # (e.g. scripts/experiments/kernel_probe.py); not part of the run's identity
     entry: Optional[str] = None
+    name: Optional[str] = None  # NAME: names the default save directory in place of the methods (runs/naming.py)
 
 
 def visible_gpus() -> int:
@@ -162,6 +164,7 @@ class Plan:
     average: int = 0  # checkpoints averaged after training (0: a single model)
     best_checkpoint_metric: Optional[str] = None
     rank0: bool = True  # this process is on the first node (it averages)
+    method: str = ""  # the methods it trains with, "" for none (runs/naming.py, method_label)
 
     @property
     def world(self) -> int:
@@ -215,7 +218,8 @@ def last_wins(args: Sequence[str]) -> List[str]:
 
 def plan(request: TrainRequest) -> Plan:
     """The :class:`Plan` of ``request``. The save directory is ``request.save_dir``, else a ``--save-dir`` among the
-    extra options, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>``. The launcher runs
+    extra options, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<methods or NAME>-<hash of the run's identity>``
+    (:func:`~diverse_fairseq.runs.naming.default_save_dir`). The launcher runs
     ``-m fairseq_cli.train`` (or ``request.entry``): through torchrun when ``options.nnodes`` is set. Options
     fairseq-train would refuse (:func:`~diverse_fairseq.runs.identity.parse_train_args`) are refused here."""
     o, dataset, setting_or_arch, extra = request.options, request.dataset, request.setting, list(request.extra)
@@ -285,12 +289,13 @@ def plan(request: TrainRequest) -> Plan:
     # the final options (the extra ones replace ours), refused here if fairseq-train would refuse them
     args = last_wins(args + extra)
     final = parse_train_args([a.replace(placeholder, "<save-dir>") for a in args])
-    identity = run_identity(final, meta)
+    identity, method = run_identity(final, meta), method_label(final)
     explicit = request.save_dir or (final.save_dir if final.save_dir != "<save-dir>" else None)
-    save_dir = Path(explicit or Path(o.checkpoints) / f"{dataset}_{setting_or_arch}-{identity_hash(identity)}")
+    save_dir = Path(explicit or default_save_dir(o.checkpoints, dataset, setting_or_arch, identity_hash(identity),
+                                                 method, request.name))
     args = [a.replace(placeholder, str(save_dir)) for a in args]
     return Plan(request=request, setting_name=key, setting=s, arch=final.arch, args=tuple(args),
                 launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity, gpus=gpus, nodes=nnodes,
                 max_tokens=max_tokens, update_freq=freq, max_update=final.max_update or 0, average=average,
-                best_checkpoint_metric=best_metric,
+                best_checkpoint_metric=best_metric, method=method,
                 rank0=o.node_rank == 0 and o.slurm_node_id == 0)
