@@ -15,6 +15,7 @@ from diverse_fairseq import training
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.data.text import tokenize
 from diverse_fairseq.runs import settings
+from diverse_fairseq.runs.hints import translate_command
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_KEYS = ("BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "WORKERS", "SRC", "TGT", "CORPUS_DIR", "DATASET_NAME",
@@ -186,6 +187,8 @@ def test_custom_prepare_train_evaluate_end_to_end(custom_prepared, monkeypatch, 
     assert results["reference"] == "raw reference test.ref.de"
     assert lines(result_dir / "ref.detok.de") == lines(CORPUS / "test.de")
     assert len(lines(result_dir / "hyp.detok.de")) == 40 and "BLEU (sacrebleu, detokenized) =" in out
+    # the translate hint names this Python (tests/test_interactive_command.py runs it outside the venv)
+    assert f"to translate your own text: {translate_command(checkpoint, root / 'data-bin' / 'custom_en_de')} " in out
 
 
 def _edit_line(path: Path, number: int, text: str):
