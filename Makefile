@@ -43,7 +43,8 @@ demo: install
 	$(PY) -m diverse_fairseq.tables demo
 
 # One target per paper table (configs/tables/<table>.yaml), e.g. `make table-emnlp18_t1 SCALE=demo`.
-# Variables: DATASET, SCALE=demo|paper, SEEDS (a count or a list), GPUS (0 = CPU), TRAIN_ARGS, GENERATE_ARGS.
+# Variables: DATASET, SCALE=demo|paper, SEEDS (a count or a list), GPUS (per run; 0 = CPU; unset: every visible GPU),
+# TRAIN_ARGS, GENERATE_ARGS (every option: python -m diverse_fairseq.tables --help).
 # A figure (configs/tables/<paper>_f<N>.yaml, rows with a `figure:` point) is run by the same runner, then
 # plotted: `make figure-emnlp20_f3 SCALE=demo SEEDS=3` writes results/<figure>/<dataset>-figure.png and .json.
 FIGURES := $(basename $(notdir $(wildcard configs/tables/*_f[0-9]*.yaml)))

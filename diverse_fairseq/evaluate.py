@@ -20,21 +20,33 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 from sacrebleu.metrics import BLEU
 
 from .data.text import compound_split, detokenize, tokenize
 from .methods.length_penalty import LENGTH_PENALTIES
-from .runs import env_checks, paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
-from .runs.env_checks import parse_choice, parse_float, parse_int
 from .runs.hints import shown_command, translate_command
+from .runs.options import (
+    add_options,
+    choice,
+    flag_of,
+    integer,
+    number,
+    option,
+    options_of,
+    resolve,
+    switch,
+    warn_misspelled,
+)
+from .runs.options import path as a_path
 from .runs.paper_bleu import authors_bleu
+from .runs.paths import DataBin
 from .runs.plan import PRECISIONS, task_args
 from .user_dir import USER_DIR  # the package directory, for --user-dir
 
@@ -105,25 +117,16 @@ def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: Lis
     return hyps, refs
 
 
-def run_logged(cmd: List[str], log_file: Path) -> int:
-    """Run ``cmd``, echoing its output and keeping a copy in ``log_file``; returns the exit status."""
+def run_logged(cmd: List[str], log_file: Path, env: Mapping[str, str]) -> int:
+    """Run ``cmd`` in environment ``env``, echoing its output and keeping a copy in ``log_file``; returns the exit
+    status."""
     with open(log_file, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                env=dict(env, PYTHONUNBUFFERED="1"))
         for line in proc.stdout:
             sys.stdout.write(line)
             log.write(line)
         return proc.wait()
-
-
-def _option(env: str, help: str, default=None, parse=None, *bounds):
-    """A field of :class:`EvalRequest` that is the option ``--field-name``, read from the variable ``env`` where not
-    given; ``parse(label, text, *bounds)`` of :mod:`.runs.env_checks` checks its text."""
-    return field(default=default, metadata={"env": env, "help": help, "parse": parse, "bounds": bounds})
-
-
-def _precision(label: str, text: str) -> str:  # training's variable: its name alone, every training precision
-    return parse_choice("PRECISION", text, PRECISIONS)
 
 
 @dataclass(frozen=True)
@@ -133,34 +136,56 @@ class EvalRequest:
 
     checkpoint: Path
     data_dir: Path  # a prepared dataset (with prepare.json)
-    subset: str = _option("SUBSET", "valid or test", "test", parse_choice, ("test", "valid"))
-    beam: Optional[int] = _option("BEAM", "default: the recipe's (prepare.json)", None, parse_int, 1)
-    lenpen: Optional[float] = _option("LENPEN", "default: the recipe's", None, parse_float)
-    length_penalty: str = _option(
+    subset: str = option("SUBSET", "valid or test", "test", choice(("test", "valid")))
+    beam: Optional[int] = option("BEAM", "default: the recipe's (prepare.json)", None, integer(1))
+    lenpen: Optional[float] = option("LENPEN", "default: the recipe's", None, number())
+    length_penalty: str = option(
         "LENGTH_PENALTY", "how --lenpen normalises a finished hypothesis' score by its length |y| (EOS included): "
         "'fairseq' divides by |y|^lenpen, 'gnmt' by ((5 + |y|)/6)^lenpen (GNMT's, as the THUMT papers decoded: their "
-        "settings base and big use it); default fairseq", "fairseq", parse_choice, LENGTH_PENALTIES)
-    max_len_a: Optional[float] = _option(
+        "settings base and big use it); default fairseq", "fairseq", choice(LENGTH_PENALTIES))
+    max_len_a: Optional[float] = option(
         "MAX_LEN_A", "at most max-len-a * source length (with its EOS) + max-len-b output tokens; default: the "
-        "recipe's (the THUMT settings: 1, with --max-len-b 49: |x| + 50 tokens)", None, parse_float)
-    max_len_b: Optional[int] = _option("MAX_LEN_B", "default: the recipe's", None, parse_int, 0)
-    batch_size: int = _option("BATCH_SIZE", "sentences per batch", 128, parse_int, 1)
-    out: Optional[Path] = _option("OUT", "output directory (default <checkpoint dir>/eval-<dataset>-<subset>-"
-                                         "<checkpoint name>)", None, lambda label, text: Path(text))
-    cpu: bool = _option("CPU=1", "decode on the CPU even with a GPU", False)
-    precision: str = _option("PRECISION", "decoding precision on a GPU: fp16 or bf16; the other training precisions "
-                                          "(amp, memory-efficient-fp16, fp32) decode in fp32", "fp32", _precision)
+        "recipe's (the THUMT settings: 1, with --max-len-b 49: |x| + 50 tokens)", None, number())
+    max_len_b: Optional[int] = option("MAX_LEN_B", "default: the recipe's", None, integer(0))
+    batch_size: int = option("BATCH_SIZE", "sentences per batch", 128, integer(1))
+    out: Optional[Path] = option("OUT", "output directory (default <checkpoint dir>/eval-<dataset>-<subset>-"
+                                        "<checkpoint name>)", None, a_path)
+    cpu: bool = option("CPU", "decode on the CPU even with a GPU (CPU=1)", False, switch, store_true=True)
+    precision: str = option("PRECISION", "decoding precision on a GPU: fp16 or bf16; the other training precisions "
+                                         "(amp, memory-efficient-fp16, fp32) decode in fp32", "fp32",
+                            choice(PRECISIONS))
     generate_args: Tuple[str, ...] = ()  # extra fairseq-generate options
 
 
-#: the fields of :class:`EvalRequest` that are options of the command line
-OPTIONS = [f for f in fields(EvalRequest) if f.metadata]
+@dataclass(frozen=True)
+class EvalRecord:
+    """What :func:`evaluate` measured, as ``results.json`` holds it (:func:`dataclasses.asdict`)."""
 
-
-def _checked(label: str, f):
-    """An argparse type: the field's check; an optional field's empty text is None (the recipe's)."""
-    parse, bounds = f.metadata["parse"], f.metadata["bounds"]
-    return lambda text: None if f.default is None and text == "" else parse(label, text, *bounds)
+    checkpoint: str
+    dataset: str
+    data: str  # the prepared data decoded (its dictionaries: the table report's parameter footnote)
+    subset: str  # the split decoded: test or valid
+    out: str  # the folder of hyp.detok.<target_lang>, ref.detok.<target_lang> and results.json
+    target_lang: str
+    sentences: int
+    beam: int
+    lenpen: float
+    max_len_a: float
+    max_len_b: int
+    length_penalty: str
+    batch_size: int
+    device: str  # gpu or cpu
+    reference: str  # what the hypotheses were scored against
+    bleu: float  # sacrebleu on detokenized text
+    bleu_detail: str
+    signature: str  # sacrebleu's
+    tok_bleu: float
+    tok_bleu_detail: str
+    tok_bleu_kind: str
+    paper_bleu: Optional[float] = None  # the authors' own scoring (runs/paper_bleu.py), where the dataset has one
+    paper_bleu_kind: Optional[str] = None
+    paper_bleu_detail: Optional[str] = None
+    speed: Optional[Dict] = None  # fairseq-generate's: {"sentences", "seconds", "sentences_per_second", ...}
 
 
 def build_parser():
@@ -169,14 +194,7 @@ def build_parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoint file (.pt)")
     p.add_argument("dataset", help="dataset name under --data-bin, or a prepared dataset directory")
-    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
-    for f in OPTIONS:
-        flag, env, help = "--" + f.name.replace("_", "-"), f.metadata["env"], f.metadata["help"]
-        if f.type is bool:  # a switch: parse_request reads its variable
-            p.add_argument(flag, action="store_true", help=f"{help} [{env}]")
-        else:  # argparse checks a text default (the variable's, the field's) where the option is not given
-            p.add_argument(flag, default=env_checks.get(os.environ, env) or f.default, help=f"{help} [{env}]",
-                           type=_checked(f"{env} ({flag})", f))
+    add_options(p, DataBin, EvalRequest)
     p.add_argument("--fp16", dest="precision", action="store_const", const="fp16", help="the same as --precision fp16")
     return p
 
@@ -185,8 +203,8 @@ def command_line(request: EvalRequest) -> List[str]:
     """``python -m diverse_fairseq.evaluate`` arguments that make ``request`` (every option spelled out, so
     that no environment variable changes it); what a dry run prints."""
     args = [str(request.checkpoint), str(request.data_dir)]
-    for f in OPTIONS:
-        value, flag = getattr(request, f.name), "--" + f.name.replace("_", "-")
+    for f in options_of(EvalRequest):
+        value, flag = getattr(request, f.name), flag_of(f)
         if value is True:
             args.append(flag)
         elif value is not None and value is not False:  # a float as short as it reads back: 1.0 is "1"
@@ -194,19 +212,20 @@ def command_line(request: EvalRequest) -> List[str]:
     return args + list(request.generate_args)
 
 
-def parse_request(argv=None) -> EvalRequest:
+def parse_request(argv: Optional[List[str]], env: Mapping[str, str]) -> EvalRequest:
     """The :class:`EvalRequest` of a command line and the environment (checked; SystemExit naming a bad value)."""
     args, extra = build_parser().parse_known_args(argv)
     if Path(args.dataset).suffix == ".pt":
         raise SystemExit(f"error: the second argument {args.dataset!r} is a checkpoint, not a dataset: name one "
                          "checkpoint (a checkpoints/NAME-*/ pattern matching several variants gives several)")
-    options = dict(vars(args), cpu=args.cpu or env_checks.parse_flag("CPU", os.environ.get("CPU")))
-    return EvalRequest(checkpoint=Path(args.checkpoint), data_dir=resolve_data(args.dataset, args.data_bin),
-                       generate_args=tuple(extra), **{f.name: options[f.name] for f in OPTIONS})
+    data_bin = resolve(DataBin, env, args).data_bin
+    return resolve(EvalRequest, env, args, checkpoint=Path(args.checkpoint),
+                   data_dir=resolve_data(args.dataset, data_bin), generate_args=tuple(extra))
 
 
 def main(argv=None):
-    return evaluate(parse_request(argv))
+    warn_misspelled(os.environ, "evaluate")
+    return evaluate(parse_request(argv, os.environ), os.environ)
 
 
 def decoding(request: EvalRequest, meta: DatasetMeta) -> Dict[str, object]:
@@ -235,9 +254,9 @@ def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu:
     return cmd + list(request.generate_args)
 
 
-def evaluate(request: EvalRequest) -> Dict:
-    """Decode ``request.subset`` with the checkpoint, detokenize, score; write the outputs and ``results.json``
-    into the output directory and return the results."""
+def evaluate(request: EvalRequest, env: Mapping[str, str]) -> EvalRecord:
+    """Decode ``request.subset`` with the checkpoint (fairseq-generate in environment ``env``), detokenize, score;
+    write the outputs and ``results.json`` (:class:`EvalRecord`) into the output directory and return the record."""
     data_dir, subset, ckpt = Path(request.data_dir), request.subset, Path(request.checkpoint)
     meta = load_dataset_meta(data_dir)
     tgt = meta.target_lang
@@ -253,7 +272,7 @@ def evaluate(request: EvalRequest) -> Dict:
           f"{'GPU' if on_gpu else 'CPU'})", flush=True)
     print("  " + shown_command(cmd), flush=True)
     gen_file, log_file = out / f"generate-{subset}.txt", out / f"generate-{subset}.log"
-    returncode = run_logged(cmd, log_file)
+    returncode = run_logged(cmd, log_file, env)
     if returncode != 0 or not gen_file.exists():
         raise SystemExit(f"error: fairseq-generate failed (exit {returncode}); its log is {log_file}")
 
@@ -284,24 +303,25 @@ def evaluate(request: EvalRequest) -> Dict:
         (out / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
     print("[evaluate] step 3/3: score", flush=True)
-    results = {"checkpoint": str(ckpt), "dataset": meta.dataset, "data": str(data_dir), "subset": subset,
-               "sentences": n, **d, "length_penalty": request.length_penalty, "batch_size": request.batch_size,
-               "device": "gpu" if on_gpu else "cpu", "reference": ref_kind}
-    results.update(bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta))
-    results.update(authors_bleu(meta.dataset, hyps_model, targets, refs_detok, tgt))
-    results["speed"] = speed = (parse_generate_speed(log_file.read_text(encoding="utf-8", errors="replace"))
-                                or parse_generate_speed(generated))
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(f"BLEU (sacrebleu, detokenized) = {results['bleu']:.2f}   {results['signature']}\n"
-          f"BLEU ({results['tok_bleu_kind']}) = {results['tok_bleu']:.2f}\n" +
-          (f"BLEU ({results['paper_bleu_kind']}) = {results['paper_bleu']:.2f}\n" if "paper_bleu" in results else "") +
+    log_text = log_file.read_text(encoding="utf-8", errors="replace")
+    r = EvalRecord(checkpoint=str(ckpt), dataset=meta.dataset, data=str(data_dir), subset=subset, out=str(out),
+                   target_lang=tgt, sentences=n, **d, length_penalty=request.length_penalty,
+                   batch_size=request.batch_size, device="gpu" if on_gpu else "cpu", reference=ref_kind,
+                   **bleu_scores(hyps_detok, refs_detok, hyps_tok, refs_tok, meta),
+                   **authors_bleu(meta.dataset, hyps_model, targets, refs_detok, tgt),
+                   speed=parse_generate_speed(log_text) or parse_generate_speed(generated))
+    (out / "results.json").write_text(json.dumps(asdict(r), indent=1) + "\n")
+    speed = r.speed
+    print(f"BLEU (sacrebleu, detokenized) = {r.bleu:.2f}   {r.signature}\n"
+          f"BLEU ({r.tok_bleu_kind}) = {r.tok_bleu:.2f}\n" +
+          (f"BLEU ({r.paper_bleu_kind}) = {r.paper_bleu:.2f}\n" if r.paper_bleu is not None else "") +
           (f"decoding: {speed['sentences']} sentences in {speed['seconds']:.1f}s = "
            f"{speed['sentences_per_second']:.2f} sentences/s ({speed['tokens_per_second']:.1f} tokens/s)\n"
            if speed else "") +
           f"outputs and results.json in {out}\n"
           f"to translate your own text: {translate_command(ckpt, data_dir)} "
           f"(prints the fairseq-interactive command; docs/translating.md)", flush=True)
-    return results
+    return r
 
 
 if __name__ == "__main__":

@@ -16,15 +16,17 @@ the THUMT papers' settings), as the evaluation does. A checkpoint of another dat
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Dict, List
 
 from .evaluate import resolve_data
-from .runs import paths
 from .runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
 from .runs.hints import python_words, shown_command
+from .runs.options import add_options, resolve, warn_misspelled
+from .runs.paths import DataBin
 from .runs.plan import task_args
 from .user_dir import USER_DIR
 
@@ -73,11 +75,12 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint", help="checkpoint file (.pt)")
     p.add_argument("dataset", nargs="?", help="dataset name under --data-bin, or a prepared dataset folder "
                                               "(default: the one the checkpoint was trained on)")
-    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
-    args = p.parse_args(argv)
+    args = add_options(p, DataBin).parse_args(argv)
+    warn_misspelled(os.environ, "interactive_command", file=sys.stderr)  # stdout: the command alone
+    data_bin = resolve(DataBin, os.environ, args).data_bin
     checkpoint = Path(args.checkpoint)
     state = read_checkpoint(checkpoint)
-    data_dir = resolve_data(args.dataset, args.data_bin) if args.dataset else stored_data_dir(state, checkpoint)
+    data_dir = resolve_data(args.dataset, data_bin) if args.dataset else stored_data_dir(state, checkpoint)
     meta = load_dataset_meta(data_dir)
     check_dataset(state, checkpoint, data_dir, meta.source_lang, meta.target_lang)
     # what the command does not repeat of the preparation, for the user to do on the input

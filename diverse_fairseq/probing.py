@@ -3,15 +3,27 @@ method of :mod:`diverse_fairseq.analysis.probing`)."""
 
 import argparse
 import json
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from diverse_fairseq.analysis import probing
 from diverse_fairseq.data import senteval
-from diverse_fairseq.data.download import DownloadError
+from diverse_fairseq.data.download import DownloadError, mirror_option
 from diverse_fairseq.runs.cli_logging import setup_cli_logging
+from diverse_fairseq.runs.options import add_options, resolve, warn_misspelled
+
+
+@dataclass(frozen=True)
+class ProbingFiles:
+    """Where the probing command reads SentEval's task files, and where ``--download`` gets them."""
+
+    data_dir: Optional[Path] = senteval.probing_data_option()
+    mirror: Optional[str] = mirror_option("a folder or URL with the task files by name, for --download")
 
 
 def main(argv=None) -> int:
@@ -21,10 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a fairseq translation checkpoint (English source)")
     p.add_argument("--tasks", default="all", help="comma-separated: " + ",".join(t.name for t in senteval.TASKS)
                    + " (default: all)")
-    p.add_argument("--data-dir", help="folder with SentEval's task files (default $PROBING_DATA or "
-                   "work/senteval_probing)")
-    p.add_argument("--download", action="store_true", help="fetch missing task files from SentEval "
-                   "(or $DIVERSE_FAIRSEQ_MIRROR) into --data-dir")
+    add_options(p, ProbingFiles)
+    p.add_argument("--download", action="store_true", help="fetch missing task files from SentEval (or the "
+                   "mirror) into --data-dir")
     p.add_argument("--data", help="the model's binarized data directory (default: the one stored in the checkpoint)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"classifier seed (default {d.seed})")
     p.add_argument("--hidden", type=int, default=d.hidden, help=f"MLP hidden units, 0 = logistic regression "
@@ -35,16 +46,18 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
     args = p.parse_args(argv)
+    warn_misspelled(os.environ, "probing")
+    files = resolve(ProbingFiles, os.environ, args)
     setup_cli_logging()
     if args.threads:
         torch.set_num_threads(args.threads)
     tasks = senteval.parse_tasks(args.tasks)
     if not Path(args.checkpoint).is_file():
         raise SystemExit(f"error: checkpoint {args.checkpoint} not found")
-    data_dir = Path(args.data_dir) if args.data_dir else senteval.default_dir()
+    data_dir = files.data_dir or senteval.default_dir()
     if args.download:
         try:
-            senteval.download(tasks, data_dir)
+            senteval.download(tasks, data_dir, mirror=files.mirror)
         except DownloadError as e:
             raise SystemExit(f"error: {e}") from None
     if data_dir.resolve() == senteval.real_dir().resolve():  # the real cache holds SentEval's own files only

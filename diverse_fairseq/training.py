@@ -36,58 +36,51 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Mapping, Optional
 
 from .average_checkpoints import average_files, last_n_checkpoints
-from .runs import env_checks, paths
+from .runs import env_checks
 from .runs.checkpoint_file import finished, refuse_damaged_last, trained_updates
 from .runs.hints import evaluate_command, pip_command, repository_extra
-from .runs.identity import ARGS_FILE, RESUME_ENV, check_resume, write_args
-from .runs.naming import parse_name
-from .runs.plan import PRECISIONS, Plan, TrainOptions, TrainRequest, plan, select_gpus, visible_gpus
-from .runs.settings import EMBEDDINGS, SETTINGS, default_setting
+from .runs.identity import ARGS_FILE, check_resume, write_args
+from .runs.lock import LOCK_FILE, run_lock
+from .runs.options import resolve, warn_misspelled
+from .runs.plan import Plan, TrainOptions, TrainRequest, plan, select_gpus, visible_gpus
+from .runs.settings import SETTINGS, default_setting
 
 
-def _var(env, name, default, *bounds, parse=env_checks.parse_int):
-    """The environment variable ``name`` (``default`` when unset or empty), parsed and validated."""
-    value = env_checks.get(env, name)
-    return default if value is None else parse(name, value, *bounds)
+def options_from_env(env: Mapping[str, str]) -> TrainOptions:
+    """The checked launch options of ``env`` (SystemExit naming a bad variable)."""
+    o = resolve(TrainOptions, env)
+    if o.node_rank > (o.nnodes or 1) - 1:
+        raise env_checks.bad("NODE_RANK", str(o.node_rank), f"use an integer from 0 to {(o.nnodes or 1) - 1}")
+    return o
 
 
-def options_from_env(env) -> TrainOptions:
-    """The validated launch options of the environment (SystemExit naming a bad variable)."""
-    nnodes, choice, flag = _var(env, "NNODES", None, 1), env_checks.parse_choice, env_checks.parse_flag
-    return TrainOptions(
-        nnodes=nnodes, slurm_nnodes=_var(env, "SLURM_NNODES", 1, 1),
-        max_tokens=_var(env, "MAX_TOKENS", None, 1), update_freq=_var(env, "UPDATE_FREQ", None, 1),
-        max_update=_var(env, "MAX_UPDATE", None, 1), average=_var(env, "AVERAGE", None, 0),
-        node_rank=_var(env, "NODE_RANK", 0, 0, (nnodes or 1) - 1),
-        master_addr=env_checks.get(env, "MASTER_ADDR") or "127.0.0.1",
-        master_port=_var(env, "MASTER_PORT", None, 1, 65535), slurm_job_id=_var(env, "SLURM_JOB_ID", 0, 0),
-        slurm_node_id=_var(env, "SLURM_NODEID", 0, 0), precision=_var(env, "PRECISION", None, PRECISIONS, parse=choice),
-        embeddings=_var(env, "EMBEDDINGS", None, EMBEDDINGS, parse=choice),
-        dry_run=_var(env, "DRY_RUN", False, parse=flag), resume_anyway=_var(env, RESUME_ENV, False, parse=flag),
-        checkpoints=paths.from_env("CHECKPOINTS", env),
-    )
-
-
-def request_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=None,
+def request_from_env(dataset: str, setting_or_arch: str, extra: List[str], env: Mapping[str, str],
                      gpus: Optional[int] = None) -> TrainRequest:
-    """The request of ``scripts/train.sh DATASET SETTING EXTRA...``: every variable of ``env`` (default: this
-    process's environment) checked before anything runs. ``gpus`` overrides ``GPUS`` (None: every visible GPU)."""
-    env = dict(os.environ if env is None else env)
-    options = options_from_env(env)  # every variable, before anything else
-    save_dir = env_checks.get(env, "SAVE_DIR")
-    return TrainRequest(dataset=dataset, setting=setting_or_arch, extra=tuple(extra), seed=_var(env, "SEED", 1, 0),
-                        save_dir=save_dir and Path(save_dir), name=_var(env, "NAME", None, parse=parse_name),
-                        data_bin=paths.from_env("DATA_BIN", env),
-                        gpus=_var(env, "GPUS", None, 0) if gpus is None else gpus, options=options)
+    """The request of ``scripts/train.sh DATASET SETTING EXTRA...``: every variable of ``env`` checked before
+    anything runs. ``gpus`` overrides ``GPUS`` (None: ``GPUS``, else every visible GPU)."""
+    request = resolve(TrainRequest, env, dataset=dataset, setting=setting_or_arch, extra=tuple(extra),
+                      options=options_from_env(env))  # every variable, before anything else
+    return request if gpus is None else replace(request, gpus=gpus)
 
 
-def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env=None,
+def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env: Mapping[str, str],
                  gpus: Optional[int] = None) -> "TrainResult":
-    """:func:`run` of :func:`request_from_env`'s request, ``env`` also being the training processes' environment."""
-    return run(request_from_env(dataset, setting_or_arch, extra, env=env, gpus=gpus), env=env)
+    """:func:`train` of :func:`request_from_env`'s request, ``env`` also being the training processes' environment."""
+    return train(request_from_env(dataset, setting_or_arch, extra, env=env, gpus=gpus), env)
+
+
+def train(request: TrainRequest, env: Mapping[str, str]) -> "TrainResult":
+    """``scripts/train.sh``: :func:`run` of the plan of ``request``, holding the run's lock
+    (:func:`~diverse_fairseq.runs.lock.run_lock`; a dry run writes nothing and takes none). ``env``: this process's
+    environment, also the training processes'."""
+    p = plan(request)
+    if p.request.options.dry_run:
+        return run(p, env)
+    with run_lock(p.save_dir, env):
+        return run(p, env)
 
 
 @dataclass(frozen=True)
@@ -103,16 +96,16 @@ class TrainResult:
         return self.plan.checkpoint(self.averaged)
 
 
-def run(request: TrainRequest, env=None) -> TrainResult:
-    """Train the :func:`~diverse_fairseq.runs.plan.plan` of ``request`` (resuming from ``checkpoint_last.pt``), then
-    average. Refused before training: a resume of another run (:func:`check_resume`) and an unreadable
+def run(p: Plan, env: Mapping[str, str]) -> TrainResult:
+    """Train plan ``p`` (resuming from ``checkpoint_last.pt``), then average. Refused before training: more GPUs
+    than this machine shows, a resume of another run (:func:`check_resume`) and an unreadable
     ``checkpoint_last.pt`` (:func:`refuse_damaged_last`); a finished run is left alone (:func:`finished`). A failed
     fairseq-train raises SystemExit (:func:`failure_message`), Ctrl-C :class:`Interrupted` with its one line. ``env``
-    is the training processes' environment (default: this process's; no option is read from it)."""
-    env = dict(os.environ if env is None else env)
-    gpus, device_env = select_gpus(request.gpus, env, visible_gpus())
-    env.update(device_env)
-    p = plan(replace(request, gpus=gpus))
+    is the environment of the machine that trains, the training processes' with the GPUs chosen
+    (``CUDA_VISIBLE_DEVICES``: the plan's GPUs where ``GPUS`` was given). The caller holds the run's lock."""
+    request = p.request
+    device_env = select_gpus(request.gpus, env, visible_gpus())[1]
+    env = {**env, **device_env}
     dataset, save_dir, cmd = request.dataset, p.save_dir, p.command
     device = f"{p.world} GPU(s)" if p.gpus else "the CPU"
     print(f"[train] {dataset} {request.setting}: {p.arch} on {device}, "
@@ -271,6 +264,7 @@ def remove_unused(save_dir: Path) -> bool:
     if not save_dir.is_dir() or any(save_dir.glob("checkpoint*.pt")):
         return False
     (save_dir / ARGS_FILE).unlink(missing_ok=True)
+    (save_dir / LOCK_FILE).unlink(missing_ok=True)  # held until the caller's run ends; the next one makes another
     for folder in [*sorted(save_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True), save_dir]:
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
@@ -295,9 +289,10 @@ def _average(p: Plan, reuse: bool = False) -> int:
 
 
 def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    for warning in env_checks.foreign_variables(os.environ, {  # ``SEEDS=3`` would otherwise silently train seed 1
-        "SEEDS": f"SEED (one seed per training; now training with SEED={env_checks.get(os.environ, 'SEED') or 1}; "
+    argv, env = list(sys.argv[1:] if argv is None else argv), os.environ
+    warn_misspelled(env, "train")
+    for warning in env_checks.foreign_variables(env, {  # ``SEEDS=3`` would otherwise silently train seed 1
+        "SEEDS": f"SEED (one seed per training; now training with SEED={env_checks.get(env, 'SEED') or 1}; "
                  "SEEDS is the table runner's: make table-<id>, python -m diverse_fairseq.tables)",
         "TRAIN_ARGS": "extra fairseq-train options after the setting on the command line (TRAIN_ARGS is the table "
                       "runner's)"}, "scripts/train.sh"):
@@ -307,14 +302,15 @@ def main(argv=None):
         print("settings: " + ", ".join(f"{k} ({v.arch})" for k, v in SETTINGS.items()))
         return 0 if argv else 2
     dataset, rest = argv[0], argv[1:]
+    request = request_from_env(dataset, "", [], env)  # every variable checked before anything runs
     if rest and not rest[0].startswith("-"):
         setting, extra = rest[0], rest[1:]
     else:  # no setting named: the dataset's default
-        setting, extra = default_setting(dataset, paths.from_env("DATA_BIN")), rest
+        setting, extra = default_setting(dataset, request.data_bin), rest
         print(f"[train] no setting given: {dataset} trains with {setting!r} (name one to choose: "
               f"{', '.join(SETTINGS)})", flush=True)
     try:
-        run_from_env(dataset, setting, extra)
+        train(replace(request, setting=setting, extra=tuple(extra)), dict(env))
     except KeyboardInterrupt as e:  # Interrupted: during fairseq-train, with its line; else before or after it
         print(f"[train] {getattr(e, 'message', '') or 'interrupted (outside fairseq-train)'}", file=sys.stderr,
               flush=True)

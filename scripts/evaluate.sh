@@ -8,7 +8,6 @@
 # Writes <checkpoint dir>/eval-<dataset>-<subset>-<checkpoint name>/{results.json,hyp.detok.*,...}.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-export WORK_DIR=${WORK_DIR:-$REPO/work} DATA_BIN=${DATA_BIN:-$REPO/data-bin}
 PY=${PYTHON:-python}
 [ -z "${PYTHON:-}" ] && [ -x "$REPO/.venv/bin/python" ] && PY=$REPO/.venv/bin/python
 exec "$PY" -m diverse_fairseq.evaluate "$@"

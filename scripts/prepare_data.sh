@@ -7,7 +7,6 @@
 # WORK_DIR and DATA_BIN default to work/ and data-bin/ in the repository. Uses the repository's .venv when present.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-export WORK_DIR=${WORK_DIR:-$REPO/work} DATA_BIN=${DATA_BIN:-$REPO/data-bin}
 PY=${PYTHON:-python}
 [ -z "${PYTHON:-}" ] && [ -x "$REPO/.venv/bin/python" ] && PY=$REPO/.venv/bin/python
 exec "$PY" -m diverse_fairseq.data.prepare "$@"

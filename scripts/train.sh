@@ -10,7 +10,6 @@
 # scripts/train.sh --help (diverse_fairseq/training.py), docs/training.md.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-export DATA_BIN=${DATA_BIN:-$REPO/data-bin} CHECKPOINTS=${CHECKPOINTS:-$REPO/checkpoints}
 PY=${PYTHON:-python}
 [ -z "${PYTHON:-}" ] && [ -x "$REPO/.venv/bin/python" ] && PY=$REPO/.venv/bin/python
 exec "$PY" -m diverse_fairseq.training "$@"

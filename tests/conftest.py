@@ -69,6 +69,15 @@ def fake_prepared(data_bin, dataset, **meta):
     return Path(data_bin)
 
 
+def linked_prepared(data, data_bin, dataset="toy"):
+    """``data_bin/dataset``: the files of the binarized ``data`` linked, with :func:`fake_prepared`'s prepare.json
+    (what a table job's plan reads); ``data`` itself (a session fixture's) is left as it is. Returns ``data_bin``."""
+    (Path(data_bin) / dataset).mkdir(parents=True)
+    for path in Path(data).iterdir():
+        (Path(data_bin) / dataset / path.name).symlink_to(path)
+    return fake_prepared(data_bin, dataset)
+
+
 def run_cli(module, args, timeout=600, env=None, check=True):
     """Run ``python -m fairseq_cli.<module> args`` and return the CompletedProcess (output captured)."""
     args = [str(a) for a in args]
@@ -281,7 +290,11 @@ def job_record(seed=1, bleu=0.0, eval=None, reused=False, disagreement=None, pro
                   trained_at="2024-01-01 00:00:00", checkpoint="checkpoint_last.pt", args=[], averaged_checkpoints=0,
                   best_checkpoint_metric=None, embeddings="all", parameters=None, updates=0,
                   train_steps_per_second=None, train_loss=None, valid_loss=None, valid_nll_loss=None)
-    evaluation = EvalRecord(**dict(dict(out="", target_lang="de", data="", bleu=bleu), **(eval or {})))
+    evaluation = EvalRecord(**dict(dict(
+        checkpoint="checkpoint_last.pt", dataset="demo", data="", subset="test", out="", target_lang="de",
+        sentences=0, beam=4, lenpen=0.6, max_len_a=0.0, max_len_b=200, length_penalty="fairseq", batch_size=128,
+        device="cpu", reference="", bleu=bleu, bleu_detail="", signature="", tok_bleu=bleu, tok_bleu_detail="",
+        tok_bleu_kind="tokenized"), **(eval or {})))
     return JobRecord(train=TrainRecord(**dict(fields, **train)), evals={"test": evaluation}, reused=reused,
                      disagreement=disagreement, probing=probing)
 

@@ -128,28 +128,26 @@ def test_ctrl_c_in_a_table_names_each_interrupted_row_and_the_command(tmp_path, 
     run.data_bin = fake_prepared(tmp_path / "data-bin", "demo")
     calls = []
 
-    def job(row, run_, seed):
-        calls.append(row.id)
+    def job(job, env):
+        calls.append(job.row)
         if len(calls) == 2:
-            run_dir = run_.run_dir(row, seed)
-            run_dir.mkdir(parents=True)
-            _checkpoint(run_dir / "checkpoint_last.pt", 6)
+            job.run_dir.mkdir(parents=True)
+            _checkpoint(job.run_dir / "checkpoint_last.pt", 6)
             raise training.Interrupted(7)
-        return job_record(seed, bleu=1.0, row=row.id)
+        return job_record(job.seed, bleu=1.0, row=job.row)
 
-    monkeypatch.setattr(runner, "limit_threads", lambda threads: None)
     monkeypatch.setattr(runner, "run_job", job)
     with pytest.raises(runner.TableInterrupted) as caught:
-        runner.run_table(table, run)
-    (row, seed, update), = caught.value.jobs
-    assert (row.id, seed, update) == (calls[1], 1, 7)
+        runner.run_table(table, run, {})
+    (interrupted, update), = caught.value.jobs
+    assert (interrupted.row, interrupted.seed, update) == (calls[1], 1, 7)
     resume = resume_command(["naacl19_t3"], {"SCALE": "demo", "SEEDS": "1", "HOME": "/root"})
     assert resume == "make table-naacl19_t3 SCALE=demo SEEDS=1"
     assert resume_command(["t.yaml", "--seeds", "2"], {}) == "python -m diverse_fairseq.tables t.yaml --seeds 2"
-    lines = runner.interrupted_lines(table, run, caught.value.jobs, resume)
-    checkpoint = run.run_dir(row, 1) / "checkpoint_last.pt"
-    assert lines == [f"[naacl19_t3] row {row.id} seed 1: interrupted at update 7; the last checkpoint is at update 6 "
-                     f"({checkpoint}); resume with: make table-naacl19_t3 SCALE=demo SEEDS=1"]
+    lines = runner.interrupted_lines(caught.value.jobs, resume)
+    checkpoint = interrupted.run_dir / "checkpoint_last.pt"
+    assert lines == [f"[naacl19_t3] row {interrupted.row} seed 1: interrupted at update 7; the last checkpoint is "
+                     f"at update 6 ({checkpoint}); resume with: make table-naacl19_t3 SCALE=demo SEEDS=1"]
 
 
 ONE_ROW = """

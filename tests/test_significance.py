@@ -134,7 +134,7 @@ def _trained(tmp_path, extra):
     env = {"DATA_BIN": str(fake_prepared(tmp_path / "data-bin", "demo")), "CHECKPOINTS": str(tmp_path / "ck")}
     (tmp_path / "no_training.py").write_text("")
     request = training.request_from_env("demo", "tiny", extra, env=env, gpus=0)
-    return training.run(replace(request, entry=str(tmp_path / "no_training.py")), env={}).plan.save_dir
+    return training.train(replace(request, entry=str(tmp_path / "no_training.py")), {}).plan.save_dir
 
 
 def _evaluated(save_dir: Path, refs, hyps) -> str:

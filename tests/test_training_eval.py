@@ -147,7 +147,10 @@ def _dry_run(monkeypatch, capsys, data_bin, visible, **env):
     for key in ("GPUS", "CUDA_VISIBLE_DEVICES", "NNODES", "NODE_RANK", "SLURM_NNODES", "UPDATE_FREQ", "MAX_TOKENS",
                 "PRECISION", "SAVE_DIR"):
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setattr(training, "visible_gpus", lambda: visible)
+    from diverse_fairseq.runs import plan as run_plan
+
+    monkeypatch.setattr(run_plan, "visible_gpus", lambda: visible)  # GPUS unset: the plan takes every visible GPU
+    monkeypatch.setattr(training, "visible_gpus", lambda: visible)  # and training checks GPUS=N against them
     for key, val in dict(env, DATA_BIN=str(data_bin), DRY_RUN="1").items():
         monkeypatch.setenv(key, val)
     status = training.main(["wmt14_en_de", "base"])
@@ -187,13 +190,15 @@ def test_bad_gpus_is_an_error_before_training(data_bin, monkeypatch, capsys, gpu
 
 def test_table_runs_check_gpus_before_any_work(monkeypatch):
     from diverse_fairseq import training
-    from diverse_fairseq.tables.__main__ import build_parser, check_settings
+    from diverse_fairseq.tables.__main__ import parse_options
+    from diverse_fairseq.tables.options import check_gpus
 
     monkeypatch.setattr(training, "visible_gpus", lambda: 1)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with pytest.raises(SystemExit, match=r"GPUS=2 but only 1 GPU\(s\) are visible"):
-        check_settings(build_parser().parse_args(["demo", "--gpus", "2"]))
-    assert check_settings(build_parser().parse_args(["demo", "--gpus", "1"]))["gpus"] == 1
+        check_gpus(parse_options(["demo", "--gpus", "2"], {}), {})
+    assert check_gpus(parse_options(["demo", "--gpus", "1"], {}), {}).gpus == 1
+    # GPUS unset means what it means for scripts/train.sh: every GPU this machine shows (the CPU when none)
+    assert check_gpus(parse_options(["demo"], {}), {}).gpus == 1
 
 
 def test_average_checkpoints_is_the_mean_and_loads_safely(tmp_path):
@@ -302,20 +307,18 @@ def test_each_setting_decodes_as_its_paper(data_bin):
         task_args("wu")
 
 
-def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path, monkeypatch):
+def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path):
     """evaluate's fairseq-generate command: GNMT's penalty via --length-penalty gnmt (LENGTH_PENALTY), the cap
     via --max-len-a/-b (MAX_LEN_A/B); by default fairseq's penalty and the recipe's cap."""
     from diverse_fairseq import evaluate
-
-    for key in ("LENGTH_PENALTY", "MAX_LEN_A", "MAX_LEN_B", "BEAM", "LENPEN", "PRECISION", "CPU"):
-        monkeypatch.delenv(key, raising=False)
     from diverse_fairseq.runs.dataset_meta import meta_from_dict
 
     meta = meta_from_dict({"source_lang": "en", "target_lang": "de", "beam": 4, "lenpen": 0.6, "max_len_a": 0,
                            "max_len_b": 200, "post_process": "subword_nmt"})
 
-    def command(argv):
-        return evaluate.generate_command(evaluate.parse_request(["c.pt", "d", *argv]), meta, tmp_path, on_gpu=False)
+    def command(argv, env=None):
+        return evaluate.generate_command(evaluate.parse_request(["c.pt", "d", *argv], env or {}), meta, tmp_path,
+                                         on_gpu=False)
 
     cmd = command(["--length-penalty", "gnmt", "--max-len-a", "1", "--max-len-b", "49"])
     assert value(cmd, "--task") == ["translation_length_penalty"] and value(cmd, "--length-penalty") == ["gnmt"]
@@ -324,11 +327,9 @@ def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path, monkeypatch)
     cmd = command([])
     assert value(cmd, "--task") == ["translation"] and "--length-penalty" not in cmd
     assert value(cmd, "--max-len-a") == ["0"] and value(cmd, "--max-len-b") == ["200"]
-    monkeypatch.setenv("LENGTH_PENALTY", "gnmt")
-    assert value(command([]), "--length-penalty") == ["gnmt"]
-    monkeypatch.setenv("LENGTH_PENALTY", "wu")
+    assert value(command([], {"LENGTH_PENALTY": "gnmt"}), "--length-penalty") == ["gnmt"]
     with pytest.raises(SystemExit, match="LENGTH_PENALTY"):
-        command([])
+        command([], {"LENGTH_PENALTY": "wu"})
 
 
 def test_interactive_command_decodes_as_the_checkpoint_was_validated(tmp_path):

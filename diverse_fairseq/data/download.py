@@ -1,6 +1,7 @@
 """Download files with resume (``NAME.part``, an HTTP ``Range`` request), verification (:mod:`.verify`), atomic
-rename and a mirror override (``--mirror BASE`` or ``$DIVERSE_FAIRSEQ_MIRROR``: a URL or a local directory, a flat
-folder of the original files looked up by name): :func:`fetch`. docs/usage.md says why not pooch or mtdata."""
+rename and a mirror override (``--mirror BASE`` or ``$DIVERSE_FAIRSEQ_MIRROR``, read by the commands' ``main()``
+(:class:`MirrorOptions`) and handed down: a URL or a local directory, a flat folder of the original files looked up
+by name): :func:`fetch`. docs/usage.md says why not pooch or mtdata."""
 
 import http.client
 import os
@@ -12,10 +13,26 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from ..runs.options import option
 from .progress import Progress
 from .verify import CHUNK, Expected, VerificationError, check_file, mark_verified, reject, verified_sha256
 
 MIRROR_ENV = "DIVERSE_FAIRSEQ_MIRROR"
+
+
+def mirror_option(help: str = "URL or directory holding the files by name, used instead of the public addresses"):
+    return option(MIRROR_ENV, help)
+
+
+def checksums_option(help: str = "md5sum/sha256sum file"):
+    return option("CHECKSUMS", help)
+
+
+@dataclass(frozen=True)
+class MirrorOptions:
+    """Where a command that may download gets its files."""
+
+    mirror: Optional[str] = mirror_option()
 
 
 class DownloadError(RuntimeError):
@@ -141,14 +158,13 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
 
     ``expected`` replaces the published values (an expectations manifest); by default they are :func:`expected_for`
     ``(source, checksums)``. An existing final file is used when its ``.verified`` record matches, else verified first
-    (a file placed by hand; refused: moved to ``NAME.rejected``). Otherwise the file is fetched from the mirror
-    (``mirror`` or ``$DIVERSE_FAIRSEQ_MIRROR``) or else from the real addresses in order, resuming a ``.part`` file left
-    by an earlier interrupted run; a location whose file fails verification is given up for the next.
+    (a file placed by hand; refused: moved to ``NAME.rejected``). Otherwise the file is fetched from ``mirror`` or
+    else from the real addresses in order, resuming a ``.part`` file left by an earlier interrupted run; a location
+    whose file fails verification is given up for the next.
     """
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     expected = expected if expected is not None else expected_for(source, checksums)
-    mirror = mirror or os.environ.get(MIRROR_ENV) or None
     where = where_to_get(source, mirror)
     final = dest_dir / source.filename
     if final.exists():

@@ -23,32 +23,41 @@ import shutil
 import time
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
-from ..runs import env_checks, paths
+from ..runs import env_checks
+from ..runs.options import add_options, choice, integer, label, option, resolve, switch, text, warn_misspelled, word
+from ..runs.paths import data_bin_option, work_dir_option
 from . import bpe as bpe_mod
 from . import progress
 from .archive import CorruptArchiveError, extract
-from .download import DownloadError, expected_for, fetch, read_checksum_file, where_to_get
-from .progress import Progress, atomic_path, begin_step, heartbeat
+from .download import (
+    DownloadError,
+    checksums_option,
+    expected_for,
+    fetch,
+    mirror_option,
+    read_checksum_file,
+    where_to_get,
+)
+from .progress import Progress, ProgressOptions, atomic_path, begin_step, heartbeat
 from .recipes import RECIPES, TEMPLATES, Context, Recipe, get
 from .recipes.base import SPLITS
 from .text import clean_pair, count_lines, iter_lines, map_file, normalize, tokenize
 from .verify import Expectations, VerificationError, check_member_lines, reject, verified_sha256
 
 
-def _option(env: str, help: str, default=None, metavar=None, custom_only=False):
-    """A field of :class:`PrepareOptions` with its environment variable (``VAR=on`` for a switch) and help;
-    ``custom_only``: an option of the ``custom`` recipe (your own corpus), refused with any other dataset."""
-    help = f"custom: {help}" if custom_only else help
-    return field(default=default, metadata={"env": env, "help": help, "metavar": metavar, "custom_only": custom_only})
+def _option(var: str, help: str, default=None, parse=text, custom_only=False, **kind):
+    """A field of :class:`PrepareOptions` (:func:`~diverse_fairseq.runs.options.option`); ``custom_only``: an
+    option of the ``custom`` recipe (your own corpus), refused with any other dataset."""
+    return option(var, f"custom: {help}" if custom_only else help, default, parse, custom_only=custom_only, **kind)
 
 
 def _label(f) -> str:
     """``VAR (--option)``: how errors name an option."""
-    return f"{f.metadata['env'].partition('=')[0]} (--{f.name.replace('_', '-')})"
+    return label(f)
 
 
 @dataclass(frozen=True)
@@ -58,41 +67,45 @@ class PrepareOptions:
 
     dataset: str
     bpe: Optional[str] = _option("BPE", "segmentation, subword-nmt or sentencepiece; default: the recipe's "
-                                        "(sentencepiece for demo, subword-nmt otherwise)")
+                                        "(sentencepiece for demo, subword-nmt otherwise)", parse=choice(bpe_mod.KINDS))
     bpe_size: Optional[int] = _option("BPE_SIZE", "BPE merges / sentencepiece vocabulary; default: the recipe's "
-                                                  "(custom: 10000)")
-    work_dir: Path = _option("WORK_DIR", "root of intermediate files", paths.WORK_DIR)
-    data_bin: Path = _option("DATA_BIN", "root of binarized datasets", paths.DATA_BIN)
-    mirror: Optional[str] = _option("DIVERSE_FAIRSEQ_MIRROR", "URL or directory holding the archives by file name, "
-                                                              "used instead of the public addresses")
-    checksums: Optional[str] = _option("CHECKSUMS", "md5sum/sha256sum file: digests checked for files that have no "
-                                                    "published one; one that contradicts a published digest is refused")
+                                                  "(custom: 10000)", parse=integer(1))
+    work_dir: Path = work_dir_option()
+    data_bin: Path = data_bin_option()
+    mirror: Optional[str] = mirror_option("URL or directory holding the archives by file name, used instead of the "
+                                          "public addresses")
+    checksums: Optional[str] = checksums_option("md5sum/sha256sum file: digests checked for files that have no "
+                                                "published one; one that contradicts a published digest is refused")
     expect: Optional[str] = _option(
         "EXPECT", "JSON manifest of expected sizes, checksums and member line counts that replace the published ones "
         "(stand-in archives, e.g. the tests' fixtures); the data is written as DATASET+NAME under WORK_DIR and "
         "DATA_BIN and labelled in prepare.json, never where the real data goes", metavar="MANIFEST")
-    workers: int = _option("WORKERS", "processes for tokenization, BPE and fairseq-preprocess (default 2)", 2)
+    workers: int = _option("WORKERS", "processes for tokenization, BPE and fairseq-preprocess (default 2)", 2,
+                           integer(1))
     demo_dir: Optional[str] = _option("DEMO_DIR", "demo corpus directory (default data/demo)")
     cwmt_dir: Optional[str] = _option("CWMT_DIR", "WMT17: where the manually downloaded CWMT corpora are "
                                                   "(default WORK_DIR/wmt17_zh_en/manual/cwmt)")
-    skip_cwmt: bool = _option("CWMT=skip", "WMT17: proceed without the CWMT corpora", False)
+    skip_cwmt: bool = _option("CWMT", "WMT17: proceed without the CWMT corpora (CWMT=skip)", False, word("skip"),
+                              store_true=True)
     zh_seg: str = _option("ZH_SEG", "WMT17: Chinese word segmentation before Moses tokenization, jieba or char",
-                          "jieba")
+                          "jieba", choice(("jieba", "char")))
     wmt17_source: Optional[str] = _option("WMT17_SOURCE", "WMT17: where UN v1.0 comes from, original (the UN's "
                                           "two-part download, default) or hf (the Hugging Face Hub copy of the wmt "
                                           "organisation)")
     length_unit: Optional[str] = _option("LENGTH_UNIT", "WMT17: what the 50-token length cap counts, subwords (after "
                                                         "BPE, default) or words (Moses tokens before BPE)")
-    allow_unverified: bool = _option("ALLOW_UNVERIFIED=1", "WMT17: go on when a corpus' pair count differs from the "
-                                     "published one; prepare.json records the data as unverified", False)
+    allow_unverified: bool = _option("ALLOW_UNVERIFIED", "WMT17: go on when a corpus' pair count differs from the "
+                                     "published one; prepare.json records the data as unverified (ALLOW_UNVERIFIED=1)",
+                                     False, switch, store_true=True)
     src: Optional[str] = _option("SRC", "source language code, the suffix of its files", custom_only=True)
     tgt: Optional[str] = _option("TGT", "target language code", custom_only=True)
     corpus_dir: Optional[str] = _option("CORPUS_DIR", "folder with train/valid/test.SRC and .TGT, one "
                                                       "sentence per line", custom_only=True)
     name: Optional[str] = _option("DATASET_NAME", "name of the prepared dataset under DATA_BIN "
                                                   "(default custom_SRC_TGT)", custom_only=True)
-    separate_vocab: bool = _option("SEPARATE_VOCAB=1", "one BPE model and dictionary per language instead "
-                                                       "of joint ones", False, custom_only=True)
+    separate_vocab: bool = _option("SEPARATE_VOCAB", "one BPE model and dictionary per language instead of joint "
+                                                     "ones (SEPARATE_VOCAB=1)", False, switch, custom_only=True,
+                                   store_true=True)
     stop_after: Optional[str] = _option("STOP_AFTER", "stop (resumably) after this step id, e.g. tokenize",
                                         metavar="STEP")
 
@@ -100,32 +113,24 @@ class PrepareOptions:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prepare_data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset", choices=sorted([*RECIPES, *TEMPLATES]),
-                   help="which dataset to prepare; custom: your own corpus (--src, --tgt, --corpus-dir)")
-    for f in fields(PrepareOptions)[1:]:  # None where not given: parse_options reads the variable
-        p.add_argument(f"--{f.name.replace('_', '-')}", help=f"{f.metadata['help']} [{f.metadata['env']}]",
-                       **({"action": "store_true", "default": None} if f.default is False
-                          else {"metavar": f.metadata["metavar"]}))
-    p.add_argument("--progress-interval", default=env_checks.get(os.environ, progress.ENV) or progress.DEFAULT_INTERVAL,
-                   help=f"seconds between progress lines of a long step, 0 = every update [{progress.ENV}] "
-                        f"(default {progress.DEFAULT_INTERVAL:g})")
-    return p
+    p.add_argument("dataset", help="which dataset to prepare: " + ", ".join(DATASETS) + "; custom: your own corpus "
+                                   "(--src, --tgt, --corpus-dir)")
+    return add_options(p, PrepareOptions, ProgressOptions)
 
 
-def parse_options(argv) -> PrepareOptions:
+DATASETS = sorted([*RECIPES, *TEMPLATES])
+
+
+def parse_options(argv: Optional[List[str]], env: Mapping[str, str]) -> PrepareOptions:
     """The :class:`PrepareOptions` of a command line and the environment: an option not given is its variable's
-    value, else the field's default (SystemExit naming a bad switch variable); also sets the progress interval
-    (``PROGRESS_INTERVAL``) of this process."""
-    args = vars(build_parser().parse_args(argv))
-    progress.set_interval(args.pop("progress_interval"))
-    for f in fields(PrepareOptions)[1:]:
-        var, _, on = f.metadata["env"].partition("=")  # VAR=on: a switch
-        text = env_checks.get(os.environ, var)
-        if on and args[f.name] is None and text not in (None, on, *(("0",) if on == "1" else ())):
-            raise env_checks.bad(var, text, f"use {var}={on} ({f.metadata['help']}), or leave it unset")
-        if args[f.name] is None:
-            args[f.name] = (text == on) if on else (text or f.default)
-    return PrepareOptions(**args)
+    value, else the field's default (SystemExit naming a bad value); also sets the progress interval
+    (``PROGRESS_INTERVAL``) of this process. An unknown dataset is refused in one line naming the valid ones."""
+    args = build_parser().parse_args(argv)
+    if args.dataset not in DATASETS:
+        raise SystemExit(f"error: unknown dataset {args.dataset!r}: use one of {', '.join(DATASETS)} "
+                         f"(make data DATASET=NAME; custom: your own corpus, SRC=xx TGT=yy CORPUS_DIR=dir)")
+    progress.set_interval(resolve(ProgressOptions, env, args).interval)
+    return resolve(PrepareOptions, env, args, dataset=args.dataset)
 
 
 class StopPipeline(Exception):
@@ -138,21 +143,17 @@ class Preparer:
 
     def __init__(self, recipe: Recipe, args: PrepareOptions):
         """The options are checked before any work: SystemExit naming the variable and what to use."""
-        given = [_label(f) for f in fields(args)[1:] if f.metadata["custom_only"] and getattr(args, f.name)]
+        given = [_label(f) for f in fields(args)[1:] if f.metadata.get("custom_only") and getattr(args, f.name)]
         if given and recipe.name not in TEMPLATES:  # the custom corpus' options would be ignored
             raise SystemExit(f"error: {', '.join(given)} only apply to `custom` (your own corpus); {recipe.name} has "
                              f"fixed languages and sources. Unset them, or prepare your corpus with SRC=xx TGT=yy "
                              f"CORPUS_DIR=dir scripts/prepare_data.sh custom")
         options = {**asdict(args), "source": args.wmt17_source}
         self.r = recipe = recipe.configure(recipe, options) if recipe.configure else recipe
-        checks = {"bpe": functools.partial(env_checks.parse_choice, choices=bpe_mod.KINDS),
-                  "bpe_size": functools.partial(env_checks.parse_int, minimum=1),
-                  "workers": functools.partial(env_checks.parse_int, minimum=1),
-                  "zh_seg": functools.partial(env_checks.parse_choice, choices=("jieba", "char")),
-                  "stop_after": functools.partial(env_checks.parse_choice, choices=step_ids(recipe))}
-        values = {f: getattr(args, f.name) for f in fields(args) if f.name in checks}
-        self.args = args = replace(args, **{f.name: checks[f.name](_label(f), value)
-                                            for f, value in values.items() if value is not None})
+        if args.stop_after is not None:  # the other options are checked where they enter (parse_options)
+            stop_after = next(f for f in fields(args) if f.name == "stop_after")
+            env_checks.parse_choice(_label(stop_after), args.stop_after, step_ids(recipe))
+        self.args = args
         self.kind = args.bpe or recipe.bpe
         self.size = args.bpe_size or recipe.bpe_size
         self.expect = Expectations.load(args.expect) if args.expect else None
@@ -536,7 +537,8 @@ def prepare(options: PrepareOptions) -> Path:
 
 
 def main(argv=None):
-    options = parse_options(argv)
+    warn_misspelled(os.environ, "prepare")
+    options = parse_options(argv, os.environ)
     try:
         prepare(options)
     except StopPipeline as e:

@@ -15,13 +15,24 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from ..runs import env_checks
+from ..runs.options import number, option
 
 ENV = "PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class ProgressOptions:
+    """``--progress-interval``: how often data preparation reports a long step."""
+
+    interval: float = option(ENV, f"seconds between progress lines of a long step, 0 = every update (default "
+                                  f"{DEFAULT_INTERVAL:g})", DEFAULT_INTERVAL, number(0), flag="--progress-interval")
+
 interval = DEFAULT_INTERVAL  # seconds between two progress lines of one piece of work
 _step = ""  # "[dataset] step i/n " before every progress line, set while a step of the pipeline runs
 _print = functools.partial(print, flush=True)

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..runs.hints import python_command
-from .download import MIRROR_ENV, DownloadError, Source, fetch, read_checksum_file
+from ..runs.options import add_options, option, resolve, warn_misspelled
+from ..runs.options import path as a_path
+from .download import DownloadError, Source, checksums_option, fetch, mirror_option, read_checksum_file
 from .verify import reject
 
 #: the raw files of SentEval's repository, tried in this order (the default branch, then its former name)
@@ -128,11 +130,15 @@ def real_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "work" / "senteval_probing"
 
 
+def probing_data_option():
+    """``PROBING_DATA``: one field for the table runner, the downloader and ``python -m diverse_fairseq.probing``."""
+    return option(DEFAULT_DIR_ENV, "folder of SentEval's probing files (default: work/senteval_probing; with a "
+                                   "mirror, a folder of its own beside it)", None, a_path)
+
+
 def default_dir(mirror: Optional[str] = None) -> Path:
-    """``$PROBING_DATA``; else, with a mirror, ``work/senteval_probing-mirrors/<hash of the mirror>`` (its own
-    cache); else :func:`real_dir`."""
-    if os.environ.get(DEFAULT_DIR_ENV):
-        return Path(os.environ[DEFAULT_DIR_ENV])
+    """Where the probing files go when no folder (``PROBING_DATA``) is given: with a mirror,
+    ``work/senteval_probing-mirrors/<hash of the mirror>`` (its own cache); else :func:`real_dir`."""
     if mirror:
         return real_dir().with_name("senteval_probing-mirrors") / hashlib.sha256(str(mirror).encode()).hexdigest()[:12]
     return real_dir()
@@ -183,22 +189,29 @@ def sizes(data: TaskData) -> Tuple[int, int, int]:
     return tuple(len(data.sentences[s]) for s in SPLITS)
 
 
+@dataclass(frozen=True)
+class DownloadOptions:
+    """The options of ``python -m diverse_fairseq.data.senteval``."""
+
+    dest: Optional[Path] = probing_data_option()
+    tasks: str = option(None, "comma-separated task names or all (default)", "all")
+    mirror: Optional[str] = mirror_option("a folder or URL with the files by name")
+    checksums: Optional[str] = checksums_option()
+    stand_ins: bool = option(None, "accept files smaller than SentEval's published sizes (test fixtures); never into "
+                                   "work/senteval_probing", False, store_true=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.data.senteval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dest", help=f"folder for the task files (default ${DEFAULT_DIR_ENV} or work/senteval_probing)")
-    p.add_argument("--tasks", default="all", help="comma-separated task names or all (default)")
-    p.add_argument("--mirror", help="a folder or URL with the files by name [DIVERSE_FAIRSEQ_MIRROR]")
-    p.add_argument("--checksums", default=os.environ.get("CHECKSUMS"), help="md5sum/sha256sum file [CHECKSUMS]")
-    p.add_argument("--stand-ins", action="store_true", help="accept files smaller than SentEval's published sizes "
-                   "(test fixtures); never into work/senteval_probing")
-    args = p.parse_args(argv)
-    mirror = args.mirror or os.environ.get(MIRROR_ENV) or None
-    dest = Path(args.dest) if args.dest else default_dir(mirror)
-    sums = read_checksum_file(args.checksums) if args.checksums else None
+    args = add_options(p, DownloadOptions).parse_args(argv)
+    warn_misspelled(os.environ, "senteval")
+    o = resolve(DownloadOptions, os.environ, args)
+    dest = o.dest or default_dir(o.mirror)
+    sums = read_checksum_file(o.checksums) if o.checksums else None
     try:
-        paths = download(parse_tasks(args.tasks), dest, mirror=mirror, checksums=sums,
-                         require_published=not args.stand_ins)
+        paths = download(parse_tasks(o.tasks), dest, mirror=o.mirror, checksums=sums,
+                         require_published=not o.stand_ins)
     except DownloadError as e:
         raise SystemExit(f"error: {e}") from None
     for name, path in paths.items():

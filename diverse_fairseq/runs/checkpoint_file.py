@@ -8,7 +8,7 @@ checkpoint of another dataset a ``size mismatch`` dump.
 import pickle
 import struct
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from fairseq import checkpoint_utils
@@ -143,6 +143,30 @@ def finished(save_dir: Path, max_update: Optional[int]) -> Optional[int]:
     return updates if updates is not None and updates >= max_update else None
 
 
+def damage(path: Path) -> Optional[str]:
+    """Why checkpoint ``path`` cannot be read (``missing``, ``truncated (...)``, ``not a checkpoint (...)``), or None
+    when it can. The quick look (:func:`trained_updates`) first; the whole file is read only when that fails."""
+    path = Path(path)
+    if not path.is_file():
+        return "missing"
+    if trained_updates(path) is not None:
+        return None
+    try:
+        read_checkpoint(path)
+        return None  # readable after all (e.g. an average without optimizer history)
+    except UnreadableCheckpoint as e:
+        return e.what
+
+
+def latest_intact(save_dir: Path) -> Optional[Tuple[int, Path]]:
+    """``(updates, path)`` of the intact checkpoint of ``save_dir`` other than ``checkpoint_last.pt`` with the most
+    updates (``checkpoint_best.pt`` among equals), averages and ``crash.pt`` left out; None when there is none."""
+    intact = [(updates, c.name == "checkpoint_best.pt", c) for c in Path(save_dir).glob("checkpoint*.pt")
+              if c.name != "checkpoint_last.pt" and not c.name.startswith(("checkpoint_avg", "crash"))
+              and (updates := trained_updates(c)) is not None]
+    return max(intact)[::2] if intact else None
+
+
 def refuse_damaged_last(save_dir, rerun: str = "run the same command again") -> None:
     """SystemExit, before training, when ``save_dir/checkpoint_last.pt`` cannot be read, naming the fix (copy the
     intact checkpoint with the most updates to it, or move it aside to start afresh; ``rerun`` says what to run
@@ -150,19 +174,12 @@ def refuse_damaged_last(save_dir, rerun: str = "run the same command again") -> 
     the same command would fail again."""
     save_dir = Path(save_dir)
     last = save_dir / "checkpoint_last.pt"
-    if not last.is_file() or trained_updates(last) is not None:
+    what = damage(last) if last.is_file() else None
+    if what is None:
         return
-    try:
-        read_checkpoint(last)
-        return  # readable after all (e.g. no optimizer history): fairseq decides
-    except UnreadableCheckpoint as e:
-        what = e.what
-    intact = [(updates, c.name == "checkpoint_best.pt", c) for c in save_dir.glob("checkpoint*.pt")
-              if c != last and not c.name.startswith(("checkpoint_avg", "crash"))
-              and (updates := trained_updates(c)) is not None]
-    move = f"mv {last} {last}.damaged"
+    move, intact = f"mv {last} {last}.damaged", latest_intact(save_dir)
     if intact:
-        updates, _, best = max(intact)
+        updates, best = intact
         fix = (f"resume from {best.name} (update {updates}, intact): {move} && cp {best} {last}, then {rerun} to "
                f"resume; or, to train afresh in {save_dir}, only {move}")
     else:

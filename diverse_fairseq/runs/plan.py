@@ -18,33 +18,45 @@ import torch
 from ..methods.length_penalty import LENGTH_PENALTIES
 from ..user_dir import USER_DIR  # the package directory, for --user-dir
 from .dataset_meta import DatasetMeta, load_dataset_meta
-from .identity import identity_hash, parse_train_args, run_identity
-from .naming import default_save_dir, method_label
-from .paths import CHECKPOINTS, DATA_BIN
-from .settings import Setting, checkpoint_name, resolve_setting
+from .identity import RESUME_ENV, identity_hash, parse_train_args, run_identity
+from .naming import default_save_dir, method_label, parse_name
+from .options import choice, gpus_option, integer, option, switch
+from .options import path as a_path
+from .paths import checkpoints_option, data_bin_option
+from .settings import EMBEDDINGS, Setting, checkpoint_name, resolve_setting
+
+PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
 
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """The launch options of one training (``scripts/train.sh``'s variables: ``training.options_from_env``); None:
-    the setting's value (``precision``: fp16 on GPUs, fp32 on the CPU)."""
+    """The launch options of one training: ``scripts/train.sh``'s variables (:mod:`.options` fields, read by
+    ``training.options_from_env``; the table runner reads them too, for every row); None: the setting's value
+    (``precision``: fp16 on GPUs, fp32 on the CPU)."""
 
-    max_tokens: Optional[int] = None
-    update_freq: Optional[int] = None
-    max_update: Optional[int] = None
-    average: Optional[int] = None  # average the last N checkpoints (None: the setting's, 0: off)
-    precision: Optional[str] = None  # one of PRECISIONS
-    embeddings: Optional[str] = None  # one of EMBEDDINGS
-    nnodes: Optional[int] = None  # set: launch through torchrun on NNODES nodes
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: Optional[int] = None
-    slurm_nnodes: int = 1  # > 1: a SLURM job over several nodes (fairseq reads the SLURM variables itself)
-    slurm_job_id: int = 0
-    slurm_node_id: int = 0
-    checkpoints: Path = CHECKPOINTS  # parent of the default save directory (when no save_dir is given)
-    resume_anyway: bool = False  # resume a directory trained with other options (RESUME_ANYWAY=1)
-    dry_run: bool = False  # print the command, train and write nothing (DRY_RUN=1)
+    max_tokens: Optional[int] = option("MAX_TOKENS", "tokens per GPU batch (default: the setting's)", None, integer(1))
+    update_freq: Optional[int] = option("UPDATE_FREQ", "batches per update (default: what keeps the papers' tokens "
+                                                       "per update on the GPUs used)", None, integer(1))
+    max_update: Optional[int] = option("MAX_UPDATE", "updates to train (default: the setting's)", None, integer(1))
+    average: Optional[int] = option("AVERAGE", "average the last N checkpoints, 0: off (default: the setting's)",
+                                    None, integer(0))
+    precision: Optional[str] = option("PRECISION", f"{', '.join(PRECISIONS)} (default: fp16 on GPUs, fp32 on the "
+                                                   f"CPU)", None, choice(PRECISIONS))
+    embeddings: Optional[str] = option("EMBEDDINGS", "shared or untied (default: the setting's)", None,
+                                       choice(EMBEDDINGS))
+    nnodes: Optional[int] = option("NNODES", "set: launch through torchrun on NNODES nodes", None, integer(1))
+    node_rank: int = option("NODE_RANK", "this node's rank under torchrun, 0 to NNODES-1", 0, integer(0))
+    master_addr: str = option("MASTER_ADDR", "torchrun's rendezvous host (default 127.0.0.1)", "127.0.0.1")
+    master_port: Optional[int] = option("MASTER_PORT", "torchrun's rendezvous port, or fairseq's --distributed-port "
+                                                       "under SLURM", None, integer(1, 65535))
+    # > 1: a SLURM job over several nodes (fairseq reads the SLURM variables itself)
+    slurm_nnodes: int = option("SLURM_NNODES", "set by SLURM: the job's nodes", 1, integer(1))
+    slurm_job_id: int = option("SLURM_JOB_ID", "set by SLURM: the job's id", 0, integer(0))
+    slurm_node_id: int = option("SLURM_NODEID", "set by SLURM: this node's index in the job", 0, integer(0))
+    checkpoints: Path = checkpoints_option()  # parent of the default save directory (when no save_dir is given)
+    resume_anyway: bool = option(RESUME_ENV, "1: resume a directory trained with other options", False,
+                                 switch)
+    dry_run: bool = option("DRY_RUN", "1: print the command, train and write nothing", False, switch)
 
 
 @dataclass(frozen=True)
@@ -55,15 +67,18 @@ class TrainRequest:
     dataset: str
     setting: str  # a setting name or a registered architecture (:func:`resolve_setting`)
     extra: Tuple[str, ...] = ()  # fairseq-train options that replace ours (:func:`last_wins`)
-    seed: int = 1
-    save_dir: Optional[Path] = None  # None: a --save-dir among ``extra``, else CHECKPOINTS/<name>-<hash>
-    data_bin: Path = DATA_BIN
-    gpus: Optional[int] = None  # GPUs per node: None every visible one, 0 the CPU, N the first N visible
+    seed: int = option("SEED", "the training's seed", 1, integer(0))
+    # None: a --save-dir among ``extra``, else CHECKPOINTS/<name>-<methods>-<hash> (runs/naming.py)
+    save_dir: Optional[Path] = option("SAVE_DIR", "the save directory (default: CHECKPOINTS/<dataset>_<setting>-"
+                                                  "<methods>-<hash of the run's identity>)", None, a_path)
+    data_bin: Path = data_bin_option()
+    gpus: Optional[int] = gpus_option()  # GPUs per node: None every visible one, 0 the CPU, N the first N visible
     options: TrainOptions = TrainOptions()
     # a script started in place of ``-m fairseq_cli.train`` with the same arguments, a hook that watches training
     # (e.g. scripts/experiments/kernel_probe.py); not part of the run's identity
     entry: Optional[str] = None
-    name: Optional[str] = None  # NAME: names the default save directory in place of the methods (runs/naming.py)
+    name: Optional[str] = option("NAME", "a word for the default save directory in place of the run's methods: "
+                                         "CHECKPOINTS/<dataset>_<setting>-<NAME>-<hash>", None, parse_name)
 
 
 def visible_gpus() -> int:
@@ -88,9 +103,6 @@ def select_gpus(requested: Optional[int], env, visible: int):
 def update_freq(batch_tokens: int, world: int, max_tokens: int) -> int:
     """Micro-batches per update so that ``world`` workers of ``max_tokens`` reach ``batch_tokens``."""
     return max(1, math.ceil(batch_tokens / (max(1, world) * max_tokens)))
-
-
-PRECISIONS = ("fp16", "bf16", "amp", "memory-efficient-fp16", "fp32")
 
 
 def tensorboard_available() -> bool:
@@ -163,6 +175,7 @@ class Plan:
     max_update: int = 0
     average: int = 0  # checkpoints averaged after training (0: a single model)
     best_checkpoint_metric: Optional[str] = None
+    precision: str = "fp32"  # one of PRECISIONS: training's, and the evaluation's on a GPU
     rank0: bool = True  # this process is on the first node (it averages)
     method: str = ""  # the methods it trains with, "" for none (runs/naming.py, method_label)
 
@@ -297,5 +310,5 @@ def plan(request: TrainRequest) -> Plan:
     return Plan(request=request, setting_name=key, setting=s, arch=final.arch, args=tuple(args),
                 launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity, gpus=gpus, nodes=nnodes,
                 max_tokens=max_tokens, update_freq=freq, max_update=final.max_update or 0, average=average,
-                best_checkpoint_metric=best_metric, method=method,
+                best_checkpoint_metric=best_metric, precision=precision, method=method,
                 rank0=o.node_rank == 0 and o.slurm_node_id == 0)

@@ -16,71 +16,19 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Mapping, Optional
 
 from .. import training
 from ..data.recipes import RECIPES
-from ..runs import env_checks, paths
+from ..runs import env_checks, options
 from ..runs.cli_logging import setup_cli_logging
-from .cache import RUNNER_FLAGS
-from .check import SCALES, dataset_for
+from ..runs.options import warn_misspelled
+from .check import dataset_for
 from .config import RunConfig
+from .options import TableOptions, check_gpus
 from .report import summarise, write_report
 from .runner import TableInterrupted, interrupted_lines, run_table
 from .spec import REPO, TableSpecError, load_table
-
-SUBSETS = ("valid", "test")
-
-
-#: the options besides the table and --data-bin: (flag, the environment variable that is its default, the
-#: variable's default, the parser of its value (None: read where it is used), help)
-OPTIONS = (
-    ("--dataset", "DATASET", None, None, "dataset to run on; default: the table's paper dataset at scale paper, "
-                                         "demo at scale demo"),
-    ("--scale", "SCALE", "demo", lambda name, text: env_checks.parse_choice(name, text, SCALES),
-     "demo or paper, exactly"),
-    ("--seeds", "SEEDS", "1", env_checks.parse_seeds,
-     "a count N (seeds 1..N) or a comma-separated list of positive seeds"),
-    ("--gpus", "GPUS", "0", env_checks.parse_int, "GPUs per run, 0 = CPU"),
-    ("--threads", "THREADS", "1", lambda name, text: env_checks.parse_int(name, text, 1),
-     "CPU threads of every training/decoding job (OMP_NUM_THREADS, MKL_NUM_THREADS, torch): fixed, so that a seed "
-     "gives the same numbers on any machine"),
-    ("--jobs", "JOBS", None, lambda name, text: None if text in (None, "") else env_checks.parse_int(name, text, 1),
-     "row/seed jobs run at once, each with its log in <out>/logs/; default: the CPU cores (at most the number of "
-     "jobs), 1 with GPUS > 0"),
-    ("--out", "RESULTS", None, None, "results directory (default results/<table>)"),
-    ("--train-args", "TRAIN_ARGS", "", env_checks.parse_words,
-     "extra fairseq-train flags for every row, e.g. '--max-update 100'"),
-    ("--probing-data", "PROBING_DATA", None, None, "folder of SentEval's probing files, for tables with probing "
-     "tasks; missing files are downloaded there (default work/senteval_probing)"),
-    ("--generate-args", "GENERATE_ARGS", "", env_checks.parse_words,
-     "extra fairseq-generate flags for every row, e.g. '--beam 1'"),
-    ("--rows", "ROWS", "", None, "comma-separated row ids to run (default: all); a chosen row's baseline runs too"),
-    ("--subsets", "SUBSETS", "test", lambda name, text: parse_subsets(text), "comma-separated subsets to decode, "
-     "valid and/or test; the first is the report's BLEU (default test)"),
-    ("--train-hook", "TRAIN_HOOK", None, lambda name, text: parse_hook(text), "a Python script started in place "
-     "of 'python -m fairseq_cli.train' with the same arguments, to watch each training, e.g. "
-     "scripts/experiments/kernel_probe.py (records the SVGD kernel); not part of the cache key, so a finished run "
-     "is reused without it"),
-    ("--allow-unverified-data", "ALLOW_UNVERIFIED_DATA", "", env_checks.parse_flag, "1: run a paper-scale table "
-     "on data that prepare.json records as not the published data (skipped or partial CWMT, a corpus count that "
-     "differs from the published one); SentEval stand-ins are still refused"),
-    ("--progress-interval", "PROGRESS_INTERVAL", "30", lambda name, text: env_checks.parse_float(name, text, 0),
-     "seconds between two progress lines of a training row (update, losses, time left), printed only when "
-     "fairseq has logged since the last one; 0: every record it logs (default 30)"),
-    ("--dry-run", "DRY_RUN", "", env_checks.parse_flag,
-     "1: print every row's training and evaluation commands, run and write nothing"),
-)
-
-
-def build_parser():
-    p = argparse.ArgumentParser(prog="python -m diverse_fairseq.tables", description=__doc__)
-    p.add_argument("table", help="a table id from configs/tables/ (e.g. demo, emnlp18_t1) or a YAML path")
-    p.add_argument("--data-bin", default=str(paths.from_env("DATA_BIN")), help="[DATA_BIN]")
-    for flag, variable, default, _, text in OPTIONS:
-        p.add_argument(flag, default=os.environ.get(variable, default), help=f"{text} [{variable}]")
-    return p
-
 
 #: variables of other commands that the table runner does not read: {name: what to use instead}
 FOREIGN_VARIABLES = {
@@ -97,36 +45,31 @@ FOREIGN_VARIABLES = {
 }
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m diverse_fairseq.tables", description=__doc__)
+    p.add_argument("table", help="a table id from configs/tables/ (e.g. demo, emnlp18_t1) or a YAML path")
+    return options.add_options(p, TableOptions)
+
+
+def parse_options(argv: Optional[List[str]], env: Mapping[str, str]) -> TableOptions:
+    """The checked :class:`TableOptions` of a command line and the environment (SystemExit naming the first bad
+    variable, before any work)."""
+    args = build_parser().parse_args(argv)
+    table_options = options.resolve(TableOptions, env, args, table=args.table)  # its own variables' errors first
+    return replace(table_options, train_options=training.options_from_env(env))
+
+
 def foreign_variable_warnings(env) -> List[str]:
     """Warnings for variables set in ``env`` that belong to ``scripts/train.sh`` or ``scripts/evaluate.sh``."""
     return env_checks.foreign_variables(env, FOREIGN_VARIABLES, "the table runner (ignored)")
 
 
-def default_jobs(jobs: int, gpus: int) -> int:
+def default_jobs(jobs: int, gpus: int) -> int:  # gpus: decided (check_gpus)
     """``JOBS`` unset: one job per CPU core (at most ``jobs``), or 1 when the jobs use GPUs."""
     if gpus > 0:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cores, jobs))
-
-
-def parse_subsets(text) -> List[str]:
-    """``SUBSETS``: distinct names among valid and test, comma-separated."""
-    subsets = [s.strip() for s in str(text).split(",")]
-    if not all(s in SUBSETS for s in subsets) or len(set(subsets)) != len(subsets):
-        raise env_checks.bad("SUBSETS (--subsets)", text, f"use {', '.join(SUBSETS)} or both, comma-separated")
-    return subsets
-
-
-def parse_hook(text) -> Optional[str]:
-    """``TRAIN_HOOK``: an existing Python script (absolute path), or None."""
-    if text in (None, ""):
-        return None
-    path = Path(text)
-    if not path.is_file() or path.suffix != ".py":
-        raise env_checks.bad("TRAIN_HOOK (--train-hook)", text, "name a Python script that exists, e.g. "
-                             "scripts/experiments/kernel_probe.py")
-    return str(path.resolve())
 
 
 def select_rows(table, text: str):
@@ -145,25 +88,9 @@ def select_rows(table, text: str):
     return replace(table, rows=[r for r in table.rows if r.id in keep])
 
 
-def check_settings(args) -> dict:
-    """The validated run settings; raises SystemExit naming the first bad variable."""
-    settings = {flag[2:].replace("-", "_"): parse(f"{variable} ({flag})", getattr(args, flag[2:].replace("-", "_")))
-                for flag, variable, _, parse, _ in OPTIONS if parse is not None}
-    # scripts/train.sh's launch variables (MAX_UPDATE, PRECISION, ...) apply to every row's training
-    settings["train_options"] = training.options_from_env(os.environ)
-    if settings["gpus"]:  # more GPUs than are visible: stop now, not when the first row starts training
-        training.select_gpus(settings["gpus"], os.environ, training.visible_gpus())
-    taken = [a for a in settings["train_args"] if a.split("=", 1)[0] in RUNNER_FLAGS]
-    if taken:
-        raise env_checks.bad("TRAIN_ARGS (--train-args)", args.train_args,
-                             f"leave out {' '.join(taken)}: the runner sets {' and '.join(RUNNER_FLAGS)} itself (it "
-                             f"reads fairseq's JSON log records from the run's train.log)")
-    return settings
-
-
-#: the variables the runner reads: its options' defaults, and scripts/train.sh's launch variables for every row
-RUNNER_VARIABLES = (*(variable for _, variable, *_ in OPTIONS if variable != "DRY_RUN"), "DATA_BIN", "MAX_TOKENS",
-                    "UPDATE_FREQ", "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "RESUME_ANYWAY")
+#: the variables the runner reads: its options', and scripts/train.sh's launch variables for every row
+RUNNER_VARIABLES = (*(v for v in options.variables(TableOptions) if v != "DRY_RUN"), "MAX_TOKENS", "UPDATE_FREQ",
+                    "MAX_UPDATE", "AVERAGE", "PRECISION", "EMBEDDINGS", "RESUME_ANYWAY")
 
 
 def resume_command(argv: List[str], env) -> str:
@@ -207,21 +134,22 @@ def check_paper_data(data: Path, allow: bool):
                      f"with ALLOW_UNVERIFIED_DATA=1 (--allow-unverified-data 1).")
 
 
-def probing_dir(folder: Optional[str]) -> Path:
-    """Where the SentEval probing files are: ``folder``, else the default (a mirror's own with a mirror)."""
+def probing_dir(folder: Optional[Path], mirror: Optional[str]) -> Path:
+    """Where the SentEval probing files are: ``folder`` (PROBING_DATA), else the default (a mirror's own with a
+    mirror)."""
     from ..data import senteval
-    from ..data.download import MIRROR_ENV
 
-    return (Path(folder) if folder else senteval.default_dir(os.environ.get(MIRROR_ENV) or None)).resolve()
+    return (Path(folder) if folder else senteval.default_dir(mirror)).resolve()
 
 
-def ensure_probing_data(tasks: List[str], folder: Optional[str], scale: str = "paper") -> Path:
-    """:func:`probing_dir`, with the missing files downloaded; at scale paper every file must have SentEval's
-    published size, at scale demo a mirror's stand-ins are accepted with a warning."""
+def ensure_probing_data(tasks: List[str], folder: Optional[Path], scale: str = "paper",
+                        mirror: Optional[str] = None) -> Path:
+    """:func:`probing_dir`, with the missing files downloaded (from ``mirror`` where given); at scale paper every
+    file must have SentEval's published size, at scale demo a mirror's stand-ins are accepted with a warning."""
     from ..data import senteval
-    from ..data.download import MIRROR_ENV, DownloadError
+    from ..data.download import DownloadError
 
-    mirror, path = os.environ.get(MIRROR_ENV) or None, probing_dir(folder)
+    path = probing_dir(folder, mirror)
     try:
         senteval.download(senteval.parse_tasks(tasks), path, mirror=mirror,
                           require_published=scale == "paper" or not mirror)
@@ -230,54 +158,56 @@ def ensure_probing_data(tasks: List[str], folder: Optional[str], scale: str = "p
     return path
 
 
-def results_dir(argv: Optional[List[str]] = None, args=None, table_id: Optional[str] = None) -> Path:
-    """Where ``main(argv)`` writes its report: ``--out`` / RESULTS, else ``results/<table>``."""
-    args = args or build_parser().parse_args(argv)
-    return Path(args.out or REPO / "results" / (table_id or load_table(args.table).table)).resolve()
+def results_dir(options: TableOptions, table_id: str) -> Path:
+    """Where :func:`main` writes its report: ``--out`` / RESULTS, else ``results/<table>``."""
+    return Path(options.out or REPO / "results" / table_id).resolve()
 
 
 def main(argv: Optional[List[str]] = None):
-    args = build_parser().parse_args(argv)
-    settings = check_settings(args)  # before any work
+    env = dict(os.environ)  # this machine's environment, read once and handed down (to the jobs too)
+    o = check_gpus(parse_options(argv, env), env)  # every option checked before any work
     setup_cli_logging()
-    for warning in foreign_variable_warnings(os.environ):
+    warn_misspelled(env, "tables")
+    for warning in foreign_variable_warnings(env):
         print(f"[tables] warning: {warning}", flush=True)
-    scale = settings["scale"]
+    scale = o.scale
     try:
-        table = select_rows(load_table(args.table), args.rows)
-        dataset = dataset_for(table, scale, args.dataset)
+        table = select_rows(load_table(o.table), o.rows)
+        dataset = dataset_for(table, scale, o.dataset)
         if not dataset:
             raise SystemExit("error: this table names no paper dataset; pass --dataset / DATASET")
-        if dataset not in RECIPES and not (Path(args.data_bin) / dataset / "prepare.json").exists():
+        if dataset not in RECIPES and not (o.data_bin / dataset / "prepare.json").exists():
             raise env_checks.bad("DATASET (--dataset)", dataset, f"use one of {', '.join(sorted(RECIPES))}, or the "
-                                 f"name of a dataset prepared in {args.data_bin}")
+                                 f"name of a dataset prepared in {o.data_bin}")
     except TableSpecError as e:
         raise SystemExit(f"error: {e}")
-    out = results_dir(args=args, table_id=table.table)
-    n_jobs = len(table.rows) * len(settings["seeds"])
-    jobs = min(settings.pop("jobs") or default_jobs(n_jobs, settings["gpus"]), n_jobs)
-    allow_unverified_data = settings.pop("allow_unverified_data")
-    run = RunConfig(dataset=dataset, out_dir=out / f"{dataset}-{scale}", data_bin=Path(args.data_bin).resolve(),
-                    jobs=jobs, probing_tasks=table.probing,
-                    probing_dir=probing_dir(args.probing_data) if table.probing else None, **settings)
+    out = results_dir(o, table.table)
+    n_jobs = len(table.rows) * len(o.seeds)
+    resume = resume_command(sys.argv[1:] if argv is None else argv, env)
+    run = RunConfig(dataset=dataset, scale=scale, seeds=o.seeds, gpus=o.gpus, out_dir=out / f"{dataset}-{scale}",
+                    data_bin=o.data_bin.resolve(), train_args=o.train_args, generate_args=o.generate_args,
+                    threads=o.threads, jobs=min(o.jobs or default_jobs(n_jobs, o.gpus), n_jobs),
+                    progress_interval=o.progress_interval, probing_tasks=table.probing,
+                    probing_dir=probing_dir(o.probing_data, o.mirror) if table.probing else None, dry_run=o.dry_run,
+                    train_options=o.train_options, train_hook=o.train_hook, subsets=o.subsets,
+                    rerun=f"run {resume}")
     if scale == "paper":
-        check_paper_data(run.data_bin / dataset, allow_unverified_data)
+        check_paper_data(run.data_bin / dataset, o.allow_unverified_data)
     if run.dry_run:
-        run_table(table, run)
+        run_table(table, run, env)
         raise SystemExit(0)  # also ending make figure-*
     if table.probing:
-        ensure_probing_data(table.probing, args.probing_data, scale)
+        ensure_probing_data(table.probing, o.probing_data, scale, o.mirror)
     if dataset == "demo":  # the demo corpus ships with the repository: prepare it, or check that it is (quick when
         # it is up to date); the data preparation's own variables (DEMO_DIR, BPE_SIZE, WORK_DIR, ...) apply
-        from ..data.prepare import parse_options, prepare
+        from ..data import prepare
 
-        prepare(parse_options(["demo", "--data-bin", str(run.data_bin)]))
+        prepare.prepare(prepare.parse_options(["demo", "--data-bin", str(run.data_bin)], env))
     try:
-        results = run_table(table, run)
+        results = run_table(table, run, env)
     except TableInterrupted as e:  # Ctrl-C: one line per interrupted row, then the shell's status for SIGINT
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C would cut the lines or the exit short
-        resume = resume_command(sys.argv[1:] if argv is None else argv, os.environ)
-        for line in interrupted_lines(table, run, e.jobs, resume):
+        for line in interrupted_lines(e.jobs, resume):
             print(line, file=sys.stderr, flush=True)
         raise SystemExit(training.INTERRUPT_EXIT) from None
     summary = summarise(table, results, dataset, scale, subset=run.subsets[0])

@@ -18,7 +18,7 @@ from ..runs.plan import Plan
 #: the form of the cached records and keys; bumped when it changes (2: runs keyed by their identity, typed
 #: records), so that the caches of earlier builds are recomputed instead of read
 CACHE_VERSION = 2
-#: fairseq-train flags (each with one value) that the runner sets itself (steps.job_plan), not TRAIN_ARGS
+#: fairseq-train flags (each with one value) that the runner sets itself (job.job_plan), not TRAIN_ARGS
 RUNNER_FLAGS = ("--log-format", "--log-file")
 
 
@@ -54,9 +54,12 @@ def load(path: Path) -> Optional[Dict]:
 
 
 def store(path: Path, data: Dict):
-    """Write ``data`` to ``path`` as indented JSON (making its folder)."""
+    """Write ``data`` to ``path`` as indented JSON (making its folder), whole or not at all: a reader (another
+    invocation collecting the records) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(data, indent=1) + "\n")
+    part.replace(path)
 
 
 def cached(path: Path, key: Dict, compute: Callable[[], Dict], stored_key=lambda data: data.get("key")) -> Dict:

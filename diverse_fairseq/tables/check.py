@@ -26,16 +26,16 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..data.recipes import RECIPES
-from ..runs import env_checks, paths
 from ..runs.cli_logging import setup_cli_logging
 from ..runs.dataset_meta import load_dataset_meta
+from ..runs.options import add_options, choice, integer, option, resolve, warn_misspelled
+from ..runs.paths import data_bin_option
 from ..runs.plan import Plan, TrainOptions
 from . import scale as scale_mod
 from .config import RunConfig
+from .job import job_plan
+from .options import SCALES
 from .spec import TABLE_DIR, Row, Table, load_table
-from .steps import job_plan
-
-SCALES = ("demo", "paper")
 
 
 @dataclass
@@ -290,27 +290,29 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
     return lines, failures
 
 
+@dataclass(frozen=True)
+class CheckOptions:
+    """The options of ``python -m diverse_fairseq.tables.check`` (``make check-tables``)."""
+
+    scale: Optional[str] = option("SCALE", "check one scale only, demo or paper; default: both", None, choice(SCALES))
+    paper_gpus: int = option(None, "GPUs the paper-scale command is built for (8, the papers'; it sets --update-freq "
+                                   "and --fp16)", 8, integer(1))
+    dataset: Optional[str] = option("DATASET", "dataset for every table; default: the paper's / demo, as make "
+                                               "table-<id>", None, choice(sorted(RECIPES)))
+    data_bin: Path = data_bin_option("where `make data` put the prepared datasets; at paper scale the rows of a "
+                                     "prepared dataset also get their parameters on its real dictionaries")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m diverse_fairseq.tables.check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("tables", nargs="*", help="table ids (default: every configs/tables/*.yaml)")
-    p.add_argument("--scale", default=os.environ.get("SCALE") or None, help="check one scale only, demo or paper "
-                   "[SCALE]; default: both")
-    p.add_argument("--paper-gpus", type=int, default=8, help="GPUs the paper-scale command is built for "
-                   "(8, the papers'; it sets --update-freq and --fp16)")
-    p.add_argument("--dataset", default=os.environ.get("DATASET") or None,
-                   help="dataset for every table [DATASET]; default: the paper's / demo, as make table-<id>")
-    p.add_argument("--data-bin", type=Path, default=paths.from_env("DATA_BIN"),
-                   help="where `make data` put the prepared datasets [DATA_BIN]; at paper scale the rows of a "
-                        "prepared dataset also get their parameters on its real dictionaries")
-    a = p.parse_args(argv)
-    if a.scale is not None:
-        env_checks.parse_choice("SCALE (--scale)", a.scale, SCALES)
-    if a.dataset is not None:
-        env_checks.parse_choice("DATASET (--dataset)", a.dataset, sorted(RECIPES))
+    args = add_options(p, CheckOptions).parse_args(argv)
+    warn_misspelled(os.environ, "check-tables")
+    a = resolve(CheckOptions, os.environ, args)
     setup_cli_logging(logging.WARNING)  # fairseq's model and optimizer messages for every row are noise here
     warnings.simplefilter("ignore", (UserWarning, FutureWarning, DeprecationWarning))  # hydra's, torch's
-    names = a.tables or sorted(path.stem for path in TABLE_DIR.glob("*.yaml"))
+    names = args.tables or sorted(path.stem for path in TABLE_DIR.glob("*.yaml"))
     tables = [load_table(n) for n in names]
     start = time.perf_counter()
     lines, failures = check(tables, (a.scale,) if a.scale else SCALES, a.paper_gpus, a.dataset,

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from ..runs.paths import DATA_BIN
 from ..runs.plan import TrainOptions
@@ -15,7 +15,7 @@ class RunConfig:
     dataset: str
     scale: str
     seeds: List[int]
-    gpus: int
+    gpus: Optional[int]  # GPUs per run: None every GPU visible to the process that trains, 0 the CPU
     out_dir: Path
     data_bin: Path = DATA_BIN
     train_args: List[str] = field(default_factory=list)  # appended to every row's fairseq-train flags
@@ -33,6 +33,8 @@ class RunConfig:
     train_hook: Optional[str] = None
     # subsets decoded after training; the first is the one the report's BLEU and significance use
     subsets: List[str] = field(default_factory=lambda: ["test"])
+    # the command that runs this table again (the hints name it)
+    rerun: str = "run the same command again"
 
     def run_dir(self, row: Row, seed: int) -> Path:
         return self.out_dir / "runs" / row.id / f"seed{seed}"
@@ -42,10 +44,6 @@ class RunConfig:
         if self.scale == "demo":
             return DEMO_SETTING
         return row.setting or default_setting(self.dataset, self.data_bin)
-
-    def thread_env(self) -> Dict[str, str]:
-        """The environment that pins a job's subprocesses to ``threads`` CPU threads."""
-        return {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
 
     def log_path(self, row: Row, seed: int) -> Path:
         return self.out_dir / "logs" / f"{row.id}-seed{seed}.log"

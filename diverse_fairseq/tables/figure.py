@@ -15,6 +15,7 @@ runs are reused), then reads the report's JSON (``results/<figure>/<dataset>.jso
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -85,10 +86,10 @@ def main(argv: Optional[List[str]] = None) -> bool:
         results = Path(argv[1])
     else:
         from .__main__ import main as run_table
-        from .__main__ import results_dir
+        from .__main__ import parse_options, results_dir
 
         summary = run_table(argv)
-        results = results_dir(argv) / f"{summary['dataset']}.json"
+        results = results_dir(parse_options(argv, os.environ), summary["table"]) / f"{summary['dataset']}.json"
     data = figure_data(json.loads(results.read_text(encoding="utf-8")))
     stem = results.with_name(f"{results.stem}-figure")
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -11,11 +11,14 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional
 
 from .config import RunConfig
 from .records import JobRecord
-from .spec import Row, Table
+from .spec import Table
+
+if TYPE_CHECKING:  # job.py imports steps.py, which imports this module
+    from .job import TableJob
 
 _PARAMS = re.compile(r"num\. shared model params: ([\d,]+) \(num\. trained: ([\d,]+)\)")
 _MAX_UPDATE = re.compile(r"'max_update': (\d+)")  # in the configuration fairseq_cli.train logs at start-up
@@ -166,9 +169,9 @@ class Progress:
         self.watchers: Dict[tuple, LogWatcher] = {}
         self._print_lock = threading.Lock()  # the watchers print from their own threads
 
-    def _where(self, row: Row, seed: int) -> str:
-        i = next(i for i, r in enumerate(self.rows, 1) if r.id == row.id)
-        return f"[{self.name}] row {i} of {len(self.rows)} (seed {seed}) {row.label}"
+    def _where(self, job: "TableJob") -> str:
+        i, row = next((i, r) for i, r in enumerate(self.rows, 1) if r.id == job.row)
+        return f"[{self.name}] row {i} of {len(self.rows)} (seed {job.seed}) {row.label}"
 
     def remaining(self, now: float) -> str:
         if self.done == self.total:
@@ -188,15 +191,15 @@ class Progress:
         now = time.time()
         self._print(f"{text}; elapsed {clock(now - self.start)}, estimated remaining {self.remaining(now)}{after}")
 
-    def begin(self, row: Row, seed: int):
+    def begin(self, job: "TableJob"):
         """The start line, with the log to follow, and the watcher of the job's training log."""
-        self.started[(row.id, seed)] = time.time()
-        train_log = self.run.run_dir(row, seed) / "train.log"
-        log = f"log: {self.run.log_path(row, seed)}" if self.run.jobs > 1 else f"training log: {train_log}"
-        where = self._where(row, seed)
+        self.started[job.row, job.seed] = time.time()
+        train_log = job.run_dir / "train.log"
+        log = f"log: {job.log_path}" if self.run.jobs > 1 else f"training log: {train_log}"
+        where = self._where(job)
         self._line(f"{where}: started", after=f"; {log}")
-        watcher = self.watchers[(row.id, seed)] = LogWatcher(train_log, self.run.progress_interval,
-                                                             lambda line: self._print(f"{where}: {line}"))
+        watcher = self.watchers[job.row, job.seed] = LogWatcher(train_log, self.run.progress_interval,
+                                                                lambda line: self._print(f"{where}: {line}"))
         watcher.start()
 
     def stop_watching(self):
@@ -205,11 +208,11 @@ class Progress:
             watcher.stop()
         self.watchers.clear()
 
-    def end(self, row: Row, seed: int, record: Optional[JobRecord] = None, error: Optional[str] = None):
-        watcher = self.watchers.pop((row.id, seed), None)
+    def end(self, job: "TableJob", record: Optional[JobRecord] = None, error: Optional[str] = None):
+        watcher = self.watchers.pop((job.row, job.seed), None)
         if watcher is not None:
             watcher.stop()
-        seconds = time.time() - self.started.pop((row.id, seed))
+        seconds = time.time() - self.started.pop((job.row, job.seed))
         self.done += 1
         if error is not None:
             what = f"FAILED after {clock(seconds)}: {error}"
@@ -219,5 +222,5 @@ class Progress:
             self.durations.append(seconds)
             what = f"finished in {clock(seconds)}, BLEU {record.eval.bleu:.2f}"
         if self.run.jobs > 1:
-            what += f" (log: {self.run.log_path(row, seed)})"
-        self._line(f"{self._where(row, seed)}: {what} [{self.done}/{self.total} jobs done]")
+            what += f" (log: {job.log_path})"
+        self._line(f"{self._where(job)}: {what} [{self.done}/{self.total} jobs done]")

@@ -1,16 +1,18 @@
-"""The typed per-seed records of a table run: :class:`TrainRecord` (``train.json``), :class:`EvalRecord` (one
-subset's ``results.json``) and :class:`JobRecord` (one row and seed), written by :func:`dataclasses.asdict` and
-read by :func:`from_json`. A record of an earlier build has another cache key (:data:`.cache.CACHE_VERSION`), so its
-run is trained again instead of being patched up.
+"""The typed per-seed records of a table run: :class:`TrainRecord` (``train.json``), the evaluation's
+:class:`~diverse_fairseq.evaluate.EvalRecord` (one subset's ``results.json``) and :class:`JobRecord` (one job:
+``job.json``), written by :func:`dataclasses.asdict` and read by :func:`from_json`. A record of an earlier build
+has another cache key (:data:`.cache.CACHE_VERSION`), so its run is trained again instead of being patched up.
 """
 
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Dict, List, Optional, get_args, get_origin, get_type_hints
 
+from ..evaluate import EvalRecord
+
 
 @dataclass(frozen=True)
 class TrainRecord:
-    """One row and seed's training, as :func:`diverse_fairseq.tables.steps.train_row` made or reused it."""
+    """One row and seed's training, as :func:`diverse_fairseq.tables.steps.train` made or reused it."""
 
     row: str
     seed: int
@@ -34,32 +36,15 @@ class TrainRecord:
 
 
 @dataclass(frozen=True)
-class EvalRecord:
-    """One subset's evaluation (:func:`diverse_fairseq.evaluate.evaluate`): what the report reads of it."""
-
-    out: str  # the folder of hyp.detok.<target_lang>, ref.detok.<target_lang> and results.json
-    target_lang: str
-    data: str  # the prepared data it decoded (its dictionaries: the report's parameter footnote)
-    bleu: float  # sacrebleu on detokenized text
-    subset: Optional[str] = None  # the split decoded: test or valid
-    sentences: Optional[int] = None
-    tok_bleu: Optional[float] = None
-    signature: Optional[str] = None  # sacrebleu's
-    paper_bleu: Optional[float] = None  # the authors' own scoring (paper_bleu.py), where the dataset has one
-    paper_bleu_kind: Optional[str] = None
-    speed: Optional[Dict] = None  # fairseq-generate's: {"sentences", "seconds", "sentences_per_second", ...}
-
-
-@dataclass(frozen=True)
 class JobRecord:
-    """One row and seed (:func:`diverse_fairseq.tables.steps.run_job`)."""
+    """One job's record (:func:`diverse_fairseq.tables.job.run_job`), ``job.json`` in its run directory."""
 
     train: TrainRecord
     evals: Dict[str, EvalRecord]  # by subset, the table's first subset (the report's BLEU) first
     reused: bool = False  # training finished in an earlier invocation
     disagreement: Optional[Dict] = None  # steps.disagreement_scores (None: a single-head model)
     probing: Optional[Dict] = None  # steps.probing_scores, for tables that probe
-    same_as: Optional[str] = None  # the row whose runs these are (runner.same_model_rows)
+    same_as: Optional[str] = None  # the row whose runs these are (its job's first row: job.table_jobs)
 
     @property
     def eval(self) -> EvalRecord:

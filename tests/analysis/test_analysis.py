@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import linked_prepared
 from fairseq.modules.multihead_attention import MultiheadAttention
 from PIL import Image
 from torch import nn
@@ -433,14 +434,15 @@ def test_score_checkpoint_equals_the_full_pass(tiny_checkpoints, tiny_data):
 @pytest.mark.slow
 def test_table_runner_scores_the_whole_set_per_layer_and_caches(tiny_checkpoints, tiny_data, tmp_path, capsys):
     from diverse_fairseq.tables.config import RunConfig
+    from diverse_fairseq.tables.job import make_job
     from diverse_fairseq.tables.spec import Row
     from diverse_fairseq.tables.steps import disagreement_scores
 
-    run = RunConfig(dataset=tiny_data.name, scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
-                    data_bin=tiny_data.parent)
+    run = RunConfig(dataset="toy", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
+                    data_bin=linked_prepared(tiny_data, tmp_path / "data-bin"))
     row = Row(id="dis", label="+ Disagreement", family="diverse_transformer")
-    ckpt = str(tiny_checkpoints["diverse_transformer"])
-    scores = disagreement_scores(row, run, 1, ckpt)
+    ckpt, job = tiny_checkpoints["diverse_transformer"], make_job("t", row, run, 1)
+    scores = disagreement_scores(job, ckpt)
     assert "head-diversity scores of 60 sentences" in capsys.readouterr().out  # the whole validation set
     assert set(scores) == {"enc_self", "dec_self", "enc_dec"}
     for atype, per_type in scores.items():
@@ -448,8 +450,8 @@ def test_table_runner_scores_the_whole_set_per_layer_and_caches(tiny_checkpoints
         assert per_type["out"] == pytest.approx(combine_layers(per_type["layers"])["out"])
         assert math.exp(-1) <= per_type["sub"] <= 1.0 and set(per_type["offdiag_cos"]) == {"sub", "out"}
     cache = run.run_dir(row, 1) / "analysis" / "disagreement.json"
-    assert disagreement_scores(row, run, 1, ckpt) == scores and "head-diversity" not in capsys.readouterr().out
+    assert disagreement_scores(job, ckpt) == scores and "head-diversity" not in capsys.readouterr().out
     stale = json.loads(cache.read_text())
     stale["scale"] = "off-diagonal"  # a cache written on another scale is measured again
     cache.write_text(json.dumps(stale))
-    assert disagreement_scores(row, run, 1, ckpt) == scores and "head-diversity" in capsys.readouterr().out
+    assert disagreement_scores(job, ckpt) == scores and "head-diversity" in capsys.readouterr().out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import job_record
+from conftest import job_record, linked_prepared
 
 from diverse_fairseq import probing as probing_cli
 from diverse_fairseq.analysis import probing
@@ -255,13 +255,14 @@ def test_probe_command_end_to_end_is_deterministic(tiny_checkpoints, tiny_data, 
 def test_table_runner_probes_each_run_once(tiny_checkpoints, tiny_data, tmp_path, monkeypatch):
     from diverse_fairseq.tables import steps
     from diverse_fairseq.tables.config import RunConfig
+    from diverse_fairseq.tables.job import make_job
 
-    run = RunConfig(dataset=tiny_data.name, scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
-                           data_bin=tiny_data.parent, probing_tasks=["SentLen"],
+    run = RunConfig(dataset="toy", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
+                           data_bin=linked_prepared(tiny_data, tmp_path / "data-bin"), probing_tasks=["SentLen"],
                            probing_dir=_toy_task(tmp_path / "probing"))
     row = load_table("naacl19_t1").rows[0]
-    ckpt = str(tiny_checkpoints["transformer"])
-    first = steps.probing_scores(row, run, 1, ckpt)
+    ckpt, job = tiny_checkpoints["transformer"], make_job("naacl19_t1", row, run, 1)
+    first = steps.probing_scores(job, ckpt)
     assert set(first) == {"SentLen"} and 0 <= first["SentLen"]["accuracy"] <= 100
     assert (run.run_dir(row, 1) / "analysis" / "probing.json").is_file()
 
@@ -269,4 +270,4 @@ def test_table_runner_probes_each_run_once(tiny_checkpoints, tiny_data, tmp_path
         raise AssertionError("probed again although the cache matches")
 
     monkeypatch.setattr(probing, "probe_checkpoint", fail)
-    assert steps.probing_scores(row, run, 1, ckpt) == first
+    assert steps.probing_scores(job, ckpt) == first

@@ -34,13 +34,13 @@ def _published_size_file(path: Path):
 
 def test_a_fixture_probing_run_leaves_the_real_cache_untouched(repo, monkeypatch):
     real = repo / "work" / "senteval_probing"
-    monkeypatch.setenv("DIVERSE_FAIRSEQ_MIRROR", str(FIXTURE))  # the README's 3-minute fixture check
-    used = ensure_probing_data(["SentLen", "Tense"], None, "demo")
+    # the README's 3-minute fixture check: DIVERSE_FAIRSEQ_MIRROR=tests/fixtures/senteval
+    used = ensure_probing_data(["SentLen", "Tense"], None, "demo", mirror=str(FIXTURE))
     assert used != real.resolve() and (used / "sentence_length.txt").is_file()
     assert not real.exists() or not any(real.iterdir())
     # a paper-scale (real) run refuses the stand-ins, and names what it expected
     with pytest.raises(SystemExit, match=r"24 / 6 / 6 .*100,000 / 10,000 / 10,000"):
-        ensure_probing_data(["SentLen"], None, "paper")
+        ensure_probing_data(["SentLen"], None, "paper", mirror=str(FIXTURE))
     assert not real.exists() or not any(real.iterdir())
 
 

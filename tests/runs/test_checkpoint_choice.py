@@ -4,6 +4,7 @@ evaluate checkpoint_best.pt by validation loss, the THUMT settings by validation
 from dataclasses import asdict, replace
 
 import pytest
+import torch
 from conftest import fake_prepared
 
 from diverse_fairseq import training
@@ -59,6 +60,7 @@ def test_a_reused_run_evaluates_its_settings_checkpoint(tmp_path):
     from diverse_fairseq.tables import steps
     from diverse_fairseq.tables.cache import cache_key, store
     from diverse_fairseq.tables.config import RunConfig
+    from diverse_fairseq.tables.job import make_job
     from diverse_fairseq.tables.records import TrainRecord
     from diverse_fairseq.tables.spec import Row
 
@@ -66,16 +68,17 @@ def test_a_reused_run_evaluates_its_settings_checkpoint(tmp_path):
     run = RunConfig(dataset="iwslt14_de_en", scale="paper", seeds=[1], gpus=0, out_dir=tmp_path / "out",
                     data_bin=data_bin)
     row = Row(id="ma", label="MA", family="transformer", args=[])
-    job = steps.job_plan(row, run, 1)
+    job = make_job("t", row, run, 1)
     run_dir = run.run_dir(row, 1)
     run_dir.mkdir(parents=True)
+    torch.save({"optimizer_history": [{"num_updates": 1}], "model": {}, "cfg": {}}, run_dir / "checkpoint_best.pt")
     stored = TrainRecord(row="ma", seed=1, arch="transformer_iwslt_de_en", setting="small", train_args=[],
-                         key=cache_key(job), trained_at="then", threads=1, checkpoint="/moved/checkpoint_best.pt",
+                         key=cache_key(job.plan), trained_at="then", threads=1, checkpoint="/moved/checkpoint_best.pt",
                          args=[], averaged_checkpoints=0, best_checkpoint_metric="loss", embeddings="all",
                          parameters=None, updates=1, train_steps_per_second=None, train_loss=None, valid_loss=None,
                          valid_nll_loss=None)
     store(run_dir / "train.json", asdict(stored))
-    record, reused = steps.train_row(row, run, 1)
+    record, reused = steps.train(job, {})
     assert reused and record.checkpoint == str(run_dir / "checkpoint_best.pt")
     assert record.best_checkpoint_metric == "loss"
 

@@ -69,8 +69,8 @@ def test_train_sh_refuses_a_bad_variable(data_bin, tmp_path, monkeypatch):
     ("BPE", "bpe", "BPE (--bpe)='bpe' is not valid: use BPE=subword-nmt or BPE=sentencepiece"),
     ("BPE_SIZE", "8k", "BPE_SIZE (--bpe-size)='8k' is not valid"),
     ("ZH_SEG", "pkuseg", "use ZH_SEG=jieba or ZH_SEG=char"),
-    ("CWMT", "yes", "CWMT='yes' is not valid: use CWMT=skip"),
-    ("ALLOW_UNVERIFIED", "yes", "ALLOW_UNVERIFIED='yes' is not valid: use ALLOW_UNVERIFIED=1"),
+    ("CWMT", "yes", "CWMT (--skip-cwmt)='yes' is not valid: use CWMT=skip"),
+    ("ALLOW_UNVERIFIED", "yes", "ALLOW_UNVERIFIED (--allow-unverified)='yes' is not valid: use ALLOW_UNVERIFIED=1"),
     ("STOP_AFTER", "tokenise", "STOP_AFTER (--stop-after)='tokenise' is not valid: use STOP_AFTER=collect, "
                                "STOP_AFTER=normalize, STOP_AFTER=tokenize"),
 ])
@@ -86,7 +86,8 @@ def test_prepare_refuses_a_bad_variable(monkeypatch, tmp_path, name, value, mess
     ("BEAM", "0", "BEAM (--beam)='0' is not valid: use a positive integer"),
     ("LENPEN", "long", "LENPEN (--lenpen)='long' is not valid: use a finite number"),
     ("BATCH_SIZE", "-4", "BATCH_SIZE (--batch-size)='-4'"), ("SUBSET", "dev", "use SUBSET=test or SUBSET=valid"),
-    ("CPU", "true", "CPU='true' is not valid: use CPU=1"), ("PRECISION", "half", "PRECISION='half' is not valid"),
+    ("CPU", "true", "CPU (--cpu)='true' is not valid: use CPU=1"),
+    ("PRECISION", "half", "PRECISION (--precision)='half' is not valid"),
 ])
 def test_evaluate_refuses_a_bad_variable(monkeypatch, tmp_path, name, value, message):
     monkeypatch.setenv(name, value)

@@ -7,6 +7,7 @@ tests/test_interactive_command.py."""
 
 import importlib
 import importlib.util
+import os
 import re
 import shlex
 import subprocess
@@ -27,7 +28,8 @@ DEMO_TEXT = REPO / "tests" / "fixtures" / "demo_text"
 def run_printed(command: str, monkeypatch, call: str = "main"):
     """``VAR=value ... scripts/<tool>.sh ARGS`` or ``<python> -m <module> ARGS``, as a shell in the current folder
     runs it: the variables set, the script found (it must ``exec "$PY" -m <module> "$@"``) or the interpreter
-    checked to be this one, then ``<module>.<call>(ARGS)`` in this process; its result."""
+    checked to be this one, then ``<module>.<call>(ARGS)`` in this process (another function than ``main`` also
+    gets the environment); its result."""
     words = shlex.split(command)
     while re.fullmatch(r"[A-Z_]+=.*", words[0]):
         name, value = words.pop(0).split("=", 1)
@@ -38,7 +40,8 @@ def run_printed(command: str, monkeypatch, call: str = "main"):
     else:
         assert program.samefile(sys.executable) and words[1] == "-m", words[:2]
         module, args = words[2], words[3:]
-    return getattr(importlib.import_module(module), call)(args)
+    function = getattr(importlib.import_module(module), call)
+    return function(args) if call == "main" else function(args, dict(os.environ))
 
 
 def refusal(function, *args) -> str:

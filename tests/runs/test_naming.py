@@ -74,7 +74,7 @@ def test_train_args_json_records_the_setting_and_the_methods(env, tmp_path, caps
     script.write_text("")
     request = request_from_env("demo", "tiny", ["--arch", "diverse_transformer", "--routing-encoder-layers", "0"],
                                env=env, gpus=0)
-    result = training.run(replace(request, entry=str(script)), env={})
+    result = training.train(replace(request, entry=str(script)), {})
     stored = json.loads((result.plan.save_dir / "train_args.json").read_text())
     assert (stored["setting"], stored["method"]) == ("tiny", "routing_em")
     assert result.plan.save_dir.name.startswith("demo_tiny-routing_em-") and "new run in" in capsys.readouterr().out

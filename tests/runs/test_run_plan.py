@@ -19,17 +19,16 @@ REPO = Path(__file__).resolve().parents[2]
 def test_default_folders_are_the_repositorys_whatever_the_current_directory(tmp_path, monkeypatch):
     """The shell scripts default to the repository's data-bin/, checkpoints/ and work/; so does Python."""
     from diverse_fairseq.data.prepare import parse_options
-    from diverse_fairseq.evaluate import build_parser as evaluate_parser
+    from diverse_fairseq.evaluate import parse_request
+    from diverse_fairseq.runs.options import resolve
 
-    for name in ("DATA_BIN", "CHECKPOINTS", "WORK_DIR"):
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     request = request_from_env("demo", "tiny", [], env={}, gpus=0)
     assert request.data_bin == REPO / "data-bin" and request.options.checkpoints == REPO / "checkpoints"
-    assert evaluate_parser().parse_args(["a.pt", "demo"]).data_bin == str(REPO / "data-bin")
-    prepared = parse_options(["demo"])  # an option neither given nor in the environment: the field's default
+    assert parse_request(["a.pt", "demo"], {}).data_dir == REPO / "data-bin" / "demo"
+    prepared = parse_options(["demo"], {})  # an option neither given nor in the environment: the field's default
     assert Path(prepared.data_bin) == REPO / "data-bin" and Path(prepared.work_dir) == REPO / "work"
-    assert paths.from_env("DATA_BIN", {"DATA_BIN": "mine"}) == Path("mine")  # a set variable is used as given
+    assert resolve(paths.DataBin, {"DATA_BIN": "mine"}).data_bin == Path("mine")  # a set variable is used as given
 
 
 @pytest.mark.parametrize("setting, metric, name", [

@@ -10,12 +10,15 @@
 import json
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from conftest import fake_prepared
 from test_tables import _corrupt, _fake_run, _refs
 
 from diverse_fairseq.tables import figure, report, steps
 from diverse_fairseq.tables.config import RunConfig
+from diverse_fairseq.tables.job import make_job
 from diverse_fairseq.tables.spec import load_table
 
 HEADS = (1, 2, 4, 8, 16)
@@ -100,9 +103,11 @@ def test_one_head_models_get_no_head_diversity_scores(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "checkpoint_last.pt").write_bytes(b"one head")  # the caches check its size and SHA-256
     table = load_table("emnlp20_f3")
-    run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path)
+    run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
+                    data_bin=fake_prepared(tmp_path / "data-bin", "demo"))
+    job = make_job(table.table, table.row("rma_h1"), run, 1)
     for _ in range(2):
-        assert steps.disagreement_scores(table.row("rma_h1"), run, 1, "checkpoint_last.pt") is None
+        assert steps.disagreement_scores(job, Path("checkpoint_last.pt")) is None
     assert calls == ["checkpoint_last.pt"]  # the second call reads the cache
     cached = json.loads((run.run_dir(table.row("rma_h1"), 1) / "analysis" / "disagreement.json").read_text())
     assert cached["by_type"] is None and "at least 2 heads, got H = 1" in cached["skipped"]

@@ -5,10 +5,11 @@ import re
 import time
 from pathlib import Path
 
-from conftest import job_record, tiny_train_args
+from conftest import fake_prepared, job_record, tiny_train_args
 from fairseq_in_process import fairseq_train
 
 from diverse_fairseq.tables.config import RunConfig
+from diverse_fairseq.tables.job import make_job
 from diverse_fairseq.tables.progress import LogWatcher, Progress, progress_line
 from diverse_fairseq.tables.spec import Row, Table
 
@@ -89,27 +90,27 @@ def test_the_watcher_prints_only_what_was_logged_after_it_started(tmp_path):
 def _one_row(tmp_path, interval, jobs=1):
     table = Table(table="t", title="t", baseline="base", rows=[Row(id="base", label="Base", family="transformer")])
     run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path / "results", jobs=jobs,
-                    progress_interval=interval)
-    return table, run
+                    progress_interval=interval, data_bin=fake_prepared(tmp_path / "data-bin", "demo"))
+    return table, run, make_job(table.table, table.rows[0], run, 1)
 
 
 def test_the_start_line_names_the_log(tmp_path, capsys):
-    table, run = _one_row(tmp_path, 0)
+    table, run, job = _one_row(tmp_path, 0)
     progress = Progress(table, run, total=1)
-    progress.begin(table.rows[0], 1)
-    progress.end(table.rows[0], 1, job_record(bleu=1.0))
+    progress.begin(job)
+    progress.end(job, job_record(bleu=1.0))
     assert f"started; elapsed 0:00:00, estimated remaining unknown; training log: " \
            f"{run.run_dir(table.rows[0], 1) / 'train.log'}" in capsys.readouterr().out
-    table, run = _one_row(tmp_path, 0, jobs=2)
+    table, run, job = _one_row(tmp_path, 0, jobs=2)
     progress = Progress(table, run, total=1)
-    progress.begin(table.rows[0], 1)
-    progress.end(table.rows[0], 1, job_record(bleu=1.0))
+    progress.begin(job)
+    progress.end(job, job_record(bleu=1.0))
     assert f"started; elapsed 0:00:00, estimated remaining unknown; log: {run.log_path(table.rows[0], 1)}" in \
         capsys.readouterr().out
 
 
 def test_progress_lines_while_a_real_tiny_run_trains(tiny_data, tmp_path, capsys):
-    table, run = _one_row(tmp_path, 0)  # every record fairseq logs (read every 0.5 s)
+    table, run, job = _one_row(tmp_path, 0)  # every record fairseq logs (read every 0.5 s)
     row = table.rows[0]
     run_dir = run.run_dir(row, 1)
     args = [str(a) for a in tiny_train_args(tiny_data, run_dir, max_update=8)]
@@ -117,12 +118,12 @@ def test_progress_lines_while_a_real_tiny_run_trains(tiny_data, tmp_path, capsys
     args += ["--log-file", str(run_dir / "train.log")]
     run_dir.mkdir(parents=True)
     progress = Progress(table, run, total=1)
-    progress.begin(row, 1)
+    progress.begin(job)
     # fairseq-train in this process (one torch thread); the watcher's lines printed while it trains land in its
     # returned output (fairseq_train redirects stdout), the later ones in capsys: together, in the order printed
     during = fairseq_train(args)  # its --log-file handlers are closed and removed afterwards (fairseq_in_process)
     time.sleep(1.0)  # one more look at the finished log
-    progress.end(row, 1, job_record())
+    progress.end(job, job_record())
     printed = during + capsys.readouterr().out
     lines = [line for line in printed.splitlines() if ": update " in line]
     assert lines, "no progress line while the run trained"

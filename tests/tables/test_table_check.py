@@ -16,6 +16,7 @@ from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.runs.settings import SETTINGS
 from diverse_fairseq.tables import check, scale, steps
 from diverse_fairseq.tables.config import RunConfig
+from diverse_fairseq.tables.job import make_job
 from diverse_fairseq.tables.spec import TABLE_DIR, load_table
 from diverse_fairseq.training import request_from_env
 from diverse_fairseq.user_dir import USER_DIR
@@ -95,14 +96,14 @@ def test_runner_trains_with_the_checked_command(table, row_id, scale_name, tmp_p
     (data_bin / dataset / "prepare.json").write_text('{"source_lang": "en", "target_lang": "de"}')
     seen = {}
 
-    def fake_run(request, env=None):
-        seen["args"] = list(plan(request).args)
+    def fake_run(p, env):
+        seen["args"] = list(p.args)
         raise _Captured
 
     monkeypatch.setattr(steps.training, "run", fake_run)
     run = RunConfig(dataset=dataset, scale=scale_name, seeds=[1], gpus=0, out_dir=tmp_path, data_bin=data_bin)
     with pytest.raises(_Captured):
-        steps.train_row(row, run, 1)
+        steps.train(make_job(table.table, row, run, 1), {})
     expected = list(check.row_plan(row, dataset, scale_name, data_bin, gpus=0).args)
 
     def without_paths(args):  # the run's own directories and log file

@@ -28,9 +28,10 @@ from diverse_fairseq.runs import plan as run_plan
 from diverse_fairseq.runs.env_checks import parse_seeds
 from diverse_fairseq.runs.plan import TrainOptions
 from diverse_fairseq.tables import report, runner, steps
-from diverse_fairseq.tables.__main__ import build_parser, check_settings, default_jobs
+from diverse_fairseq.tables.__main__ import default_jobs, parse_options
 from diverse_fairseq.tables.cache import cache_key, key_difference
 from diverse_fairseq.tables.config import RunConfig
+from diverse_fairseq.tables.job import job_plan, make_job, table_jobs
 from diverse_fairseq.tables.progress import Progress
 from diverse_fairseq.tables.spec import Row, parse_table
 
@@ -265,12 +266,12 @@ def prepared(tmp_path):
 
 
 def _key(root: Path, out="results", seed=1, args=(), env=None, train_args=()):
-    """The cache key of a one-row table's job, from the row's plan (steps.job_plan)."""
+    """The cache key of a one-row table's job, from the row's plan (job.job_plan)."""
     run = RunConfig(dataset="demo", scale="demo", seeds=[seed], gpus=0, out_dir=root / out,
                     data_bin=root / "data-bin", train_args=list(train_args),
                     train_options=training.options_from_env(env or {}))
     row = Row(id="r", label="R", family="transformer", args=list(args))
-    return cache_key(steps.job_plan(row, run, seed))
+    return cache_key(job_plan(row, run, seed))
 
 
 def test_cache_key_is_the_runs_identity(prepared):
@@ -315,7 +316,7 @@ def test_a_rows_train_command_names_each_option_once(prepared):
     run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
                     data_bin=prepared / "data-bin", train_args=["--dropout", "0.3", "--lr=0.001"])
     row = Row(id="r", label="R", family="diverse_transformer", args=["--dropout", "0.2", "--lr", "0.01"])
-    job = steps.job_plan(row, run, 1)
+    job = job_plan(row, run, 1)
     flags = Counter(a.split("=", 1)[0] for a in job.args if a.startswith("--"))
     assert [flag for flag, n in flags.items() if n > 1] == []
     assert job.args[job.args.index("--arch") + 1] == "diverse_transformer" and "--lr=0.001" in job.args
@@ -326,7 +327,7 @@ def test_train_args_may_not_set_the_runners_log_flags(monkeypatch):
     monkeypatch.setenv("TRAIN_ARGS", "--max-update 5 --log-format simple")
     with pytest.raises(SystemExit, match=r"TRAIN_ARGS \(--train-args\)='--max-update 5 --log-format simple' is not "
                                          r"valid: leave out --log-format: the runner sets --log-format and --log-file"):
-        check_settings(build_parser().parse_args(["demo"]))
+        parse_options(["demo"], os.environ)
 
 
 def test_log_reader_takes_fairseq_json_records():
@@ -363,15 +364,18 @@ def test_training_without_a_tensorboard_writer_leaves_the_flag_out(prepared, mon
     assert "no tensorboard logs: neither tensorboardX nor tensorboard is installed" in capsys.readouterr().out
 
 
-def test_progress_lines(capsys):
+def test_progress_lines(tmp_path, capsys):
     table = _table("  - {id: base, label: B, family: transformer}\n  - {id: d, label: D, family: transformer}\n")
-    run = RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=Path("/tmp/x"), jobs=1)
+    run = RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=tmp_path, jobs=1,
+                    data_bin=fake_prepared(tmp_path / "data-bin", "demo"))
+    one, two = table_jobs(table, run)[:2]  # row base, seeds 1 and 2 (row d trains the same model)
+    capsys.readouterr()
     progress = Progress(table, run, total=4)
-    progress.begin(table.rows[0], 1)
+    progress.begin(one)
     progress.started[("base", 1)] -= 60  # it ran a minute
-    progress.end(table.rows[0], 1, job_record(bleu=12.345))
-    progress.begin(table.rows[0], 2)
-    progress.end(table.rows[0], 2, job_record(bleu=12.0, reused=True, trained_at="yesterday"))
+    progress.end(one, job_record(bleu=12.345))
+    progress.begin(two)
+    progress.end(two, job_record(bleu=12.0, reused=True, trained_at="yesterday"))
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("[t] row 1 of 2 (seed 1) B: started; elapsed 0:00:00, estimated remaining unknown")
     assert "row 1 of 2 (seed 1) B: finished in 0:01:00, BLEU 12.35" in lines[1]
@@ -389,14 +393,14 @@ def test_rows_with_one_demo_model_are_trained_once(tmp_path, monkeypatch):
     demo = RunConfig(dataset="demo", scale="demo", seeds=[1, 2], gpus=0, out_dir=tmp_path, jobs=1, data_bin=data_bin)
     paper = RunConfig(dataset="wmt14_en_de", scale="paper", seeds=[1], gpus=0, out_dir=tmp_path, jobs=1,
                       data_bin=data_bin)
-    assert runner.same_model_rows(table, demo) == {"l1_2": "l1_3", "l1": "l1_3", "l6": "l4_6"}
-    assert runner.same_model_rows(table, paper) == {}
+    assert [job.rows for job in table_jobs(table, demo) if job.seed == 1] == [
+        ("none",), ("l1_6",), ("l4_6", "l6"), ("l1_3", "l1_2", "l1")]
+    assert [job.rows for job in table_jobs(table, paper)] == [(row.id,) for row in table.rows]
 
     trained = []
-    monkeypatch.setattr(runner, "limit_threads", lambda threads: None)
-    monkeypatch.setattr(runner, "run_job", lambda row, run, seed: trained.append((row.id, seed)) or
-                        job_record(seed, bleu=float(len(trained)), row=row.id))
-    results = runner.run_table(table, demo)
+    monkeypatch.setattr(runner, "run_job", lambda job, env: trained.append((job.row, job.seed)) or
+                        job_record(job.seed, bleu=float(len(trained)), row=job.row))
+    results = runner.run_table(table, demo, {})
     assert sorted(trained) == sorted((r, s) for r in ("none", "l1_6", "l4_6", "l1_3") for s in (1, 2))
     assert [r.eval for r in results["l1"]] == [r.eval for r in results["l1_3"]]
     assert results["l6"][1].same_as == "l4_6" and results["l6"][1].train.seed == 2
@@ -411,7 +415,7 @@ def test_a_row_that_spells_out_defaults_is_the_same_run(tmp_path):
                    "  - {id: other, label: O, family: transformer, args: [--activation-fn, gelu]}\n")
     run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path,
                     data_bin=fake_prepared(tmp_path / "data-bin", "demo"))
-    assert runner.same_model_rows(table, run) == {"spelled": "base"}
+    assert [job.rows for job in table_jobs(table, run)] == [("base", "spelled"), ("other",)]
 
 
 def _settings(monkeypatch, **env):
@@ -422,7 +426,7 @@ def _settings(monkeypatch, **env):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return check_settings(build_parser().parse_args(["demo"]))
+    return parse_options(["demo"], os.environ)
 
 
 @pytest.mark.parametrize("env,message", [
@@ -461,14 +465,14 @@ def test_an_unknown_dataset_is_refused_before_any_work(monkeypatch, tmp_path):
 def test_good_environment(monkeypatch):
     settings = _settings(monkeypatch, SCALE="paper", SEEDS="3", GPUS="0", THREADS="2", JOBS="4",
                          TRAIN_ARGS="--lr '1e-3'")
-    assert settings == {"scale": "paper", "seeds": [1, 2, 3], "gpus": 0, "threads": 2, "jobs": 4,
-                        "train_args": ["--lr", "1e-3"], "generate_args": [], "dry_run": False,
-                        "allow_unverified_data": False, "train_options": TrainOptions(), "subsets": ["test"],
-                        "train_hook": None, "progress_interval": 30.0}
-    assert _settings(monkeypatch, PROGRESS_INTERVAL="0")["progress_interval"] == 0
-    assert _settings(monkeypatch, MAX_UPDATE="7")["train_options"] == TrainOptions(max_update=7)
-    assert _settings(monkeypatch, DRY_RUN="1")["dry_run"]
-    assert _settings(monkeypatch)["seeds"] == [1] and _settings(monkeypatch)["threads"] == 1
+    assert settings == replace(settings, table="demo", scale="paper", seeds=[1, 2, 3], gpus=0, threads=2, jobs=4,
+                               train_args=["--lr", "1e-3"], generate_args=[], dry_run=False,
+                               allow_unverified_data=False, train_options=TrainOptions(), subsets=["test"],
+                               train_hook=None, progress_interval=30.0)
+    assert _settings(monkeypatch, PROGRESS_INTERVAL="0").progress_interval == 0
+    assert _settings(monkeypatch, MAX_UPDATE="7").train_options == TrainOptions(max_update=7)
+    assert _settings(monkeypatch, DRY_RUN="1").dry_run
+    assert _settings(monkeypatch).seeds == [1] and _settings(monkeypatch).threads == 1
     assert parse_seeds("SEEDS", "5,2") == [5, 2]
     assert default_jobs(1, 0) == 1 and default_jobs(100, 0) == len(os.sched_getaffinity(0))
     assert default_jobs(100, 2) == 1
@@ -503,15 +507,14 @@ def _run_table(root, table_path, seeds="2", jobs="2"):
 def _run_table_here(root, table_path, monkeypatch, capfd, seeds, jobs):
     """:func:`_run_table`'s run through the command's ``main`` in this process (its fairseq-train and -generate are
     still subprocesses): the same environment and arguments, the same checks of its output. What ``main`` changes
-    in the process (the root logger, torch's threads, OMP/MKL_NUM_THREADS) is put back afterwards."""
+    in the process (the root logger, torch's threads) is put back afterwards."""
     import logging
 
     import torch
 
     from diverse_fairseq.tables.__main__ import main
 
-    env = dict(demo_text_env(root), PYTHONUNBUFFERED="1", THREADS="1", JOBS=jobs, PROGRESS_INTERVAL="1",
-               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # the last two: limit_threads's, put back by monkeypatch
+    env = dict(demo_text_env(root), PYTHONUNBUFFERED="1", THREADS="1", JOBS=jobs, PROGRESS_INTERVAL="1")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("BPE", raising=False)
@@ -604,6 +607,14 @@ def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(demo_text_pre
     md = (demo_bin / "results" / "demo.md").read_text()
     assert "Reused from earlier invocations (finished runs made by the same command): Transformer (seed 1" in md
 
+    # Issue 38: a finished row's checkpoint_last.pt deleted, the table runs again and gives the row's result (its
+    # record, job.json), training nothing
+    bleu = json.loads((demo_bin / "results" / "demo.json").read_text())["rows"][0]["bleu"]
+    (runs / "base" / "seed1" / "checkpoint_last.pt").unlink()
+    out = _run_table_here(demo_bin, table_path, monkeypatch, capfd, seeds="1", jobs="1")
+    assert out.count("and evaluated: reusing its record") == 2 and "Errno" not in out
+    assert json.loads((demo_bin / "results" / "demo.json").read_text())["rows"][0]["bleu"] == bleu
+
 
 def test_a_row_the_two_tests_disagree_on_is_explained(tmp_path):
     """Too short a baseline; a system that adds one word to most of its sentences and ruins a sixth of them:
@@ -675,28 +686,33 @@ def test_evaluation_cache_sees_a_changed_checkpoint(prepared, monkeypatch):
     the same file in a moved results directory is not."""
     calls = []
 
-    def fake_evaluate(request):
+    def fake_evaluate(request, env):
         calls.append(request.checkpoint)
         request.out.mkdir(parents=True, exist_ok=True)
-        results = {"bleu": float(len(calls)), "data": str(request.data_dir)}  # evaluate's results.json, in part
-        (request.out / "results.json").write_text(json.dumps(results))
-        return results
+        record = job_record(bleu=float(len(calls)), eval={"out": str(request.out)}).eval
+        (request.out / "results.json").write_text(json.dumps(asdict(record)))
+        return record
+
+    def bleu(job):
+        return steps.evaluation(job, job.evals[0], {}).bleu
 
     monkeypatch.setattr(steps, "evaluate", fake_evaluate)
     run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
                     data_bin=prepared / "data-bin")
     row = Row(id="r", label="R", family="transformer")
-    checkpoint = run.run_dir(row, 1) / "checkpoint_last.pt"
+    job = make_job("t", row, run, 1)
+    checkpoint = job.evals[0].checkpoint
+    assert checkpoint == job.run_dir / "checkpoint_last.pt"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"model at update 150")
-    assert steps.evaluate_row(row, run, 1, str(checkpoint)).bleu == 1.0
-    assert steps.evaluate_row(row, run, 1, str(checkpoint)).bleu == 1.0 and len(calls) == 1  # cached
+    assert bleu(job) == 1.0
+    assert bleu(job) == 1.0 and len(calls) == 1  # cached
     checkpoint.write_bytes(b"model at update 151")
-    assert steps.evaluate_row(row, run, 1, str(checkpoint)).bleu == 2.0 and len(calls) == 2
+    assert bleu(job) == 2.0 and len(calls) == 2
     moved = prepared / "moved"
     (prepared / "results").rename(moved)
     run.out_dir = moved
-    assert steps.evaluate_row(row, run, 1, str(run.run_dir(row, 1) / "checkpoint_last.pt")).bleu == 2.0
+    assert bleu(make_job("t", row, run, 1)) == 2.0
     assert len(calls) == 2
 
 
@@ -715,7 +731,7 @@ def test_a_table_decodes_what_the_table_says_whatever_the_environment(tmp_path, 
         "lenpen": 0.6, "moses_tokenized": False}))
     commands = []
 
-    def fake_generate(cmd, log_file):
+    def fake_generate(cmd, log_file, env):
         commands.append(cmd)
         subset = cmd[cmd.index("--gen-subset") + 1]
         out = Path(cmd[cmd.index("--results-path") + 1])
@@ -730,12 +746,12 @@ def test_a_table_decodes_what_the_table_says_whatever_the_environment(tmp_path, 
     run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path / "results",
                     data_bin=tmp_path / "data-bin")
     row = Row(id="r", label="R", family="transformer")
-    checkpoint = run.run_dir(row, 1) / "checkpoint_last.pt"
+    job = make_job("t", row, run, 1)
+    checkpoint = job.evals[0].checkpoint
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"a model")
-    for name, value in {"SUBSET": "valid", "BEAM": "1", "LENPEN": "2", "BATCH_SIZE": "3", "CPU": "0"}.items():
-        monkeypatch.setenv(name, value)
-    results = steps.evaluate_row(row, run, 1, str(checkpoint))
+    env = dict(os.environ, SUBSET="valid", BEAM="1", LENPEN="2", BATCH_SIZE="3", CPU="0")  # the job's machine
+    results = steps.evaluation(job, job.evals[0], env)
     (cmd,) = commands
     assert cmd[cmd.index("--gen-subset") + 1] == "test" and results.subset == "test" and results.sentences == 2
     assert cmd[cmd.index("--beam") + 1] == "4" and cmd[cmd.index("--lenpen") + 1] == "0.6"
@@ -767,7 +783,7 @@ def test_a_row_launched_through_torchrun_records_its_fairseq_train_arguments(pre
     run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
                     data_bin=prepared / "data-bin", train_options=training.options_from_env({"NNODES": "1"}))
     row = Row(id="r", label="R", family="transformer", args=["--dropout", "0.2"])
-    record, reused = steps.train_row(row, run, 1)
+    record, reused = steps.train(make_job("t", row, run, 1), {})
     assert not reused
     [cmd] = started
     assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[cmd.index("--nnodes") + 1] == "1"
@@ -781,8 +797,14 @@ def test_a_row_launched_through_torchrun_records_its_fairseq_train_arguments(pre
 
 
 def test_rows_and_subsets_are_chosen_on_the_command_line(capsys):
-    from diverse_fairseq.tables.__main__ import parse_hook, parse_subsets, select_rows
+    from diverse_fairseq.tables.__main__ import parse_options, select_rows
     from diverse_fairseq.tables.spec import load_table
+
+    def parse_subsets(text):
+        return parse_options(["t", "--subsets", text], {}).subsets
+
+    def parse_hook(text):
+        return parse_options(["t", "--train-hook", text], {}).train_hook
 
     table = load_table(str(REPO / "configs" / "experiments" / "repulsive_diagnosis.yaml"))
     chosen = select_rows(table, "drive_only,authors_bw")
@@ -838,7 +860,7 @@ def test_paper_dry_run_decodes_each_row_as_its_paper(tmp_path, monkeypatch, caps
 
 def test_job_records_round_trip_through_json(tmp_path):
     """A per-seed record is typed (issue 31): asdict/from_json give back the same record, nested records
-    included; evaluate's results.json is read into an EvalRecord whatever else it holds, and a record without a
+    included; evaluate's results.json is read into its EvalRecord whatever else it holds, and a record without a
     required field is refused by name."""
     from diverse_fairseq.tables.records import EvalRecord, JobRecord, TrainRecord, from_json
 
@@ -848,8 +870,8 @@ def test_job_records_round_trip_through_json(tmp_path):
     stored = json.loads(json.dumps(asdict(record)))
     assert from_json(JobRecord, stored) == record
     assert isinstance(from_json(JobRecord, stored).eval, EvalRecord) and record.output_disagreement == 0.8
-    results = {"bleu": 30.0, "tok_bleu": 31.0, "sentences": 5, "beam": 4, "data": "d", "speed": None}
-    evaluation = from_json(EvalRecord, dict(results, out="o", target_lang="de"))
+    results = dict(asdict(record.eval), bleu=30.0, tok_bleu=31.0, written_by="a later version")
+    evaluation = from_json(EvalRecord, results)
     assert (evaluation.bleu, evaluation.tok_bleu, evaluation.paper_bleu) == (30.0, 31.0, None)
     with pytest.raises(TypeError, match="missing 1 required positional argument: 'updates'"):
         from_json(TrainRecord, {k: v for k, v in asdict(record.train).items() if k != "updates"})
