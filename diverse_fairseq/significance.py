@@ -171,18 +171,17 @@ MIN_BLEU = 1.0
 
 def unmark_low_bleu(entry: Dict, baseline_bleu: float, system_bleu: float) -> Dict:
     """The one rule of both reports on barely trained systems (this command's :func:`compare` and the table report,
-    ``tables/report.py``): where both BLEU scores are below :data:`MIN_BLEU`, ``entry`` (one system's comparison)
-    with every mark emptied (the keys ``mark`` and ``*_mark``, at any depth) and ``unmarked`` saying why; else
-    ``entry`` itself. Below 1 BLEU the systems share a handful of n-grams with the references, so a small p-value
-    says that two untrained systems differ, not that one translates better."""
-    if not (baseline_bleu < MIN_BLEU and system_bleu < MIN_BLEU):
-        return entry
-
+    ``tables/report.py``): where both BLEU scores are below :data:`MIN_BLEU` and a test marked a difference,
+    ``entry`` (one system's comparison) with every mark emptied (the keys ``mark`` and ``*_mark``, at any depth)
+    and ``unmarked`` saying why; else ``entry`` itself. Below 1 BLEU the systems share a handful of n-grams with the
+    references, so a small p-value says that two untrained systems differ, not that one translates better."""
     def unmarked(value):
         if not isinstance(value, dict):
             return value
         return {k: "" if k == "mark" or k.endswith("_mark") else unmarked(v) for k, v in value.items()}
 
+    if not (baseline_bleu < MIN_BLEU and system_bleu < MIN_BLEU) or unmarked(entry) == entry:
+        return entry
     why = (f"not marked: both systems score below {MIN_BLEU:g} BLEU ({system_bleu:.2f}, baseline "
            f"{baseline_bleu:.2f}), where BLEU counts a handful of matching n-grams: a small p-value then says that "
            f"two barely trained systems differ, not that either translates better")

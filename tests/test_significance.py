@@ -199,6 +199,8 @@ def test_no_marks_where_both_systems_are_below_one_bleu_and_the_output_says_why(
     entry = compare(ref_f, tmp_path / "base", [tmp_path / "sys"])["systems"][0]
     assert entry["p_value"] < 0.01 and entry["sign_test"]["p_value"] < 0.01 and entry["unmarked"]
     assert entry["bootstrap_mark"] == entry["sign_mark"] == entry["bootstrap_better"] == ""
+    # nothing to say where no test would have marked anything
+    assert "unmarked" not in compare(ref_f, tmp_path / "base", [write(tmp_path / "same", less)])["systems"][0]
 
     from conftest import job_record
 
