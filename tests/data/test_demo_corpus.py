@@ -372,3 +372,21 @@ def test_french_corpus_prepares_as_demo_fr(tmp_path, capsys):
     assert meta["sentences"] == {"train": 60, "valid": 6, "test": 6}
     assert (dest / "test.ref.fr").read_text(encoding="utf-8") == (part / "test.fr").read_text(encoding="utf-8")
     assert (dest / "train.en-fr.fr.bin").exists()
+
+
+def test_demo_table_runs_on_demo_fr(tmp_path, monkeypatch, capsys):
+    """``make demo DATASET=demo_fr`` passes the dataset to the table runner, which prepares the shipped corpus itself
+    (the dry run says so instead of asking for ``make data``)."""
+    import subprocess
+
+    from diverse_fairseq.tables.__main__ import main
+
+    make = subprocess.run(["make", "-n", "--no-print-directory", "demo", "DATASET=demo_fr"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    assert make[-1].endswith("-m diverse_fairseq.tables demo --dataset demo_fr"), make
+    monkeypatch.setenv("DRY_RUN", "1")
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--dataset", "demo_fr", "--data-bin", str(tmp_path / "data-bin"), "--out",
+              str(tmp_path / "results")])
+    assert done.value.code == 0 and not (tmp_path / "data-bin").exists()
+    assert "a real run prepares it first (bash scripts/prepare_data.sh demo_fr)" in capsys.readouterr().out
