@@ -138,7 +138,7 @@ SETTINGS: Dict[str, Setting] = {
                            "--encoder-normalize-before", "--decoder-normalize-before"]),
 }
 DEMO_SETTING = "tiny"  # the laptop-CPU scale: every row of a table at scale demo
-DEFAULT_SETTING = {"demo": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base",
+DEFAULT_SETTING = {"demo": "tiny", "demo_fr": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base",
                    "wmt14_en_de_joined": "fairseq_base", "wmt17_zh_en": "base"}
 # Any other dataset (your own corpus, scripts/prepare_data.sh custom) by its number of training pairs: below 20k
 # the demo's tiny model (about one epoch in its 800 updates), below 1M Transformer-small (IWSLT14: 160k), else base.

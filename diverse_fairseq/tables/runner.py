@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .. import training
+from ..data.recipes.demo import SHIPPED
 from ..evaluate import command_line
 from ..runs.settings import SETTINGS
 from .cache import cache_key, load
@@ -171,8 +172,8 @@ def dry_run_table(table: Table, run: RunConfig):
         print(f"[{table.table}] probing tasks {', '.join(run.probing_tasks)}: files in {run.probing_dir} (a real run "
               f"downloads the missing ones first)", flush=True)
     if not (data / "prepare.json").exists():
-        demo = run.dataset == "demo"
-        prepare = "bash scripts/prepare_data.sh demo" if demo else f"make data DATASET={run.dataset}"
+        demo = run.dataset in SHIPPED
+        prepare = f"bash scripts/prepare_data.sh {run.dataset}" if demo else f"make data DATASET={run.dataset}"
         print(f"[{table.table}] DRY_RUN=1: {data} is not prepared, and the training commands depend on it "
               f"(languages, dictionaries); {'a real run prepares it first' if demo else 'prepare it'} ({prepare}), "
               f"then run the dry run again to see them. Rows: "
