@@ -28,7 +28,7 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from .data.text import compound_split, detokenize, tokenize
-from .methods.length_penalty import LENGTH_PENALTIES
+from .methods.length_penalty import BEAM_SEARCHES, LENGTH_PENALTIES
 from .runs.checkpoint_file import check_dataset, read_checkpoint
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
 from .runs.hints import shown_command, translate_command
@@ -143,6 +143,10 @@ class EvalRequest:
         "LENGTH_PENALTY", "how --lenpen normalises a finished hypothesis' score by its length |y| (EOS included): "
         "'fairseq' divides by |y|^lenpen, 'gnmt' by ((5 + |y|)/6)^lenpen (GNMT's, as the THUMT papers decoded: their "
         "settings base and big use it); default fairseq", "fairseq", choice(LENGTH_PENALTIES))
+    beam_search: str = option(
+        "BEAM_SEARCH", "the beam search: 'fairseq' (fairseq's) or 'thumt' (THUMT's, as the THUMT papers decoded: their "
+        "settings base and big use it; at the length limit a hypothesis without EOS, an empty output allowed); "
+        "default fairseq", "fairseq", choice(BEAM_SEARCHES))
     max_len_a: Optional[float] = option(
         "MAX_LEN_A", "at most max-len-a * source length (with its EOS) + max-len-b output tokens; default: the "
         "recipe's (the THUMT settings: 1, with --max-len-b 49: |x| + 50 tokens)", None, number())
@@ -237,10 +241,11 @@ def decoding(request: EvalRequest, meta: DatasetMeta) -> Dict[str, object]:
 
 def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu: bool) -> List[str]:
     """The fairseq-generate command that decodes ``request.subset`` into ``out`` as :func:`decoding` says, GNMT's
-    length penalty through the plugin's ``--task translation_length_penalty``."""
+    length penalty and THUMT's search through the plugin's ``--task translation_length_penalty``."""
     d = decoding(request, meta)
     cmd = [sys.executable, "-m", "fairseq_cli.generate", str(request.data_dir), "--path", str(request.checkpoint),
-           "--user-dir", USER_DIR, *task_args(request.length_penalty), "--source-lang", meta.source_lang,
+           "--user-dir", USER_DIR, *task_args(request.length_penalty, request.beam_search),
+           "--source-lang", meta.source_lang,
            "--target-lang", meta.target_lang, "--gen-subset", request.subset, "--beam", str(d["beam"]),
            "--lenpen", str(d["lenpen"]), "--batch-size", str(request.batch_size),
            "--max-len-a", f"{d['max_len_a']:g}", "--max-len-b", str(d["max_len_b"]),

@@ -8,10 +8,10 @@ training text was made, and the command repeats that on the input:
   alone segments ``file:`` as ``fi@@ le@@ :`` where training saw ``file :``.
 * ``BPE=sentencepiece``: the dataset's sentencepiece model on the raw text, no tokenizer.
 
-Both undo their segmentation on the output. Decoding uses the recipe's beam and length penalty, and the penalty form
-and length limit the checkpoint was validated with (:func:`stored_decoding`: GNMT's penalty and |x| + 50 tokens for
-the THUMT papers' settings), as the evaluation does. A checkpoint of another dataset is refused
-(:mod:`diverse_fairseq.runs.checkpoint_file`). See docs/translating.md.
+Both undo their segmentation on the output. Decoding uses the recipe's beam and length penalty, and the penalty form,
+beam search and length limit the checkpoint was validated with (:func:`stored_decoding`: GNMT's penalty, THUMT's
+search and |x| + 50 tokens for the THUMT papers' settings), as the evaluation does. A checkpoint of another dataset
+is refused (:mod:`diverse_fairseq.runs.checkpoint_file`). See docs/translating.md.
 """
 
 import argparse
@@ -46,14 +46,16 @@ def segmentation_options(data_dir: Path, meta: DatasetMeta) -> List[str]:
 
 
 def stored_decoding(state: Dict) -> Dict[str, object]:
-    """How the checkpoint's training decoded its validation set: ``length_penalty`` (its task's
-    ``--length-penalty``; ``fairseq`` for the plain ``translation`` task) and, where ``--eval-bleu-args`` gave
-    them, ``max_len_a`` / ``max_len_b``. ``state`` is :func:`~diverse_fairseq.runs.checkpoint_file.read_checkpoint`'s,
-    which fairseq has upgraded: an argparse-era checkpoint's ``args`` are in its ``cfg`` too."""
+    """How the checkpoint's training decoded its validation set: ``length_penalty`` and ``beam_search`` (its task's
+    ``--length-penalty`` and ``--beam-search``; ``fairseq`` for the plain ``translation`` task) and, where
+    ``--eval-bleu-args`` gave them, ``max_len_a`` / ``max_len_b``. ``state`` is
+    :func:`~diverse_fairseq.runs.checkpoint_file.read_checkpoint`'s, which fairseq has upgraded: an argparse-era
+    checkpoint's ``args`` are in its ``cfg`` too."""
     task = state["cfg"]["task"]
     # valid JSON where --eval-bleu is on: fairseq's translation task parsed it when it built the model
     generation = json.loads(task.get("eval_bleu_args") or "{}") if task.get("eval_bleu") else {}
     return {"length_penalty": str(task.get("length_penalty") or "fairseq"),
+            "beam_search": str(task.get("beam_search") or "fairseq"),
             **{k: generation[k] for k in ("max_len_a", "max_len_b") if k in generation}}
 
 
@@ -63,7 +65,7 @@ def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Dict[str, o
     decoding settings, with ``decoding`` (:func:`stored_decoding`) over them."""
     d = {"max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **decoding}
     return python_words("fairseq_cli.interactive", data_dir, "--path", checkpoint, "--user-dir", USER_DIR,
-                        *task_args(str(d["length_penalty"])), "--source-lang", meta.source_lang,
+                        *task_args(str(d["length_penalty"]), str(d["beam_search"])), "--source-lang", meta.source_lang,
                         "--target-lang", meta.target_lang, *segmentation_options(data_dir, meta),
                         "--beam", meta.beam, "--lenpen", meta.lenpen,
                         "--max-len-a", d["max_len_a"], "--max-len-b", d["max_len_b"])

@@ -44,7 +44,7 @@ from .runs.checkpoint_file import finished, refuse_damaged_last, trained_updates
 from .runs.hints import evaluate_command, pip_command, repository_extra
 from .runs.identity import ARGS_FILE, check_resume, write_args
 from .runs.lock import LOCK_FILE, run_lock
-from .runs.options import resolve, warn_misspelled
+from .runs.options import options_of, resolve, warn_misspelled
 from .runs.plan import Plan, TrainOptions, TrainRequest, plan, select_gpus, visible_gpus
 from .runs.settings import SETTINGS, default_setting
 
@@ -74,10 +74,11 @@ def run_from_env(dataset: str, setting_or_arch: str, extra: List[str], env: Mapp
 
 def train(request: TrainRequest, env: Mapping[str, str]) -> "TrainResult":
     """``scripts/train.sh``: :func:`run` of the plan of ``request``, holding the run's lock
-    (:func:`~diverse_fairseq.runs.lock.run_lock`; a dry run writes nothing and takes none). ``env``: this process's
-    environment, also the training processes'."""
+    (:func:`~diverse_fairseq.runs.lock.run_lock`) on the first node (the other nodes of a multi-node run train the
+    same run with it; a dry run writes nothing and takes none). ``env``: this process's environment, also the
+    training processes'."""
     p = plan(request)
-    if p.request.options.dry_run:
+    if p.request.options.dry_run or not p.rank0:
         return run(p, env)
     with run_lock(p.save_dir, env):
         return run(p, env)
@@ -300,6 +301,8 @@ def main(argv=None):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         print("settings: " + ", ".join(f"{k} ({v.arch})" for k, v in SETTINGS.items()))
+        print("variables:\n" + "\n".join(f"  {f.metadata['var']}: {f.metadata['help']}"
+                                          for cls in (TrainRequest, TrainOptions) for f in options_of(cls)))
         return 0 if argv else 2
     dataset, rest = argv[0], argv[1:]
     request = request_from_env(dataset, "", [], env)  # every variable checked before anything runs

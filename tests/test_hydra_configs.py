@@ -120,11 +120,12 @@ def test_hydra_config_matches_training_settings(path, tmp_path):
     ("model", "dropout", 0.3, "dropout"),
     ("optimization", "max_update", 300000, "max_update"),
     ("task", "length_penalty", "fairseq", "length_penalty"),
+    ("task", "beam_search", "fairseq", "beam_search"),
     ("optimizer", "adam_eps", 1e-8, "adam_eps"),
 ])
 def test_a_changed_value_is_reported(section, key, value, option, tmp_path):
     """The comparison is not vacuous: the big config with the values it had before (lr 7e-4, dropout 0.3,
-    300k updates, fairseq's length penalty, Adam's default eps) is caught."""
+    300k updates, fairseq's length penalty and search, Adam's default eps) is caught."""
     path = REPO / "configs" / "disagreement" / "wmt14_en_de_big.yaml"
     cfg = OmegaConf.to_container(OmegaConf.load(path))
     cfg[section][key] = value

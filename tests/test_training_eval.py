@@ -191,15 +191,15 @@ def test_bad_gpus_is_an_error_before_training(data_bin, monkeypatch, capsys, gpu
 
 def test_table_runs_check_gpus_before_any_work(monkeypatch):
     from diverse_fairseq import training
-    from diverse_fairseq.tables.__main__ import parse_options
+    from diverse_fairseq.tables.__main__ import default_jobs, parse_options
     from diverse_fairseq.tables.options import check_gpus
 
     monkeypatch.setattr(training, "visible_gpus", lambda: 1)
     with pytest.raises(SystemExit, match=r"GPUS=2 but only 1 GPU\(s\) are visible"):
         check_gpus(parse_options(["demo", "--gpus", "2"], {}), {})
-    assert check_gpus(parse_options(["demo", "--gpus", "1"], {}), {}).gpus == 1
-    # GPUS unset means what it means for scripts/train.sh: every GPU this machine shows (the CPU when none)
-    assert check_gpus(parse_options(["demo"], {}), {}).gpus == 1
+    check_gpus(parse_options(["demo", "--gpus", "1"], {}), {})
+    # GPUS unset means what it means for scripts/train.sh: every GPU visible to the process that trains (was: the CPU)
+    assert parse_options(["demo"], {}).gpus is None and default_jobs(8, None) == 1
 
 
 def test_average_checkpoints_is_the_mean_and_loads_safely(tmp_path):
@@ -279,8 +279,11 @@ def test_thumt_settings_train_the_authors_100k_updates_and_big_300k_is_named():
 
 
 def test_each_setting_decodes_as_its_paper(data_bin):
-    """THUMT settings (base, big): GNMT's penalty through the plugin's task and at most |x| + 50 tokens, in the
-    validation BLEU and in the table runner's evaluation; fairseq's settings keep --lenpen and the recipe's cap."""
+    """THUMT settings (base, big): GNMT's penalty and THUMT's beam search through the plugin's task and at most
+    |x| + 50 tokens, in the validation BLEU and in the table runner's evaluation; fairseq's settings keep --lenpen,
+    fairseq's search and the recipe's cap."""
+    from dataclasses import replace
+
     from diverse_fairseq.runs import settings
     from diverse_fairseq.runs.dataset_meta import load_dataset_meta
     from diverse_fairseq.runs.plan import decoding, task_args
@@ -290,27 +293,36 @@ def test_each_setting_decodes_as_its_paper(data_bin):
     env = {"DATA_BIN": str(data_bin), "CHECKPOINTS": "/ck"}
     for setting in ("base", "big", "big_300k"):
         s = settings.SETTINGS[setting]
-        assert (s.length_penalty, s.max_len_a, s.max_len_b) == ("gnmt", 1.0, 49)
+        assert (s.length_penalty, s.beam_search, s.max_len_a, s.max_len_b) == ("gnmt", "thumt", 1.0, 49)
         args, _, _ = command_from_env("wmt14_en_de", setting, [], env=env, gpus=8)
         assert value(args, "--task") == ["translation_length_penalty"] and value(args, "--length-penalty") == ["gnmt"]
+        assert value(args, "--beam-search") == ["thumt"]  # a task option: --eval-bleu decodes with it
         assert json.loads(value(args, "--eval-bleu-args")[0]) == {"beam": 4, "lenpen": 0.6, "max_len_a": 1.0,
                                                                   "max_len_b": 49}
         d = decoding(meta, s)  # what the table runner's evaluation decodes with
-        assert (d.length_penalty, d.max_len_a, d.max_len_b) == ("gnmt", 1.0, 49)
+        assert (d.length_penalty, d.beam_search, d.max_len_a, d.max_len_b) == ("gnmt", "thumt", 1.0, 49)
     for setting in ("small", "fairseq_base", "fairseq_big", "tiny"):
         s = settings.SETTINGS[setting]
-        assert (s.length_penalty, s.max_len_a, s.max_len_b) == ("fairseq", None, None)
+        assert (s.length_penalty, s.beam_search, s.max_len_a, s.max_len_b) == ("fairseq", "fairseq", None, None)
         args, _, _ = command_from_env("wmt14_en_de", setting, [], env=env, gpus=8)
         assert value(args, "--task") == ["translation"] and "--length-penalty" not in args
+        assert "--beam-search" not in args
         d = decoding(meta, s)
-        assert (d.length_penalty, d.max_len_a, d.max_len_b) == ("fairseq", 0.0, 200)
+        assert (d.length_penalty, d.beam_search, d.max_len_a, d.max_len_b) == ("fairseq", "fairseq", 0.0, 200)
     with pytest.raises(ValueError, match="use one of fairseq, gnmt"):
         task_args("wu")
+    with pytest.raises(ValueError, match="use one of fairseq, thumt"):
+        task_args("gnmt", "greedy")
+    assert task_args("fairseq", "thumt") == ["--task", "translation_length_penalty", "--length-penalty", "fairseq",
+                                              "--beam-search", "thumt"]
+    with pytest.raises(ValueError, match="beam_search='greedy'"):
+        replace(settings.SETTINGS["base"], beam_search="greedy")
 
 
 def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path):
-    """evaluate's fairseq-generate command: GNMT's penalty via --length-penalty gnmt (LENGTH_PENALTY), the cap
-    via --max-len-a/-b (MAX_LEN_A/B); by default fairseq's penalty and the recipe's cap."""
+    """evaluate's fairseq-generate command: GNMT's penalty via --length-penalty gnmt (LENGTH_PENALTY), THUMT's
+    search via --beam-search thumt (BEAM_SEARCH), the cap via --max-len-a/-b (MAX_LEN_A/B); by default fairseq's
+    penalty and search and the recipe's cap."""
     from diverse_fairseq import evaluate
     from diverse_fairseq.runs.dataset_meta import meta_from_dict
 
@@ -324,31 +336,41 @@ def test_evaluate_decodes_with_the_chosen_penalty_and_cap(tmp_path):
     cmd = command(["--length-penalty", "gnmt", "--max-len-a", "1", "--max-len-b", "49"])
     assert value(cmd, "--task") == ["translation_length_penalty"] and value(cmd, "--length-penalty") == ["gnmt"]
     assert value(cmd, "--lenpen") == ["0.6"] and value(cmd, "--max-len-a") == ["1"]
-    assert value(cmd, "--max-len-b") == ["49"]
+    assert value(cmd, "--max-len-b") == ["49"] and "--beam-search" not in cmd
+    cmd = command(["--length-penalty", "gnmt", "--beam-search", "thumt"])
+    assert value(cmd, "--length-penalty") == ["gnmt"] and value(cmd, "--beam-search") == ["thumt"]
     cmd = command([])
-    assert value(cmd, "--task") == ["translation"] and "--length-penalty" not in cmd
+    assert value(cmd, "--task") == ["translation"] and "--length-penalty" not in cmd and "--beam-search" not in cmd
     assert value(cmd, "--max-len-a") == ["0"] and value(cmd, "--max-len-b") == ["200"]
     assert value(command([], {"LENGTH_PENALTY": "gnmt"}), "--length-penalty") == ["gnmt"]
     with pytest.raises(SystemExit, match="LENGTH_PENALTY"):
         command([], {"LENGTH_PENALTY": "wu"})
+    assert value(command([], {"LENGTH_PENALTY": "gnmt", "BEAM_SEARCH": "thumt"}), "--beam-search") == ["thumt"]
+    with pytest.raises(SystemExit, match="BEAM_SEARCH"):
+        command([], {"BEAM_SEARCH": "greedy"})
 
 
 def test_interactive_command_decodes_as_the_checkpoint_was_validated(tmp_path):
-    """A THUMT-setting checkpoint (validated with GNMT's penalty and |x| + 50 tokens) gets the same decoding in
-    the printed fairseq-interactive command; a plain translation checkpoint keeps fairseq's and the recipe's."""
+    """A THUMT-setting checkpoint (validated with GNMT's penalty, THUMT's search and |x| + 50 tokens) gets the same
+    decoding in the printed fairseq-interactive command; a plain translation checkpoint keeps fairseq's and the
+    recipe's."""
     from diverse_fairseq.interactive_command import build_command, stored_decoding
     from diverse_fairseq.runs.dataset_meta import meta_from_dict
 
     meta = meta_from_dict({"source_lang": "en", "target_lang": "de", "bpe": "sentencepiece",
                            "bpe_models": {"en": "spm.model"}, "beam": 4, "lenpen": 0.6, "max_len_a": 0,
                            "max_len_b": 200})
-    thumt = {"cfg": {"task": {"_name": "translation_length_penalty", "length_penalty": "gnmt", "eval_bleu": True,
+    thumt = {"cfg": {"task": {"_name": "translation_length_penalty", "length_penalty": "gnmt", "beam_search": "thumt",
+                              "eval_bleu": True,
                               "eval_bleu_args": '{"beam": 4, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 49}'}}}
     cmd = build_command("c.pt", tmp_path, meta, stored_decoding(thumt))
     assert value(cmd, "--task") == ["translation_length_penalty"] and value(cmd, "--length-penalty") == ["gnmt"]
+    assert value(cmd, "--beam-search") == ["thumt"]
+    gnmt_only = {"cfg": {"task": {"_name": "translation_length_penalty", "length_penalty": "gnmt"}}}  # before it
+    assert "--beam-search" not in build_command("c.pt", tmp_path, meta, stored_decoding(gnmt_only))
     assert value(cmd, "--lenpen") == ["0.6"] and value(cmd, "--max-len-a") == ["1.0"]
     assert value(cmd, "--max-len-b") == ["49"]
     plain = {"cfg": {"task": {"_name": "translation", "eval_bleu": False}}}
     cmd = build_command("c.pt", tmp_path, meta, stored_decoding(plain))
-    assert value(cmd, "--task") == ["translation"] and "--length-penalty" not in cmd
+    assert value(cmd, "--task") == ["translation"] and "--length-penalty" not in cmd and "--beam-search" not in cmd
     assert value(cmd, "--max-len-a") == ["0"] and value(cmd, "--max-len-b") == ["200"]

@@ -14,6 +14,8 @@ import zlib
 from pathlib import Path, PurePosixPath
 from typing import IO, Callable, Iterator, Optional, Sequence, Tuple
 
+from .verify import junk_member
+
 CHUNK = 1 << 20
 
 
@@ -74,7 +76,8 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
     The whole compressed stream is read, so a truncated or corrupt archive is detected (gzip CRC and length, tar
     header checksums, zip CRCs); such an archive is renamed ``NAME.corrupt`` so that the next run downloads it
     again. Only the regular files that ``wanted(member_name)`` selects (default: all) are written, never an absolute
-    path or one with ``..``, into a temporary folder that ``check(folder)`` (the member line counts) sees first and
+    path, one with ``..`` or packing debris (``__MACOSX/``, ``._NAME``: :func:`~.verify.junk_member`), into a
+    temporary folder that ``check(folder)`` (the member line counts) sees first and
     that is renamed to ``dest`` only when everything succeeded; whatever fails leaves nothing behind.
     """
     tmp = dest.with_name(dest.name + ".extracting")
@@ -88,7 +91,8 @@ def extract(parts: Sequence[Path], dest: Path, wanted: Optional[Callable[[str], 
             with contextlib.closing(members):
                 for name, content in members:
                     path = PurePosixPath(name)
-                    if path.is_absolute() or ".." in path.parts or (wanted is not None and not wanted(name)):
+                    if path.is_absolute() or ".." in path.parts or junk_member(name) or (
+                            wanted is not None and not wanted(name)):
                         continue
                     target = tmp.joinpath(*path.parts)
                     target.parent.mkdir(parents=True, exist_ok=True)

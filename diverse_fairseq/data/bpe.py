@@ -5,13 +5,14 @@ languages' training text together."""
 import contextlib
 import functools
 import io
+import itertools
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Callable, Container, Dict, Iterable, List, Optional, Sequence
 
 from .progress import heartbeat
-from .text import count_lines, map_file
+from .text import count_lines, iter_lines, map_file
 
 KINDS = ("subword-nmt", "sentencepiece")
 # sentencepiece learns from at most this many sentences. Larger corpora are sampled by _seeded_sample (with
@@ -34,9 +35,10 @@ def model_files(kind: str, out_dir: Path, langs: Sequence[str], joint: bool) -> 
 
 
 def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joint: bool, workers: int = 1,
-          log=print) -> Dict[str, Path]:
+          log=print, again: Callable[[int], str] = lambda size: f"BPE_SIZE={size}") -> Dict[str, Path]:
     """Learn the segmentation model(s) from ``train_files`` ({lang: file}); returns {lang: model file}. Warns, naming
-    BPE_SIZE, where the corpus supports fewer merges or pieces than ``size``."""
+    BPE_SIZE and the command that prepares the data again with the size the corpus supports (``again(size)``),
+    where the corpus supports fewer merges or pieces than ``size``."""
     if kind not in KINDS:
         raise ValueError(f"unknown BPE kind {kind!r}: use one of {', '.join(KINDS)}")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,7 @@ def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joi
                 f"used unsegmented")
         elif made < size:
             log(f"  warning: {TOO_FEW[kind].format(made=made, size=size, names=names)}. Lower BPE_SIZE (--bpe-size) "
-                f"to {made:,} or less, e.g. make data DATASET=custom ... BPE_SIZE=N")
+                f"to {made:,} or less: {again(made)}")
     return models
 
 
@@ -141,7 +143,9 @@ def _seeded_sample(files: List[Path], limit: int, out: Path) -> bool:
 
 
 @functools.cache
-def _segmenter(kind: str, model: str):
+def _segmenter(kind: str, model: str, version: tuple):
+    """The segmenter of the model file ``model`` as it is now (``version``: its modification time and size, so that
+    a model learned again at the same path, e.g. with another BPE_SIZE in the same process, is read again)."""
     if kind == "sentencepiece":
         import sentencepiece as spm
 
@@ -156,12 +160,53 @@ def _segmenter(kind: str, model: str):
     return lambda s: bpe.process_line(s).strip()
 
 
-def segment(kind: str, model: Path, line: str) -> str:
+def _version(model) -> tuple:
+    st = Path(model).stat()
+    return st.st_mtime_ns, st.st_size
+
+
+def segment(kind: str, model: Path, line: str, version: Optional[tuple] = None) -> str:
     """One line segmented with ``model`` (as :func:`apply` segments each line of a file)."""
-    return _segmenter(kind, str(model))(line)
+    return _segmenter(kind, str(model), version or _version(model))(line)
 
 
 def apply(kind: str, model: Path, src: Path, dst: Path, workers: int = 1) -> int:
     """Segment every line of ``src`` into ``dst`` with ``model``."""
-    return map_file(functools.partial(segment, kind, str(model)), src, dst, workers=workers,
+    return map_file(functools.partial(segment, kind, str(model), version=_version(model)), src, dst, workers=workers,
                     desc=f"{kind} {Path(src).name}")
+
+
+# ------------------------------------------------------------------------------------------ <unk> after binarisation
+UNK_WARN_PCT = 1.0  # preparation warns when more of the valid or test tokens than this are <unk>
+
+
+def unk_percent(lines: Iterable[str], known: Container[str], unk_word: str = "<unk>") -> float:
+    """The % of tokens fairseq-preprocess replaces by ``<unk>``, as it reports it: words (split on white space) not
+    in the dictionary (``known``), out of all words plus one end-of-sentence per line."""
+    tokens = replaced = 0
+    for line in lines:
+        words = line.split()
+        tokens += len(words) + 1
+        replaced += sum(1 for w in words if w not in known and w != unk_word)
+    return 100.0 * replaced / tokens if tokens else 0.0
+
+
+def fitting_merges(codes: Path, train: Sequence[Path], heldout: Sequence[Path], limit: float = UNK_WARN_PCT,
+                   sample: int = 200_000) -> Optional[int]:
+    """The largest number of ``codes``' merges (all it learned, then halved) with which at most ``limit`` % of the
+    ``heldout`` tokens would be ``<unk>``: symbols that the (first ``sample`` lines of the) ``train`` files,
+    segmented with as many merges, never produce. None when no number of merges gets there (the held-out text has
+    characters the training text lacks, or the codes hold no merges)."""
+    from subword_nmt.apply_bpe import BPE
+
+    train_lines = list(itertools.islice(itertools.chain(*map(iter_lines, train)), sample))
+    held = [line for f in heldout for line in iter_lines(f)]
+    merges = count_merges(codes)
+    while merges > 0:
+        with open(codes, encoding="utf-8") as f:
+            bpe = BPE(f, merges=merges)
+        known = {s for line in train_lines for s in bpe.process_line(line).split()}
+        if unk_percent((bpe.process_line(line) for line in held), known) <= limit:
+            return merges
+        merges //= 2
+    return None

@@ -1,6 +1,6 @@
 """Download files with resume (``NAME.part``, an HTTP ``Range`` request), verification (:mod:`.verify`), atomic
 rename and a mirror override (``--mirror BASE`` or ``$DIVERSE_FAIRSEQ_MIRROR``, read by the commands' ``main()``
-(:class:`MirrorOptions`) and handed down: a URL or a local directory, a flat folder of the original files looked up
+(:func:`mirror_option`) and handed down: a URL or a local directory, a flat folder of the original files looked up
 by name): :func:`fetch`. docs/usage.md says why not pooch or mtdata."""
 
 import http.client
@@ -11,11 +11,22 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..runs.options import option
 from .progress import Progress
-from .verify import CHUNK, Expected, VerificationError, check_file, mark_verified, reject, verified_sha256
+from .verify import (
+    CHUNK,
+    Candidates,
+    Expected,
+    VerificationError,
+    candidates,
+    check_copies,
+    describe_all,
+    mark_verified,
+    reject,
+    verified_record,
+)
 
 MIRROR_ENV = "DIVERSE_FAIRSEQ_MIRROR"
 
@@ -28,13 +39,6 @@ def checksums_option(help: str = "md5sum/sha256sum file"):
     return option("CHECKSUMS", help)
 
 
-@dataclass(frozen=True)
-class MirrorOptions:
-    """Where a command that may download gets its files."""
-
-    mirror: Optional[str] = mirror_option()
-
-
 class DownloadError(RuntimeError):
     """A file could not be fetched (network error, missing on the mirror, wrong size or checksum)."""
 
@@ -44,10 +48,29 @@ class HTMLResponse(DownloadError):
 
 
 @dataclass(frozen=True)
+class Copy:
+    """One published copy of a file that exists in several (the same name, other bytes): its ``name``, the
+    ``urls`` that serve it (none: no address serves it any more, a copy placed by hand is still recognised), and
+    the ``size`` and digests that ``source`` records for it."""
+
+    name: str
+    urls: Tuple[str, ...]
+    size: int
+    sha256: Optional[str] = None
+    sha1: Optional[str] = None
+    source: str = ""
+
+    def expected(self) -> Expected:
+        return Expected(self.size, self.sha256, None, self.source, self.sha1, self.name)
+
+
+@dataclass(frozen=True)
 class Source:
     """One file to download: ``filename`` (local, and looked up in a mirror), the public ``urls`` tried in order,
-    the ``size`` and ``md5``/``sha256`` that a published source (``checksum_source``) records for it, and an
-    ``extra["hint"]`` added to the error when it cannot be had."""
+    the ``size`` and ``md5``/``sha1``/``sha256`` that a published source (``checksum_source``) records for it, and an
+    ``extra["hint"]`` added to the error when it cannot be had. A file published in several copies lists them in
+    ``copies`` (its ``urls`` are then theirs, in order): the file fetched from an address must be the copy that
+    address serves, a file placed by hand any one of them."""
 
     filename: str
     urls: Sequence[str]
@@ -56,17 +79,13 @@ class Source:
     extra: Dict[str, str] = field(default_factory=dict)
     size: Optional[int] = None
     checksum_source: str = ""
+    sha1: Optional[str] = None
+    copies: Tuple[Copy, ...] = ()
 
 
-def published_md5(url: str) -> Optional[str]:
-    """The md5 that sacrebleu's test-set registry publishes for ``url`` (WMT dev/test archives), if any."""
-    from sacrebleu import DATASETS
-
-    def norm(u):
-        return u.split("://", 1)[-1].removeprefix("www.")
-
-    return next((md5 for dataset in DATASETS.values() for u, md5 in zip(dataset.data, dataset.md5)
-                 if md5 and norm(u) == norm(url)), None)
+def copies_source(filename: str, copies: Sequence[Copy], **extra) -> Source:
+    """A :class:`Source` published in several ``copies``, fetched from their addresses in order."""
+    return Source(filename, tuple(u for c in copies for u in c.urls), copies=tuple(copies), **extra)
 
 
 def read_checksum_file(path) -> Dict[str, str]:
@@ -80,13 +99,16 @@ def read_checksum_file(path) -> Dict[str, str]:
 
 
 def expected_for(source: Source, checksums: Optional[Dict[str, str]] = None,
-                 manifest: Optional[Dict[str, Expected]] = None) -> Expected:
-    """What ``source`` must be: a manifest's entry (fixtures), else the published values, completed by a digest
-    from the user's checksum file (``CHECKSUMS``) where nothing is published; a user digest that contradicts a
-    published one is refused: the published value wins, always."""
+                 manifest: Optional[Dict[str, Expected]] = None) -> Candidates:
+    """What ``source`` must be: a manifest's entry (fixtures), else the published values (each published copy's,
+    where there are several), completed by a digest from the user's checksum file (``CHECKSUMS``) where nothing is
+    published; a user digest that contradicts a published one is refused: the published value wins, always."""
     if manifest and source.filename in manifest:
         return manifest[source.filename]
-    expected = Expected(source.size, source.sha256, source.md5, source.checksum_source or "published checksum")
+    if source.copies:
+        return tuple(c.expected() for c in source.copies)
+    expected = Expected(source.size, source.sha256, source.md5, source.checksum_source or "published checksum",
+                        source.sha1)
     override = (checksums or {}).get(source.filename)
     algorithm = "md5" if len(override or "") == 32 else "sha256"
     published = getattr(expected, algorithm)
@@ -152,15 +174,25 @@ def _fetch(url: str, part: Path, retries: int, timeout: float, errors: List[str]
     return False
 
 
+def serves(source: Source, url: str, expected: Candidates) -> Tuple[Expected, ...]:
+    """The copies a file fetched from ``url`` may be: the one that address serves where ``source`` lists its copies'
+    addresses, else any expected one (a mirror, a single-copy file, a manifest's stand-in)."""
+    named = {c.name: c for c in source.copies if url in c.urls}
+    own = tuple(e for e in candidates(expected) if e.copy in named)
+    return own or candidates(expected)
+
+
 def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Optional[Dict[str, str]] = None,
-          retries: int = 3, timeout: float = 60.0, log=print, expected: Optional[Expected] = None) -> Path:
+          retries: int = 3, timeout: float = 60.0, log=print, expected: Optional[Candidates] = None) -> Path:
     """Make ``dest_dir/source.filename`` exist, complete and verified; return its path.
 
     ``expected`` replaces the published values (an expectations manifest); by default they are :func:`expected_for`
     ``(source, checksums)``. An existing final file is used when its ``.verified`` record matches, else verified first
     (a file placed by hand; refused: moved to ``NAME.rejected``). Otherwise the file is fetched from ``mirror`` or
     else from the real addresses in order, resuming a ``.part`` file left by an earlier interrupted run; a location
-    whose file fails verification is given up for the next.
+    whose file fails verification is given up for the next. A file published in several copies must be the copy its
+    address serves; its ``.verified`` record says which copy it is and where it came from
+    (:func:`~diverse_fairseq.data.verify.verified_record`).
     """
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -168,19 +200,23 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
     where = where_to_get(source, mirror)
     final = dest_dir / source.filename
     if final.exists():
-        if verified_sha256(final, expected):
+        if verified_record(final, expected):
             log(f"  {source.filename}: present, not downloading again (verified before)")
             return final
-        log(f"  {source.filename}: present, verifying it before use ({expected.describe()})")
+        log(f"  {source.filename}: present, verifying it before use ({describe_all(expected)})")
         try:
-            mark_verified(final, expected, check_file(final, final.name, expected, where))
+            sha256, copy = check_copies(final, final.name, expected, where)
+            mark_verified(final, copy, sha256)
+            if copy.copy:
+                log(f"  {source.filename}: {copy.describe()}")
         except VerificationError as e:
             reject([final])
             raise DownloadError(f"{e} It was moved to {final.name}.rejected. Run the command again to download the "
                                 f"published file.") from None
         return final
     part = dest_dir / (source.filename + ".part")
-    if part.exists() and expected.size is not None and part.stat().st_size > expected.size:
+    sizes = [e.size for e in candidates(expected)]
+    if part.exists() and None not in sizes and part.stat().st_size > max(sizes):
         part.unlink()  # longer than the published file: not a prefix of it
     errors, urls = [], source.urls
     if mirror:  # a URL, or a local directory read through a file:// URL
@@ -190,16 +226,16 @@ def fetch(source: Source, dest_dir, mirror: Optional[str] = None, checksums: Opt
         if not _fetch(url, part, retries, timeout, errors, log):
             continue
         try:
-            sha256 = check_file(part, source.filename, expected, where)
+            sha256, copy = check_copies(part, source.filename, serves(source, url, expected), where)
         except VerificationError as e:
             part.unlink()
             errors.append(f"{url}: refused: {e}")
             log(f"  {source.filename}: refused ({e})")
             continue
         os.replace(part, final)
-        mark_verified(final, expected, sha256)
+        mark_verified(final, copy, sha256, origin=url)
         log(f"  {source.filename}: complete ({final.stat().st_size:,} bytes, "
-            + (f"verified: {expected.describe()}, {expected.source})" if expected.pinned()
+            + (f"verified: {copy.describe()}, {copy.source})" if copy.pinned()
                else "no published size or checksum: checked for HTML only)"))
         return final
     raise DownloadError(

@@ -2,7 +2,7 @@
 
     python -m diverse_fairseq.data.prepare DATASET [options]      (scripts/prepare_data.sh DATASET)
 
-DATASET is one of demo, iwslt14_de_en, wmt14_en_de, wmt17_zh_en, or ``custom``: your own plain-text corpus
+DATASET is one of demo, demo_fr, iwslt14_de_en, wmt14_en_de, wmt17_zh_en, or ``custom``: your own plain-text corpus
 (``SRC=xx TGT=yy CORPUS_DIR=dir``, see :mod:`diverse_fairseq.data.recipes.custom`), prepared into
 DATA_BIN/custom_xx_yy (or DATA_BIN/DATASET_NAME). The steps (download, extract, collect, normalize, tokenize,
 clean, learn-bpe, apply-bpe, [clean-bpe], binarize) are each skipped when their outputs exist and are complete, so
@@ -19,15 +19,26 @@ import hashlib
 import itertools
 import json
 import os
+import shlex
 import shutil
 import time
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional
 
-from ..runs import env_checks
+from ..runs import env_checks, paths
+from ..runs.dataset_meta import (
+    CorpusPairs,
+    DatasetMeta,
+    FileCheck,
+    LengthCap,
+    TrainingData,
+    TrainPairs,
+    Verification,
+    load_dataset_meta,
+)
 from ..runs.options import add_options, choice, integer, label, option, resolve, switch, text, warn_misspelled, word
 from ..runs.paths import data_bin_option, work_dir_option
 from . import bpe as bpe_mod
@@ -45,8 +56,17 @@ from .download import (
 from .progress import Progress, ProgressOptions, atomic_path, begin_step, heartbeat
 from .recipes import RECIPES, TEMPLATES, Context, Recipe, get
 from .recipes.base import SPLITS
-from .text import clean_pair, count_lines, iter_lines, map_file, normalize, tokenize
-from .verify import Expectations, VerificationError, check_member_lines, reject, verified_sha256
+from .text import MOSES_RULES, clean_pair, count_lines, iter_lines, map_file, normalize, tokenize
+from .verify import (
+    Expectations,
+    Expected,
+    VerificationError,
+    candidates,
+    check_member_lines,
+    describe_all,
+    reject,
+    verified_record,
+)
 
 
 def _option(var: str, help: str, default=None, parse=text, custom_only=False, **kind):
@@ -82,7 +102,7 @@ class PrepareOptions:
         "DATA_BIN and labelled in prepare.json, never where the real data goes", metavar="MANIFEST")
     workers: int = _option("WORKERS", "processes for tokenization, BPE and fairseq-preprocess (default 2)", 2,
                            integer(1))
-    demo_dir: Optional[str] = _option("DEMO_DIR", "demo corpus directory (default data/demo)")
+    demo_dir: Optional[str] = _option("DEMO_DIR", "demo corpus directory (default data/demo; data/demo_fr for demo_fr)")
     cwmt_dir: Optional[str] = _option("CWMT_DIR", "WMT17: where the manually downloaded CWMT corpora are "
                                                   "(default WORK_DIR/wmt17_zh_en/manual/cwmt)")
     skip_cwmt: bool = _option("CWMT", "WMT17: proceed without the CWMT corpora (CWMT=skip)", False, word("skip"),
@@ -166,7 +186,7 @@ class Preparer:
         self.pair_stats = self.work / "stats" / "train.pairs.json"  # training pairs per corpus before/after cleaning
         self.models = bpe_mod.model_files(self.kind, self.work / "bpe", recipe.langs, recipe.joint_bpe)
         self.checksums = read_checksum_file(args.checksums) if args.checksums else {}
-        self.ctx = Context(recipe, self.work, options, log=self.log)
+        self.ctx = Context(recipe, self.work, options, log=self.log, downloads=self.downloads)
         self.chain = hashlib.sha256(recipe.name.encode()).hexdigest()  # the key of the steps so far
         self.ran, self.skipped = [], []
 
@@ -203,7 +223,7 @@ class Preparer:
             for source in archive.parts:
                 expected, name = self._expected(source), source.filename
                 self.step(f"download-{name}", f"download {name}", [self.downloads / name],
-                           {"file": name, "expected": expected.describe()},
+                           {"file": name, "expected": describe_all(expected)},
                            functools.partial(self._download, source, expected))
             files = [self.downloads / s.filename for s in archive.parts]
             self.step(f"extract-{archive.name}", f"extract {' + '.join(f.name for f in files)}",
@@ -221,7 +241,7 @@ class Preparer:
         self.step("normalize", "normalize" + "".join(what) if what else "normalize (nothing to do: copy)",
                    [self.path("norm", s, lang) for s in splits for lang in langs],
                    {"punct": r.punct_norm, "non_printing": r.non_printing, "splits": r.normalize_splits,
-                    "apostrophe": r.apostrophe_splits},
+                    "apostrophe": r.apostrophe_splits, **({"moses": MOSES_RULES} if r.punct_norm else {})},
                    lambda: [map_file(functools.partial(normalize, lang=lang, apostrophe=s in r.apostrophe_splits,
                                                        punct=r.punct_norm and s in r.normalize_splits,
                                                        non_printing=r.non_printing and s in r.normalize_splits),
@@ -233,7 +253,7 @@ class Preparer:
                    f"{'lowercase, ' if r.lowercase else ''}{len(tok_pairs)} files)",
                    [self.path("tok", s, lang) for s, lang in tok_pairs],
                    {"pairs": tok_pairs, "aggressive": r.aggressive_dash, "lowercase": r.lowercase,
-                    "zh_seg": self.args.zh_seg if "zh" in langs else None},
+                    "zh_seg": self.args.zh_seg if "zh" in langs else None, "moses": MOSES_RULES},
                    functools.partial(self._tokenize, tok_pairs))
         before = not r.clean_after_bpe
         what = (f"clean (ratio {r.clean_ratio}, {r.clean_min}-{r.clean_max} tokens) " if before else "") + \
@@ -248,7 +268,8 @@ class Preparer:
         self.step("learn-bpe", f"learn {kind} ({size}, {'joint' if r.joint_bpe else 'per language'})",
                    sorted(set(self.models.values())), {"kind": kind, "size": size, "joint": r.joint_bpe},
                    lambda: bpe_mod.learn(kind, {lang: self.path("clean", "train", lang, ext) for lang in langs},
-                                         self.work / "bpe", size, r.joint_bpe, self.args.workers, log=self.log))
+                                         self.work / "bpe", size, r.joint_bpe, self.args.workers, log=self.log,
+                                         again=self._again))
         self.step("apply-bpe", f"apply {kind} to train, valid, test",
                    [self.path("bpe", s, lang) for s in SPLITS for lang in langs], {},
                    lambda: [bpe_mod.apply(kind, self.models[lang], self.path("clean", s, lang, ext),
@@ -265,7 +286,7 @@ class Preparer:
                    [self.dest / "prepare.json"], {"dest": str(self.dest), "joined": r.joined_dictionary},
                    self._binarize)
         self.log(f"[{r.name}] done: {self.dest} (ran {len(self.ran)} steps, skipped {len(self.skipped)})")
-        for line in compare_with_paper(json.loads((self.dest / "prepare.json").read_text())["train_pairs"], r.name):
+        for line in compare_with_paper(load_dataset_meta(self.dest).train_pairs, r.name):
             self.log(line)
         return self.dest
 
@@ -443,79 +464,135 @@ class Preparer:
                 shutil.copyfile(tok, tmp / f"{split}.tok.{r.tgt}")
         for model in set(self.models.values()):
             shutil.copyfile(model, tmp / model.name)
-        meta = {
-            "dataset": r.name, "recipe": self.args.dataset, "description": r.description,
-            "source_lang": r.src, "target_lang": r.tgt,
-            "bpe": self.kind, "bpe_size": self.size, "joint_bpe": r.joint_bpe,
-            "bpe_models": {lang: m.name for lang, m in self.models.items()},
-            "post_process": self.kind.replace("-", "_"),  # fairseq's --post-process that undoes the segmentation
-            "moses_tokenized": self.kind == "subword-nmt", "lowercase": r.lowercase,
-            "aggressive_dash": r.aggressive_dash, "zh_seg": self.args.zh_seg if "zh" in r.langs else None,
-            "joined_dictionary": r.joined_dictionary, "beam": r.beam, "lenpen": r.lenpen,
-            "max_len_a": r.max_len_a, "max_len_b": r.max_len_b,
-            "sacrebleu_tokenize": "zh" if r.tgt == "zh" else "13a",
-            "compound_split": r.tgt == "de", "references": refs, "sentences": counts,
-            "verification": self._verification_record(),
-            "train_pairs": {"corpora": json.loads(self.pair_stats.read_text()) if self.pair_stats.exists() else {},
-                            "final_train": counts["train"], "paper": r.paper_train_pairs or None,
-                            "paper_source": r.paper_train_source or None,
-                            "expectations": f"manifest {self.expect.name}" if self.expect else "published"},
-            "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-        }
+        stats = json.loads(self.pair_stats.read_text()) if self.pair_stats.exists() else {}
+        training_data = None
         if r.corpora_file:  # the recipe's record of its training corpora, completed
-            meta["training_data"] = record = json.loads((self.ctx.raw / r.corpora_file).read_text(encoding="utf-8"))
-            record["length_cap"] = {"max": r.clean_max,
-                                    "unit": "subwords after BPE" if r.clean_after_bpe else "words before BPE"}
-            record["train_pairs"] = counts["train"]
-            if record.get("paper_train_pairs"):  # printed by compare_with_paper
-                record["train_pairs_vs_paper"] = round(counts["train"] / record["paper_train_pairs"], 4)
-            if not record.get("verified", True):
-                self.log("  warning: the training data is not the published data: "
-                         + "; ".join(record.get("problems", [])) + ". prepare.json records it; paper-scale tables "
-                         "refuse it unless ALLOW_UNVERIFIED_DATA=1")
-        (tmp / "prepare.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+            record = TrainingData.from_json(json.loads((self.ctx.raw / r.corpora_file).read_text(encoding="utf-8")))
+            training_data = replace(
+                record, length_cap=LengthCap(r.clean_max, "subwords after BPE" if r.clean_after_bpe
+                                             else "words before BPE"), train_pairs=counts["train"],
+                train_pairs_vs_paper=round(counts["train"] / record.paper_train_pairs, 4)
+                if record.paper_train_pairs else None)  # printed by compare_with_paper
+            if not record.verified:
+                self.log("  warning: the training data is not the published data: " + "; ".join(record.problems)
+                         + ". prepare.json records it; paper-scale tables refuse it unless ALLOW_UNVERIFIED_DATA=1")
+        unk = self._unk_rates(tmp, final)
+        moses = any(self.needs_tok(split, lang) for split in r.raw_splits() for lang in r.langs) or r.punct_norm
+        DatasetMeta(
+            dataset=r.name, recipe=self.args.dataset, description=r.description, source_lang=r.src,
+            target_lang=r.tgt, bpe=self.kind, bpe_size=self.size, joint_bpe=r.joint_bpe,
+            bpe_models={lang: m.name for lang, m in self.models.items()},
+            post_process=self.kind.replace("-", "_"),  # fairseq's --post-process that undoes the segmentation
+            moses_tokenized=self.kind == "subword-nmt", lowercase=r.lowercase, aggressive_dash=r.aggressive_dash,
+            zh_seg=self.args.zh_seg if "zh" in r.langs else None, joined_dictionary=r.joined_dictionary,
+            beam=r.beam, lenpen=r.lenpen, max_len_a=r.max_len_a, max_len_b=r.max_len_b,
+            sacrebleu_tokenize="zh" if r.tgt == "zh" else "13a", compound_split=r.tgt == "de", references=refs,
+            sentences=counts, created=time.strftime("%Y-%m-%d %H:%M:%S"), moses=MOSES_RULES if moses else None,
+            verification=self._verification_record(),
+            train_pairs=TrainPairs({name: CorpusPairs(**v) for name, v in stats.items()}, counts["train"],
+                                   r.paper_train_pairs or None, r.paper_train_source or None,
+                                   f"manifest {self.expect.name}" if self.expect else "published"),
+            training_data=training_data, unk=unk,
+        ).write(tmp)
         if self.dest.exists():
             shutil.rmtree(self.dest)
         os.replace(tmp, self.dest)  # tmp is dest's sibling, made by fairseq-preprocess
         self.log("  sentences: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
 
-    def _verification_record(self):
-        """What each fetched file was checked against, and its sha256 (to compare two machines' data)."""
+    def _unk_rates(self, binarized: Path, final: Path) -> Dict[str, Dict[str, float]]:
+        """{split: {language: % of tokens <unk>}} of valid and test, as fairseq-preprocess reports them (and this
+        script's own log otherwise drops): printed, and warned of above :data:`~.bpe.UNK_WARN_PCT` % with
+        ``BPE_SIZE`` and a size that fits the corpus (:func:`~.bpe.fitting_merges`)."""
+        from fairseq.data import Dictionary
+
+        r = self.r
+        dictionaries = {lang: Dictionary.load(str(binarized / f"dict.{lang}.txt")) for lang in r.langs}
+        rates = {split: {lang: round(bpe_mod.unk_percent(iter_lines(final / f"{split}.{lang}"),
+                                                         dictionaries[lang].indices), 2) for lang in r.langs}
+                 for split in ("valid", "test")}
+        self.log("  <unk> after binarisation: " + "; ".join(f"{split} " + ", ".join(
+            f"{lang} {pct:.2f}%" for lang, pct in langs.items()) for split, langs in rates.items()))
+        worst = max(pct for langs in rates.values() for pct in langs.values())
+        if worst > bpe_mod.UNK_WARN_PCT:
+            self.log(f"  warning: {worst:.2f}% of the tokens of a held-out split are <unk> (more than "
+                     f"{bpe_mod.UNK_WARN_PCT:g}%): {self._fitting_size()}")
+        return rates
+
+    def _fitting_size(self) -> str:
+        """What to do about many <unk>: a BPE_SIZE that fits this corpus (found with the merges it learned), and the
+        command that prepares it so."""
+        r = self.r
+        if self.kind != "subword-nmt":
+            size = max(1, self.size // 2)
+            return (f"the {self.size:,}-piece sentencepiece vocabulary does not fit this corpus; prepare it again with "
+                    f"a smaller one, e.g. {self._again(size)}")
+        groups = [list(r.langs)] if r.joint_bpe else [[lang] for lang in r.langs]
+        sizes = [bpe_mod.fitting_merges(self.models[langs[0]], [self.path("clean", "train", lang, "tok")
+                                                                  for lang in langs],
+                                        [self.path("clean", split, lang, "tok") for split in ("valid", "test")
+                                         for lang in langs]) for langs in groups]
+        learned = min(bpe_mod.count_merges(self.models[langs[0]]) for langs in groups)
+        if None in sizes:
+            return (f"no number of BPE merges brings it under {bpe_mod.UNK_WARN_PCT:g}%: valid or test has "
+                    f"characters the training text lacks (BPE_SIZE={self.size:,}, {learned:,} merges learned)")
+        return (f"BPE_SIZE={self.size:,} ({learned:,} merges learned) segments held-out words into pieces the "
+                f"training text never has; {min(sizes):,} merges would leave at most {bpe_mod.UNK_WARN_PCT:g}% "
+                f"<unk>: {self._again(min(sizes))}")
+
+    def _again(self, bpe_size: int) -> str:
+        """The command that prepares this dataset again with ``bpe_size`` (the options that name the data given)."""
+        a = self.args
+        given = [("SRC", a.src), ("TGT", a.tgt), ("CORPUS_DIR", a.corpus_dir), ("DATASET_NAME", a.name),
+                 ("SEPARATE_VOCAB", "1" if a.separate_vocab else None), ("DEMO_DIR", a.demo_dir), ("BPE", a.bpe),
+                 ("WORK_DIR", a.work_dir if Path(a.work_dir) != Path(paths.WORK_DIR) else None),
+                 ("DATA_BIN", a.data_bin if Path(a.data_bin) != Path(paths.DATA_BIN) else None),
+                 ("EXPECT", a.expect), ("BPE_SIZE", bpe_size)]
+        return " ".join([f"{var}={shlex.quote(str(value))}" for var, value in given if value]
+                        + ["scripts/prepare_data.sh", a.dataset])
+
+    def _verification_record(self) -> Verification:
+        """What each fetched file was checked against, its sha256 (to compare two machines' data) and, for a file
+        published in several copies, which copy it is and where it came from."""
         files = {}
         for archive in self.r.archives:
             lines, source = self._expected_lines(archive)
             for src in archive.parts:
                 expected = self._expected(src)
                 path = self.downloads / src.filename  # deleted after extraction to save disk: nothing to record
-                files[src.filename] = {
-                    "archive": archive.name, "size": path.stat().st_size if path.exists() else None,
-                    "sha256": verified_sha256(path, expected) if path.exists() else None,
-                    "checked": (f"{expected.describe()} ({expected.source})" if expected.pinned()
-                                else "no published size or checksum (HTML and magic bytes only)"),
-                    "member_lines": dict(lines) or None, "member_lines_source": source or None}
-        return {"expectations": ({"manifest": self.expect.name, "path": self.expect.path} if self.expect
-                                 else "published"), "files": files}
+                record = (verified_record(path, expected) or {}) if path.exists() else {}
+                copy = next((c for c in candidates(expected) if c.copy and c.copy == record.get("copy")), None)
+                checked = copy or (expected if isinstance(expected, Expected) else None)
+                files[src.filename] = FileCheck(
+                    archive.name, path.stat().st_size if path.exists() else None, record.get("sha256"),
+                    f"{checked.describe()} ({checked.source})" if checked and checked.pinned() else
+                    describe_all(expected) if not checked else
+                    "no published size or checksum (HTML and magic bytes only)",
+                    dict(lines) or None, source or None, copy.copy if copy else None,
+                    record.get("origin", "") if copy else None)
+        return Verification({"manifest": self.expect.name, "path": self.expect.path} if self.expect else "published",
+                            files)
 
 
-def compare_with_paper(record, dataset: str, tolerance: float = 0.05, corpus_loss: float = 0.10) -> List[str]:
+def compare_with_paper(record: TrainPairs, dataset: str, tolerance: float = 0.05, corpus_loss: float = 0.10
+                       ) -> List[str]:
     """Lines that print the final training pair count beside the paper's; a warning when they differ by more than
     ``tolerance``, naming the corpora that lost more than ``corpus_loss`` of their pairs in cleaning."""
-    paper, final = record.get("paper"), record["final_train"]
+    paper, final = record.paper, record.final_train
     if not paper:
         return [f"[{dataset}] training pairs: {final:,} (no paper count to compare with)"]
     diff = (final - paper) / paper
-    out = [f"[{dataset}] training pairs: {final:,}, the paper's {paper:,} ({diff:+.1%}; {record['paper_source']})"]
+    out = [f"[{dataset}] training pairs: {final:,}, the paper's {paper:,} ({diff:+.1%}; {record.paper_source})"]
     if abs(diff) <= tolerance:
         return out
-    corpora = (record.get("corpora") or {}).items()
-    lossy = "; ".join(f"{name} kept {v['after_cleaning']:,} of {v['before_cleaning']:,}" for name, v in corpora
-                      if v["after_cleaning"] < (1 - corpus_loss) * v["before_cleaning"])
-    listing = "; ".join(f"{name} {v['before_cleaning']:,} -> {v['after_cleaning']:,}" for name, v in corpora)
+    corpora = record.corpora.items()
+    lossy = "; ".join(f"{name} kept {v.after_cleaning:,} of {v.before_cleaning:,}" for name, v in corpora
+                      if v.after_cleaning < (1 - corpus_loss) * v.before_cleaning)
+    listing = "; ".join(f"{name} {v.before_cleaning:,} -> {v.after_cleaning:,}" for name, v in corpora)
     why = (f"more pairs than the paper's: {listing}" if diff > 0
            else f"short: {lossy} (lost more than {corpus_loss:.0%} in cleaning)" if lossy
            else f"no corpus lost more than {corpus_loss:.0%} in cleaning, so a corpus is smaller than the paper's or "
                 f"missing: {listing}")
-    label = "" if record.get("expectations") == "published" else f" [{record.get('expectations')}]"
+    label = "" if record.expectations == "published" else f" [{record.expectations}]"
     out.append(f"[{dataset}] warning{label}: {abs(diff):.0%} {'fewer' if diff < 0 else 'more'} training pairs than "
                f"the paper; {why}")
     return out

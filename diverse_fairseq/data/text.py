@@ -3,8 +3,11 @@ extraction, normalisation, Moses tokenization, cleaning.
 
 Moses tools come from sacremoses (no Perl checkout): ``normalize-punctuation.perl`` is ``MosesPunctNormalizer``,
 ``remove-non-printing-char.perl`` is :func:`normalize` with ``non_printing``, ``tokenizer.perl`` is ``MosesTokenizer``
-and ``clean-corpus-n.perl`` is :func:`clean_pair`. Chinese is segmented into words with jieba (``zh_seg="jieba"``,
-optional dependency) or into characters with sacrebleu's Chinese tokenizer (``zh_seg="char"``).
+and ``clean-corpus-n.perl`` is :func:`clean_pair`. sacremoses is a port, not the scripts: where the two differ by a
+rule that the scripts the paper recipes ran have, the rule is added here (:data:`MOSES_RULES`; the differences left
+and their rates on the demo corpus: docs/methods.md, "Differences from the authors' code"). Chinese is segmented into
+words with jieba (``zh_seg="jieba"``, optional dependency) or into characters with sacrebleu's Chinese tokenizer
+(``zh_seg="char"``).
 """
 
 import contextlib
@@ -78,22 +81,36 @@ def iwslt_train_lines(path) -> List[str]:
     return [_IWSLT_STRIP.sub("", line) for line in iter_lines(path) if not any(tag in line for tag in IWSLT_DROP)]
 
 
+#: the rules of the Moses Perl scripts (mosesdecoder 34452895f, the scripts that fairseq's and macaron-net's
+#: preparation scripts clone) that sacremoses 0.2 lacks and :func:`normalize` / :func:`tokenize` add; recorded in
+#: prepare.json (``moses``), so that data made before them is not taken for data made with them:
+#: - tokenizer.perl splits the full stop of a line's last word unconditionally ("U.S." at a line's end becomes
+#:   "U.S ."), since Moses commit 9fc964da7 (2018-11-07, "tokenizer.perl: split final dots unconditionally");
+#: - normalize-punctuation.perl reads each line with its newline, so its ``(\.+)"(\s*[^<])`` rule (de, es, fr:
+#:   ``."`` -> ``".``) also fires at a line's end; and it turns a ’ that is not between letters into ``"``
+#:   (sacremoses' ``perl_parity``)
+MOSES_RULES = ("sacremoses + tokenizer.perl's final full stop (Moses 9fc964da7) + normalize-punctuation.perl per line "
+               "with its newline, perl_parity")
+
+
 @functools.cache
 def _moses(tool: str, lang: str):
-    """sacremoses' ``tool`` (``MosesPunctNormalizer``, ``MosesTokenizer``, ``MosesDetokenizer``) for ``lang``."""
+    """sacremoses' ``tool`` (``MosesPunctNormalizer``, ``MosesTokenizer``, ``MosesDetokenizer``) for ``lang``; the
+    normalizer with the Perl script's ’ and French-quote rules (``perl_parity``)."""
     import sacremoses
 
-    return getattr(sacremoses, tool)(lang=lang)
+    extra = {"perl_parity": True} if tool == "MosesPunctNormalizer" else {}
+    return getattr(sacremoses, tool)(lang=lang, **extra)
 
 
 def normalize(line: str, lang: str, punct: bool = False, non_printing: bool = False, apostrophe: bool = False) -> str:
-    """Apply the selected normalisations: Moses punctuation normalisation, non-printing character removal
-    (Unicode "other" characters, ``\\p{C}``, become spaces), and the ``’`` → ``'`` replacement fairseq applies to
-    XML/SGM dev and test sets."""
+    """Apply the selected normalisations: Moses punctuation normalisation (of the line with its newline, as the Perl
+    script reads it: :data:`MOSES_RULES`), non-printing character removal (Unicode "other" characters, ``\\p{C}``,
+    become spaces), and the ``’`` → ``'`` replacement fairseq applies to XML/SGM dev and test sets."""
     if apostrophe:
         line = line.replace("\u2019", "'")
     if punct:
-        line = _moses("MosesPunctNormalizer", lang).normalize(line)
+        line = _moses("MosesPunctNormalizer", lang).normalize(line + "\n")  # it strips the newline again
     return _NON_PRINTING.sub(" ", line) if non_printing else line
 
 
@@ -117,13 +134,20 @@ def _zh_segmenter(mode: str):
 
 def tokenize(line: str, lang: str, aggressive_dash: bool = False, lowercase: bool = False,
              zh_seg: str = "jieba") -> str:
-    """Moses-tokenize one line (escaping ``& < > ' "`` as tokenizer.perl does); Chinese is segmented
-    first. ``lowercase`` lowercases *after* tokenization, as fairseq's IWSLT recipe does."""
+    """Moses-tokenize one line (escaping ``& < > ' "`` as tokenizer.perl does; the full stop of the last word split
+    off, as tokenizer.perl does since Moses 9fc964da7: :data:`MOSES_RULES`); Chinese is segmented first.
+    ``lowercase`` lowercases *after* tokenization, as fairseq's IWSLT recipe does."""
     if lang == "zh":
         line = _zh_segmenter(zh_seg)(line)
     out = _moses("MosesTokenizer", lang).tokenize(line, aggressive_dash_splits=aggressive_dash, return_str=True,
                                                   escape=True)
+    out = _FINAL_DOT.sub(r"\1 .", out)
     return out.lower() if lowercase else out
+
+
+# the last word ending in a full stop that is not all full stops (tokenizer.perl keeps "..." together before it
+# looks at words: DOTMULTI)
+_FINAL_DOT = re.compile(r"(?:(?<=\s)|^)(\S*[^.\s])\.$")
 
 
 def detokenize(line: str, lang: str) -> str:
@@ -139,13 +163,23 @@ def compound_split(line: str) -> str:
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
 
 
+#: clean-corpus-n.perl's ``$max_word_length``: a pair with a longer word (a run of characters other than white space
+#: and ``|``) is dropped (mosesdecoder scripts/training/clean-corpus-n.perl, lines 16 and 128-131 at 34452895f)
+MAX_WORD_LENGTH = 1000
+_LONG_WORD = re.compile(r"[^\s|]{%d}" % (MAX_WORD_LENGTH + 1))
+
+
 def clean_pair(src: str, tgt: str, min_len: int, max_len: int, ratio: float) -> Optional[Tuple[str, str]]:
-    """``clean-corpus-n.perl`` on one pair: collapse whitespace, then drop the pair (return None) when a
-    side is shorter than ``min_len`` or longer than ``max_len`` tokens, or their length ratio exceeds
-    ``ratio``. Returns the whitespace-normalised pair when it is kept."""
+    """``clean-corpus-n.perl`` on one pair: collapse whitespace, then drop the pair (return None) when a side is
+    shorter than ``min_len`` or longer than ``max_len`` tokens, their length ratio exceeds ``ratio``, or a side has
+    a word longer than :data:`MAX_WORD_LENGTH` characters. Returns the whitespace-normalised pair when it is kept.
+    (The script also deletes ``|``, its factor separator, from unfactored text: Moses-tokenized text has none, it is
+    escaped as ``&#124;``.)"""
     src, tgt = _SPACES.sub(" ", src).strip(), _SPACES.sub(" ", tgt).strip()
     ns, nt = len(src.split()), len(tgt.split())
     if not (min_len <= ns <= max_len and min_len <= nt <= max_len and ns and nt) or max(ns / nt, nt / ns) > ratio:
+        return None
+    if _LONG_WORD.search(src) or _LONG_WORD.search(tgt):
         return None
     return src, tgt
 

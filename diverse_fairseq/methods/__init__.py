@@ -19,7 +19,8 @@ module whose heads can be observed and recombined (:mod:`.attention`), the one w
 checkpoint allowlist for ``torch.load`` (:mod:`.checkpoint_compat`).
 
 Decoding as the THUMT papers did: ``--task translation_length_penalty --length-penalty gnmt`` divides finished
-hypotheses' scores by GNMT's length penalty (:mod:`.length_penalty`).
+hypotheses' scores by GNMT's length penalty (:mod:`.length_penalty`), and ``--beam-search thumt`` decodes with
+THUMT's beam search (:mod:`.thumt_search`).
 """
 
 from diverse_fairseq.methods import (

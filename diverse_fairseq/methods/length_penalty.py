@@ -12,28 +12,36 @@ divides the scores of step ``t`` (0-based) by ``lp(t + 1)``, where ``t + 1`` tok
 chosen have been generated, and fairseq's ``finalize_hypos`` divides by ``(step + 1) ** lenpen`` with the same
 count.
 
-:class:`TranslationLengthPenaltyTask` is fairseq's ``translation`` task with one more option,
-``--length-penalty {fairseq,gnmt}`` (default ``fairseq``: fairseq's penalty, unchanged). With ``gnmt`` its
-``build_generator`` returns :class:`GnmtSequenceGenerator`, and ``--lenpen`` is GNMT's ``alpha``. Everything that
-decodes through the task uses it: ``fairseq-generate``, ``fairseq-interactive`` and the validation BLEU of
+:class:`TranslationLengthPenaltyTask` is fairseq's ``translation`` task with two more options:
+``--length-penalty {fairseq,gnmt}`` (default ``fairseq``: fairseq's penalty, unchanged), and
+``--beam-search {fairseq,thumt}`` (default ``fairseq``: fairseq's search). With ``gnmt`` and fairseq's search its
+``build_generator`` returns :class:`GnmtSequenceGenerator`, and ``--lenpen`` is GNMT's ``alpha``; with
+``--beam-search thumt`` it returns THUMT's search
+(:class:`~diverse_fairseq.methods.thumt_search.ThumtSequenceGenerator`), which divides by the chosen penalty. Everything
+that decodes through the task uses them: ``fairseq-generate``, ``fairseq-interactive`` and the validation BLEU of
 ``fairseq-train --eval-bleu`` (``--eval-bleu-args`` gives ``lenpen``), all with ``--user-dir diverse_fairseq``.
 
-The generator applies the penalty where fairseq applies its own: to a hypothesis' score when it is finalized
-(:meth:`GnmtLengthPenalty.finalize_hypos`). The beam search itself ranks the live hypotheses of a step by their
-summed log-probabilities in both toolkits (THUMT divides all of a step's candidates by the same ``lp``).
+:class:`GnmtSequenceGenerator` applies the penalty where fairseq applies its own: to a hypothesis' score when it is
+finalized (:meth:`GnmtLengthPenalty.finalize_hypos`). The beam search itself ranks the live hypotheses of a step by
+their summed log-probabilities in both toolkits (THUMT divides all of a step's candidates by the same ``lp``), but
+chooses and stops otherwise: :mod:`diverse_fairseq.methods.thumt_search` has THUMT's.
 """
 
 from dataclasses import dataclass, field
 from typing import Dict, List
 
 from fairseq.dataclass import ChoiceEnum
+from fairseq.logging import metrics
 from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
 from fairseq.tasks import register_task
-from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from fairseq.tasks.translation import EVAL_BLEU_ORDER, TranslationConfig, TranslationTask
 from torch import Tensor
+
+from .thumt_search import ThumtSequenceGenerator, unsupported
 
 TASK_NAME = "translation_length_penalty"
 LENGTH_PENALTIES = ("fairseq", "gnmt")
+BEAM_SEARCHES = ("fairseq", "thumt")
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -84,17 +92,35 @@ class TranslationLengthPenaltyConfig(TranslationConfig):
                           "(EOS included), with alpha = --lenpen: 'fairseq' divides by |y|^alpha (fairseq's "
                           "--lenpen); 'gnmt' by ((5 + |y|) / 6)^alpha (Wu et al. 2016, Eq. 14, as THUMT decodes; "
                           "alpha 0.6 there). Applies to fairseq-generate, fairseq-interactive and --eval-bleu"})
+    beam_search: ChoiceEnum(BEAM_SEARCHES) = field(
+        default="fairseq",
+        metadata={"help": "the beam search: 'fairseq' (fairseq's SequenceGenerator) or 'thumt' (THUMT's, as the "
+                          "EMNLP 2018 / NAACL 2019 papers decoded: EOS candidates among the top 2*beam, finished "
+                          "hypotheses of all steps compete for the beam, its stopping bound, at the length limit "
+                          "the best unfinished hypothesis without EOS, an empty output allowed: --min-len applies "
+                          "only above 1; no --prefix-size, --print-alignment, --sampling or other fairseq searches). "
+                          "Applies to fairseq-generate, fairseq-interactive and --eval-bleu"})
 
 
 @register_task(TASK_NAME, dataclass=TranslationLengthPenaltyConfig)
 class TranslationLengthPenaltyTask(TranslationTask):
-    """fairseq's ``translation`` task whose generator applies ``--length-penalty`` (fairseq's or GNMT's)."""
+    """fairseq's ``translation`` task whose generator applies ``--length-penalty`` (fairseq's or GNMT's) and
+    ``--beam-search`` (fairseq's or THUMT's)."""
 
     cfg: TranslationLengthPenaltyConfig
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
-        if str(self.cfg.length_penalty) == "gnmt" and not getattr(args, "score_reference", False):
+        scoring = getattr(args, "score_reference", False)  # fairseq's SequenceScorer: no search
+        if str(self.cfg.beam_search) == "thumt" and not scoring:
+            if seq_gen_cls is not None:
+                raise ValueError(f"--beam-search thumt replaces the sequence generator, but the caller asked for "
+                                 f"{seq_gen_cls.__name__}: use --beam-search fairseq with it")
+            if getattr(args, "print_alignment", False):
+                raise unsupported("--print-alignment")
+            seq_gen_cls = ThumtSequenceGenerator
+            extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {}, length_penalty=str(self.cfg.length_penalty))
+        elif str(self.cfg.length_penalty) == "gnmt" and not scoring:
             if seq_gen_cls is not None:
                 raise ValueError(f"--length-penalty gnmt replaces the sequence generator, but the caller asked "
                                  f"for {seq_gen_cls.__name__}: use --length-penalty fairseq with it")
@@ -106,3 +132,13 @@ class TranslationLengthPenaltyTask(TranslationTask):
         return super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                        extra_gen_cls_kwargs=extra_gen_cls_kwargs,
                                        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+
+    def reduce_metrics(self, logging_outputs, criterion):
+        """fairseq's, and BLEU 0 for a validation (``--eval-bleu``) whose every hypothesis is empty, which THUMT's
+        search allows (an early model may end every sentence at once): fairseq logs no BLEU then, and
+        fairseq-train's ``--best-checkpoint-metric bleu`` would stop on the missing metric."""
+        super().reduce_metrics(logging_outputs, criterion)
+        validated = any("_bleu_totals_0" in log for log in logging_outputs)  # training logs have no BLEU counts
+        if self.cfg.eval_bleu and validated and not any(
+                sum(log.get(f"_bleu_totals_{i}", 0) for log in logging_outputs) for i in range(EVAL_BLEU_ORDER)):
+            metrics.log_scalar("bleu", 0.0)

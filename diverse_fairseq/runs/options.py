@@ -108,7 +108,7 @@ def add_options(parser: argparse.ArgumentParser, *classes) -> argparse.ArgumentP
         for f in options_of(cls):
             var = f.metadata["var"]
             help = f.metadata["help"] + (f" [{var}]" if var else "")
-            kind = {"action": "store_true"} if f.metadata["store_true"] else {"metavar": f.metadata["metavar"]}
+            kind = {"action": "store_true"} if f.metadata["store_true"] else {"metavar": f.metadata["metavar"] or var}
             parser.add_argument(flag_of(f), dest=f.name, default=None, help=help, **kind)
     return parser
 
@@ -154,7 +154,6 @@ FOREIGN_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_", "SACCT_"
 def option_classes() -> list:
     """The dataclasses that hold every command's options (a test checks that no other class in the package
     declares an :func:`option`)."""
-    from ..data.download import MirrorOptions
     from ..data.prepare import PrepareOptions
     from ..data.progress import ProgressOptions
     from ..data.senteval import DownloadOptions
@@ -166,7 +165,7 @@ def option_classes() -> list:
     from .plan import TrainOptions, TrainRequest
 
     return [TrainOptions, TrainRequest, TableOptions, EvalRequest, DataBin, PrepareOptions, ProgressOptions,
-            CheckOptions, DownloadOptions, MirrorOptions, ProbingFiles]
+            CheckOptions, DownloadOptions, ProbingFiles]
 
 
 def our_variables() -> Set[str]:
@@ -192,8 +191,9 @@ def resembles(name: str, ours: Iterable[str]) -> Optional[str]:
     upper = name.upper()
     if name in ours or upper.startswith(FOREIGN_PREFIXES):
         return None
-    close = sorted((d, v) for v in ours if (d := edit_distance(upper, v)) <= (0 if len(v) <= 3 else 1 if len(v) <= 9
-                                                                             else 2))
+    allowed = {v: 0 if len(v) <= 3 else 1 if len(v) <= 9 else 2 for v in ours}
+    close = sorted((d, v) for v in ours if abs(len(v) - len(upper)) <= allowed[v]
+                   and (d := edit_distance(upper, v)) <= allowed[v])
     return close[0][1] if close else None
 
 

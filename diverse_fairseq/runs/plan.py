@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..methods.length_penalty import LENGTH_PENALTIES
+from ..methods.length_penalty import BEAM_SEARCHES, LENGTH_PENALTIES
 from ..user_dir import USER_DIR  # the package directory, for --user-dir
 from .dataset_meta import DatasetMeta, load_dataset_meta
 from .identity import RESUME_ENV, identity_hash, parse_train_args, run_identity
@@ -110,14 +110,18 @@ def tensorboard_available() -> bool:
     return any(importlib.util.find_spec(name) is not None for name in ("tensorboardX", "tensorboard"))
 
 
-def task_args(length_penalty: str) -> List[str]:
-    """fairseq's ``--task`` for decoding with ``length_penalty``: ``translation`` for fairseq's penalty, the
-    plugin's ``translation_length_penalty --length-penalty gnmt`` for GNMT's
-    (:mod:`diverse_fairseq.methods.length_penalty`)."""
+def task_args(length_penalty: str, beam_search: str = "fairseq") -> List[str]:
+    """fairseq's ``--task`` for decoding with ``length_penalty`` and ``beam_search``: ``translation`` for fairseq's
+    penalty and search, else the plugin's ``translation_length_penalty --length-penalty P`` and, for THUMT's search,
+    ``--beam-search thumt`` (:mod:`diverse_fairseq.methods.length_penalty`)."""
     if length_penalty not in LENGTH_PENALTIES:
         raise ValueError(f"length penalty {length_penalty!r}: use one of {', '.join(LENGTH_PENALTIES)}")
-    plugin = ["--task", "translation_length_penalty", "--length-penalty", length_penalty]
-    return ["--task", "translation"] if length_penalty == "fairseq" else plugin
+    if beam_search not in BEAM_SEARCHES:
+        raise ValueError(f"beam search {beam_search!r}: use one of {', '.join(BEAM_SEARCHES)}")
+    if (length_penalty, beam_search) == ("fairseq", "fairseq"):
+        return ["--task", "translation"]
+    return ["--task", "translation_length_penalty", "--length-penalty", length_penalty,
+            *(["--beam-search", beam_search] if beam_search != "fairseq" else [])]
 
 
 @dataclass(frozen=True)
@@ -127,15 +131,16 @@ class Decoding:
     beam: int
     lenpen: float
     length_penalty: str
+    beam_search: str
     max_len_a: float
     max_len_b: int
 
 
 def decoding(meta: DatasetMeta, s: Setting) -> Decoding:
     """How setting ``s`` decodes the prepared data: the recipe's beam and length penalty value, the setting's
-    penalty form (fairseq's or GNMT's) and its length limit ``max_len_a * |x| + max_len_b`` where it has one, else
-    the recipe's."""
-    return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty,
+    penalty form (fairseq's or GNMT's), beam search (fairseq's or THUMT's) and its length limit
+    ``max_len_a * |x| + max_len_b`` where it has one, else the recipe's."""
+    return Decoding(beam=meta.beam, lenpen=meta.lenpen, length_penalty=s.length_penalty, beam_search=s.beam_search,
                     max_len_a=meta.max_len_a if s.max_len_a is None else s.max_len_a,
                     max_len_b=meta.max_len_b if s.max_len_b is None else s.max_len_b)
 
@@ -145,7 +150,7 @@ def eval_bleu_args(meta: DatasetMeta, s: Setting) -> List[str]:
     (``prepare.json``): the recipe's beam, length penalty and length limit; BPE removed as the data was
     segmented (subword-nmt ``@@ `` or sentencepiece); Moses detokenization of the target language where the
     text was Moses-tokenized (sacrebleu then scores detokenized text, as the test evaluation does)."""
-    d = decoding(meta, s)  # the penalty form is a task option (task_args), not part of --eval-bleu-args
+    d = decoding(meta, s)  # the penalty form and the search are task options (task_args), not --eval-bleu-args
     generation = {name: getattr(d, name) for name in ("beam", "lenpen", "max_len_a", "max_len_b")}
     post = meta.post_process
     detok = ["moses", "--eval-bleu-detok-args", json.dumps({"target_lang": meta.target_lang})] \
@@ -247,7 +252,7 @@ def plan(request: TrainRequest) -> Plan:
     max_update = o.max_update or s.max_update
     placeholder = "\0SAVE_DIR\0"  # replaced below: the default save directory depends on the identity
     args = [
-        str(data), "--user-dir", USER_DIR, *task_args(s.length_penalty),
+        str(data), "--user-dir", USER_DIR, *task_args(s.length_penalty, s.beam_search),
         "--source-lang", meta.source_lang, "--target-lang", meta.target_lang,
         "--arch", arch, *s.extra,
         # embedding sharing (shared: fairseq's, all three matrices on a joined dictionary, else the target's with

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 
 from fairseq.models import ARCH_MODEL_REGISTRY
 
+from ..methods.length_penalty import BEAM_SEARCHES, LENGTH_PENALTIES
 from .dataset_meta import load_dataset_meta
 from .hints import prepare_hint
 
@@ -53,14 +54,19 @@ class Setting:
     keep_best: int = 0  # how many of the best checkpoints fairseq keeps (--keep-best-checkpoints)
     # the decoding protocol of the setting's paper (validation BLEU and test): how a finished hypothesis' score is
     # normalised by its length, "fairseq" (--lenpen: / |y|^a) or "gnmt" (/ ((5 + |y|)/6)^a, THUMT's), with a the
-    # dataset recipe's length penalty; and the output length limit max_len_a * |x| + max_len_b (fairseq's
+    # dataset recipe's length penalty; the beam search, "fairseq" (fairseq's) or "thumt" (THUMT's,
+    # diverse_fairseq.methods.thumt_search); and the output length limit max_len_a * |x| + max_len_b (fairseq's
     # --max-len-a/-b; None: the dataset recipe's)
     length_penalty: str = "fairseq"
+    beam_search: str = "fairseq"
     max_len_a: Optional[float] = None
     max_len_b: Optional[int] = None
 
     def __post_init__(self):
         checkpoint_name(self.best_checkpoint_metric)  # an unknown metric: ValueError
+        if self.length_penalty not in LENGTH_PENALTIES or self.beam_search not in BEAM_SEARCHES:
+            raise ValueError(f"length_penalty={self.length_penalty!r}, beam_search={self.beam_search!r}: use one of "
+                             f"{', '.join(LENGTH_PENALTIES)} and one of {', '.join(BEAM_SEARCHES)}")
 
 
 def checkpoint_name(metric: Optional[str], average: int = 0) -> str:
@@ -91,10 +97,12 @@ THUMT_MAX_LEN = dict(max_len_a=1.0, max_len_b=50 - 1)
 TINY_LAYERS = 2
 # The THUMT Transformer of the EMNLP 2018, NAACL 2019 and journal papers (the authors' Diversify-MHA fork): untied
 # embeddings, pre-norm, Adam eps 1e-9, the best 5 checkpoints by validation BLEU; "all types of dropout rate is set
-# to 0.1" (journal §4.1.1; the released code has attention/ReLU dropout 0: we follow the text); GNMT's length
-# penalty (decode_alpha=0.6); train_steps=100000 (bin/trainer.py) for every model, Big too: the papers say none.
+# to 0.1" (journal §4.1.1; the released code has attention/ReLU dropout 0: we follow the text); THUMT's beam search
+# with GNMT's length penalty (decode_alpha=0.6, utils/inference.py); train_steps=100000 (bin/trainer.py) for every
+# model, Big too: the papers say none.
 THUMT = dict(embeddings="untied", normalize_before=True, attention_dropout=0.1, activation_dropout=0.1,
-             adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5, length_penalty="gnmt", **THUMT_MAX_LEN)
+             adam_eps=1e-9, best_checkpoint_metric="bleu", keep_best=5, length_penalty="gnmt", beam_search="thumt",
+             **THUMT_MAX_LEN)
 THUMT_TRAIN_STEPS = 100000
 WMT_BATCH = dict(max_tokens=4096, batch_tokens=8 * 4096, save_interval_updates=1000)  # 8 GPUs x 4096 tokens
 # Vaswani et al.'s schedule with "learning rate initially 1.0" (journal §4.1.1) peaks at d^-0.5 · 4000^-0.5:
@@ -131,7 +139,7 @@ SETTINGS: Dict[str, Setting] = {
                            "--encoder-normalize-before", "--decoder-normalize-before"]),
 }
 DEMO_SETTING = "tiny"  # the laptop-CPU scale: every row of a table at scale demo
-DEFAULT_SETTING = {"demo": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base",
+DEFAULT_SETTING = {"demo": "tiny", "demo_fr": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base",
                    "wmt14_en_de_joined": "fairseq_base", "wmt17_zh_en": "base"}
 # Any other dataset (your own corpus, scripts/prepare_data.sh custom) by its number of training pairs: below 20k
 # the demo's tiny model (about one epoch in its 800 updates), below 1M Transformer-small (IWSLT14: 160k), else base.

@@ -1,5 +1,6 @@
 """``python -m diverse_fairseq.tables TABLE [--dataset D] [--scale demo|paper] [--seeds 1,2] [--gpus N]
-[--threads N] [--jobs N] [--rows a,b] [--subsets valid,test] [--train-hook SCRIPT] [--dry-run 1]``.
+[--threads N] [--jobs N] [--rows a,b] [--subsets valid,test] [--train-hook SCRIPT] [--dry-run 1] [...]`` (``--help``
+lists every option).
 
 TABLE is a table of ``configs/tables/`` or any table YAML, such as the diagnosis experiments of
 ``configs/experiments/`` (docs/demo-findings.md).
@@ -9,7 +10,6 @@ are checked before any work starts; a bad one stops the run with a message namin
 """
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -20,8 +20,10 @@ from typing import List, Mapping, Optional
 
 from .. import training
 from ..data.recipes import RECIPES
+from ..data.recipes.demo import SHIPPED
 from ..runs import env_checks, options
 from ..runs.cli_logging import setup_cli_logging
+from ..runs.dataset_meta import DatasetMeta, load_dataset_meta
 from ..runs.options import warn_misspelled
 from .check import dataset_for
 from .config import RunConfig
@@ -64,9 +66,10 @@ def foreign_variable_warnings(env) -> List[str]:
     return env_checks.foreign_variables(env, FOREIGN_VARIABLES, "the table runner (ignored)")
 
 
-def default_jobs(jobs: int, gpus: int) -> int:  # gpus: decided (check_gpus)
-    """``JOBS`` unset: one job per CPU core (at most ``jobs``), or 1 when the jobs use GPUs."""
-    if gpus > 0:
+def default_jobs(jobs: int, gpus: Optional[int]) -> int:
+    """``JOBS`` unset: one job per CPU core (at most ``jobs``), or 1 when the jobs use GPUs (``gpus`` None: every
+    visible GPU)."""
+    if (training.visible_gpus() if gpus is None else gpus) > 0:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cores, jobs))
@@ -104,24 +107,16 @@ def resume_command(argv: List[str], env) -> str:
     return prefix + shlex.join(["python", "-m", "diverse_fairseq.tables", *argv])
 
 
-def data_problems(meta: dict) -> List[str]:
+def data_problems(meta: DatasetMeta) -> List[str]:
     """Why a prepared dataset (its prepare.json) is not the published data, in words; empty when it is."""
-    expectations = (meta.get("verification") or {}).get("expectations", "published")
-    stand_in = [] if expectations == "published" else [
-        f"its files were checked against the stand-in manifest {expectations.get('manifest')!r} (EXPECT), not the "
-        f"published sizes, checksums and counts"]
-    record, recipe = meta.get("training_data"), RECIPES.get(meta.get("dataset"))
-    if record is None:  # a recipe that records its corpora, prepared before it did
-        older = recipe is not None and recipe.corpora_file
-        return stand_in + (["prepared by an older version that did not check the corpora' counts (no training_data)"]
-                           if older else [])
-    return stand_in + ([] if record.get("verified", True) else list(record.get("problems") or ["not verified"]))
+    recipe = RECIPES.get(meta.dataset)
+    return meta.problems(records_corpora=recipe is not None and bool(recipe.corpora_file))
 
 
 def check_paper_data(data: Path, allow: bool):
     """Refuse data prepared from other than the published corpora unless ALLOW_UNVERIFIED_DATA=1."""
-    meta = data / "prepare.json"  # not prepared yet: the runner says how to prepare it
-    what = "; ".join(data_problems(json.loads(meta.read_text(encoding="utf-8"))) if meta.is_file() else [])
+    # not prepared yet: the runner says how to prepare it
+    what = "; ".join(data_problems(load_dataset_meta(data)) if (data / "prepare.json").is_file() else [])
     if not what:
         return
     if allow:
@@ -165,9 +160,10 @@ def results_dir(options: TableOptions, table_id: str) -> Path:
 
 def main(argv: Optional[List[str]] = None):
     env = dict(os.environ)  # this machine's environment, read once and handed down (to the jobs too)
-    o = check_gpus(parse_options(argv, env), env)  # every option checked before any work
-    setup_cli_logging()
     warn_misspelled(env, "tables")
+    o = parse_options(argv, env)  # every option checked before any work
+    check_gpus(o, env)
+    setup_cli_logging()
     for warning in foreign_variable_warnings(env):
         print(f"[tables] warning: {warning}", flush=True)
     scale = o.scale
@@ -187,10 +183,9 @@ def main(argv: Optional[List[str]] = None):
     run = RunConfig(dataset=dataset, scale=scale, seeds=o.seeds, gpus=o.gpus, out_dir=out / f"{dataset}-{scale}",
                     data_bin=o.data_bin.resolve(), train_args=o.train_args, generate_args=o.generate_args,
                     threads=o.threads, jobs=min(o.jobs or default_jobs(n_jobs, o.gpus), n_jobs),
-                    progress_interval=o.progress_interval, probing_tasks=table.probing,
+                    progress_interval=o.progress_interval, probing_tasks=table.probing, rerun=f"run {resume}",
                     probing_dir=probing_dir(o.probing_data, o.mirror) if table.probing else None, dry_run=o.dry_run,
-                    train_options=o.train_options, train_hook=o.train_hook, subsets=o.subsets,
-                    rerun=f"run {resume}")
+                    train_options=o.train_options, train_hook=o.train_hook, subsets=o.subsets)
     if scale == "paper":
         check_paper_data(run.data_bin / dataset, o.allow_unverified_data)
     if run.dry_run:
@@ -198,11 +193,11 @@ def main(argv: Optional[List[str]] = None):
         raise SystemExit(0)  # also ending make figure-*
     if table.probing:
         ensure_probing_data(table.probing, o.probing_data, scale, o.mirror)
-    if dataset == "demo":  # the demo corpus ships with the repository: prepare it, or check that it is (quick when
+    if dataset in SHIPPED:  # the demo corpora ship with the repository: prepare it, or check that it is (quick when
         # it is up to date); the data preparation's own variables (DEMO_DIR, BPE_SIZE, WORK_DIR, ...) apply
         from ..data import prepare
 
-        prepare.prepare(prepare.parse_options(["demo", "--data-bin", str(run.data_bin)], env))
+        prepare.prepare(prepare.parse_options([dataset, "--data-bin", str(run.data_bin)], env))
     try:
         results = run_table(table, run, env)
     except TableInterrupted as e:  # Ctrl-C: one line per interrupted row, then the shell's status for SIGINT

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..data.recipes import RECIPES
 from ..runs.cli_logging import setup_cli_logging
-from ..runs.dataset_meta import load_dataset_meta
+from ..runs.dataset_meta import DatasetMeta, load_dataset_meta
 from ..runs.options import add_options, choice, integer, option, resolve, warn_misspelled
 from ..runs.paths import data_bin_option
 from ..runs.plan import Plan, TrainOptions
@@ -75,12 +75,11 @@ def write_synthetic_data(data_bin: Path, dataset: str) -> Path:
         size = None if recipe.joined_dictionary else recipe.assumed_vocab.get(lang)
         dictionary = synthetic_dictionary(size, None if size else recipe.bpe_size)
         dictionary.save(str(data / f"dict.{lang}.txt"))
-    meta = {"dataset": dataset, "source_lang": recipe.src, "target_lang": recipe.tgt,
-            "joined_dictionary": recipe.joined_dictionary, "synthetic": True, "beam": recipe.beam,
-            "lenpen": recipe.lenpen, "max_len_a": recipe.max_len_a, "max_len_b": recipe.max_len_b,
-            "post_process": "subword_nmt" if recipe.bpe == "subword-nmt" else "sentencepiece",
-            "moses_tokenized": recipe.bpe == "subword-nmt"}
-    (data / "prepare.json").write_text(json.dumps(meta) + "\n")
+    DatasetMeta(source_lang=recipe.src, target_lang=recipe.tgt, dataset=dataset,
+                joined_dictionary=recipe.joined_dictionary, synthetic=True, beam=recipe.beam, lenpen=recipe.lenpen,
+                max_len_a=recipe.max_len_a, max_len_b=recipe.max_len_b,
+                post_process="subword_nmt" if recipe.bpe == "subword-nmt" else "sentencepiece",
+                moses_tokenized=recipe.bpe == "subword-nmt").write(data)
     return data
 
 
@@ -258,7 +257,8 @@ def check(tables: List[Table], scales=SCALES, paper_gpus: int = 8, dataset: Opti
                         changes = scale_mod.changes(row.args, scale_mod.row_args(row.args, job.setting_name))
                         d = job.decoding  # how the row's runs decode (validation BLEU and test)
                         note = (f" [layers mapped: {'; '.join(changes)}]" if changes else "") + (
-                            f" [decoding: beam {d.beam}, {d.length_penalty} length penalty {d.lenpen:g}, at most "
+                            f" [decoding: {d.beam_search} beam search {d.beam}, {d.length_penalty} length penalty "
+                            f"{d.lenpen:g}, at most "
                             f"{d.max_len_a:g}·|x| + {d.max_len_b} tokens]" if scale == "paper" else "")
                         key = (scale, json.dumps(job.identity, sort_keys=True))  # the same run: built once
                         if key in done:

@@ -20,25 +20,26 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .report import mean, pyplot, save_figure
+from .records import from_json
+from .report import Summary, mean, pyplot, save_figure
 
 # metric key of a report row → (axis label, whether lower is better); per seed in "<key>_per_seed"
 METRICS = {"valid_nll_loss": ("validation NLL per token (base 2)", True), "bleu": ("test BLEU (sacrebleu)", False)}
 
 
-def figure_data(summary: Dict) -> Dict:
-    """The figure's numbers from a report summary (the table runner's ``<dataset>.json``)."""
-    rows = [r for r in summary["rows"] if r.get("figure")]
-    if not rows or "figure_x" not in summary:
-        raise ValueError(f"{summary.get('table')}: the report has no figure points (a figure's description names "
+def figure_data(summary: Summary) -> Dict:
+    """The figure's numbers from a report summary (the table runner's, or its ``<dataset>.json``)."""
+    rows = [r for r in summary.rows if r.figure]
+    if not rows or not summary.figure_x:
+        raise ValueError(f"{summary.table}: the report has no figure points (a figure's description names "
                          f"'figure_x' and gives every row a 'figure: {{series, x}}')")
     series: Dict[str, List[Dict]] = {}
     for r in rows:
-        point = {"row": r["id"], "label": r["label"], "x": r["figure"]["x"], "seeds": r["seeds"]}
+        point = {"row": r.id, "label": r.label, "x": r.figure["x"], "seeds": r.seeds}
         for key in METRICS:
-            point[key] = r[f"{key}_per_seed"]
+            point[key] = getattr(r, f"{key}_per_seed")
             point[f"{key}_mean"] = mean(point[key])
-        series.setdefault(r["figure"]["series"], []).append(point)
+        series.setdefault(r.figure["series"], []).append(point)
     out, best = [], {}
     for name, points in series.items():
         points.sort(key=lambda p: p["x"])
@@ -47,8 +48,8 @@ def figure_data(summary: Dict) -> Dict:
         for key, (_, lower) in METRICS.items():
             scored = [p for p in points if p[f"{key}_mean"] is not None]
             best[name][key] = (min if lower else max)(scored, key=lambda p: p[f"{key}_mean"])["x"] if scored else None
-    return {"table": summary["table"], "title": summary["title"], "dataset": summary["dataset"],
-            "scale": summary["scale"], "x_label": summary["figure_x"],
+    return {"table": summary.table, "title": summary.title, "dataset": summary.dataset,
+            "scale": summary.scale, "x_label": summary.figure_x,
             "metrics": {k: label for k, (label, _) in METRICS.items()}, "series": out, "best_x": best}
 
 
@@ -84,13 +85,14 @@ def main(argv: Optional[List[str]] = None) -> bool:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--plot-only"] and len(argv) == 2:
         results = Path(argv[1])
+        summary = from_json(Summary, json.loads(results.read_text(encoding="utf-8")))
     else:
         from .__main__ import main as run_table
         from .__main__ import parse_options, results_dir
 
         summary = run_table(argv)
-        results = results_dir(parse_options(argv, os.environ), summary["table"]) / f"{summary['dataset']}.json"
-    data = figure_data(json.loads(results.read_text(encoding="utf-8")))
+        results = results_dir(parse_options(argv, os.environ), summary.table) / f"{summary.dataset}.json"
+    data = figure_data(summary)
     stem = results.with_name(f"{results.stem}-figure")
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     plot_figure(data, stem.with_suffix(".png"))

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+import torch
+
 from ..evaluate import EvalRequest
 from ..runs.lock import run_lock
 from ..runs.plan import Plan, TrainRequest, plan
@@ -82,8 +84,8 @@ def make_job(table: str, row: Row, run: RunConfig, seed: int, same: Sequence[str
     d, threads = p.decoding, str(run.threads)
     evals = tuple(EvalRequest(
         checkpoint=p.checkpoint(p.average), data_dir=Path(run.data_bin) / run.dataset, subset=subset, beam=d.beam,
-        lenpen=d.lenpen, length_penalty=d.length_penalty, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
-        out=run.eval_dir(row, seed, subset), cpu=p.gpus == 0, precision=p.precision,
+        lenpen=d.lenpen, length_penalty=d.length_penalty, beam_search=d.beam_search, max_len_a=d.max_len_a,
+        max_len_b=d.max_len_b, out=run.eval_dir(row, seed, subset), cpu=p.gpus == 0, precision=p.precision,
         generate_args=tuple(run.generate_args)) for subset in run.subsets)
     return TableJob(table=table, rows=(row.id, *same), seed=seed, plan=p, evals=evals,
                     row_args=tuple(scale.row_args(row.args, p.setting_name)), train_args=tuple(run.train_args),
@@ -141,8 +143,6 @@ def run_job(job: TableJob, env: Mapping[str, str]) -> JobRecord:
         print(f"  [{job.tag}] training finished earlier ({record.train.trained_at}) and evaluated: reusing its "
               f"record {job.run_dir / RECORD}", flush=True)
         return replace(record, reused=True)
-    import torch
-
     torch.set_num_threads(job.threads)
     env = {**env, **job.env}
     with run_lock(job.run_dir, env, rerun=job.rerun):

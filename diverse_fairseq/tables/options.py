@@ -2,7 +2,7 @@
 one :mod:`~diverse_fairseq.runs.options` field each, every one with its environment variable (the make targets
 pass them), checked before any work starts (``tables/__main__.py``'s ``parse_options``)."""
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Mapping, Optional
 
@@ -61,8 +61,9 @@ class TableOptions:
                               parse=seeds, default_factory=lambda: [1])
     gpus: Optional[int] = gpus_option()
     threads: int = option("THREADS", "CPU threads of every training/decoding job (OMP_NUM_THREADS, MKL_NUM_THREADS, "
-                                     "torch): fixed, so that a seed gives the same numbers on any machine", 1,
-                          integer(1))
+                                     "torch): fixed, so that a seed gives the same numbers again on the same machine "
+                                     "type with the same library versions (not on any machine: docs/reproducing.md)",
+                          1, integer(1))
     jobs: Optional[int] = option("JOBS", "row/seed jobs run at once, each with its log in <out>/logs/; default: the "
                                          "CPU cores (at most the number of jobs), 1 with GPUs", None, integer(1))
     out: Optional[Path] = option("RESULTS", "results directory (default results/<table>)", None, a_path)
@@ -94,10 +95,11 @@ class TableOptions:
     train_options: TrainOptions = field(default_factory=TrainOptions)
 
 
-def check_gpus(options: TableOptions, env: Mapping[str, str]) -> TableOptions:
-    """``options`` with ``gpus`` decided on this machine, which trains every row (the local launcher): unset, the
-    GPUs it sees; more than it sees stop now, not when the first row starts training.
+def check_gpus(options: TableOptions, env: Mapping[str, str]):
+    """GPUS given: more than this machine shows stop now, not when the first row starts training (the local launcher
+    trains every row here). Unset, every GPU visible to the process that trains, decided there.
     A launcher that trains elsewhere (LAUNCHER=slurm) cannot see the GPUs of the machine that trains: there, GPUS
     must be given instead (refuse before any work, naming ``GPUS=N``) and is not checked against this machine."""
-    gpus, _ = training.select_gpus(options.gpus, env, training.visible_gpus())
-    return replace(options, gpus=gpus)
+    # LAUNCHER=slurm (the launcher's option, issue 36): return here, refusing GPUS unset before any work
+    if options.gpus:
+        training.select_gpus(options.gpus, env, training.visible_gpus())

@@ -63,7 +63,8 @@ def from_json(cls, data: Dict):
     hints, values = get_type_hints(cls), {}
     for name in (f.name for f in fields(cls) if f.name in data):
         hint, value = hints[name], data[name]
-        item = get_args(hint)[1] if get_origin(hint) is dict and get_args(hint) else None  # Dict[str, Record]
-        values[name] = (from_json(hint, value) if is_dataclass(hint) else
-                        {k: from_json(item, v) for k, v in value.items()} if is_dataclass(item) else value)
+        item = (get_args(hint) or (None,))[-1] if get_origin(hint) in (dict, list) else None  # Dict[str, R], List[R]
+        values[name] = (from_json(hint, value) if is_dataclass(hint) else value if not is_dataclass(item) else
+                        {k: from_json(item, v) for k, v in value.items()} if isinstance(value, dict) else
+                        [from_json(item, v) for v in value])
     return cls(**values)

@@ -1,7 +1,8 @@
 """Train, evaluate and measure every row and seed of a table (one *job* each: :func:`~.job.run_job` of its
 :class:`~.job.TableJob`), resuming whatever is already finished, one by one in this process or ``jobs`` at once in
 worker processes; ``DRY_RUN=1`` prints the jobs' commands instead. Every job runs with ``threads`` CPU threads, so a
-seed gives the same numbers on any machine.
+seed gives the same numbers again on the same machine type with the same library versions (docs/reproducing.md,
+"What may differ across machines").
 """
 
 import multiprocessing
@@ -15,6 +16,7 @@ from dataclasses import replace
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .. import training
+from ..data.recipes.demo import SHIPPED
 from ..evaluate import command_line
 from ..runs.hints import prepare_hint
 from ..runs.settings import SETTINGS
@@ -171,7 +173,7 @@ def dry_run_table(table: Table, run: RunConfig):
         print(f"[{table.table}] probing tasks {', '.join(run.probing_tasks)}: files in {run.probing_dir} (a real run "
               f"downloads the missing ones first)", flush=True)
     if not (data / "prepare.json").exists():
-        demo = run.dataset == "demo"
+        demo = run.dataset in SHIPPED
         prepare = prepare_hint(data)
         print(f"[{table.table}] DRY_RUN=1: {data} is not prepared, and the training commands depend on it "
               f"(languages, dictionaries); {'a real run prepares it first' if demo else 'prepare it'} ({prepare}), "

@@ -42,7 +42,7 @@ def train(job: "TableJob", env: Mapping[str, str]) -> Tuple[TrainRecord, bool]:
             print(f"  [{tag}] training finished earlier ({record.trained_at}); reusing {run_dir}", flush=True)
             return replace(record, checkpoint=str(checkpoint)), True
         print(f"  [{tag}] training finished earlier ({record.trained_at}), but the checkpoint it evaluates, "
-              f"{checkpoint.name}, is {what}", flush=True)
+              f"{checkpoint.name}, {'is missing' if what == 'missing' else 'cannot be read'}", flush=True)
         recover(job, checkpoint)
     else:
         stored = finished.get("key") if finished is not None else load(run_dir / "key.json")  # key.json: interrupted

@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -192,7 +193,7 @@ def test_report_puts_the_papers_accuracy_beside_ours():
     entry = probing_entry(spec, spec.rows[0], runs)
     assert entry["probing"]["accuracy"] == {"SentLen": 51.0}
     assert entry["probing"]["paper"] == {"SentLen": 97.22}
-    text = "\n".join(probing_section({"rows": [dict(entry, label="BASE", seeds=[1, 2])]}))
+    text = "\n".join(probing_section(SimpleNamespace(rows=[SimpleNamespace(label="BASE", seeds=[1, 2], **entry)])))
     assert "| System | SeLen |" in text and "| BASE | 51.00 (97.22) |" in text and "| majority class | 20.00 |" in text
     assert probing_entry(spec, spec.rows[0], [job_record()]) == {}
 

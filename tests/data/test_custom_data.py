@@ -4,6 +4,7 @@ work, the setting a custom dataset trains with, and prepare → a few training u
 
 import gzip
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -48,6 +49,10 @@ def test_custom_corpus_with_subword_nmt_binarizes_every_split(custom_prepared):
     assert meta["bpe"] == "subword-nmt" and meta["bpe_size"] == 200 and meta["moses_tokenized"]
     assert meta["post_process"] == "subword_nmt" and meta["joined_dictionary"] and (dest / "codes").exists()
     assert meta["sentences"] == {"train": 300, "valid": 40, "test": 40}
+    # the <unk> rates fairseq-preprocess reports (valid 0.105% / 0.0%, test 0.35% / 0.357%), printed and recorded
+    assert "<unk> after binarisation: valid en 0.11%, de 0.00%; test en 0.35%, de 0.36%" in out
+    assert meta["unk"] == {"valid": {"en": 0.11, "de": 0.0}, "test": {"en": 0.35, "de": 0.36}}
+    assert "are <unk>" not in out  # below 1%: no warning
     # the raw test reference for sacrebleu is the user's file, unchanged
     assert lines(dest / "test.ref.de") == lines(CORPUS / "test.de")
     assert lines(dest / "test.tok.de") == [tokenize(s, "de") for s in lines(CORPUS / "test.de")]
@@ -59,6 +64,40 @@ def test_custom_corpus_with_subword_nmt_binarizes_every_split(custom_prepared):
             raw = lines(CORPUS / f"{split}.{lang}")
             assert [dictionary.string(dataset[i], "subword_nmt") for i in (0, n - 1)] == \
                 [tokenize(raw[i], lang) for i in (0, n - 1)]
+
+
+def test_many_unk_tokens_are_warned_of_with_a_bpe_size_that_fits(tmp_path, monkeypatch, capsys):
+    """The default 10,000 merges on 120 pairs: subword-nmt learns 1,049, and 6-7% of the held-out tokens are
+    <unk> (fairseq-preprocess says so; the preparation used to drop it). The warning names BPE_SIZE and a command
+    with a size that fits; that command, run as printed, brings every rate under 1%."""
+    import shlex
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(CORPUS, corpus)
+    for lang in ("en", "de"):  # 120 training pairs: a corpus of this kind, learned in a second
+        (corpus / f"train.{lang}").write_text("\n".join(lines(CORPUS / f"train.{lang}")[:120]) + "\n")
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    prepare(["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(corpus), "--work-dir", str(tmp_path / "work"),
+             "--data-bin", str(tmp_path / "data-bin"), "--workers", "1"])
+    out = capsys.readouterr().out
+    assert "<unk> after binarisation: valid en 6.97%, de 5.86%; test en 7.05%, de 6.73%" in out
+    warning = next(line for line in out.splitlines() if "are <unk>" in line)
+    assert "warning: 7.05% of the tokens of a held-out split are <unk>" in warning
+    assert "BPE_SIZE=10,000 (1,049 merges learned)" in warning
+    # learning itself named the command of the same form with the merges it learned (the one run below is the same)
+    assert re.search(r"Lower BPE_SIZE \(--bpe-size\) to 1,049 or less: SRC=en .*BPE_SIZE=1049 scripts/prepare_data.sh "
+                     r"custom\n", out)
+    command = shlex.split(warning.split("<unk>: ", 1)[1])
+    assert command[-2:] == ["scripts/prepare_data.sh", "custom"] and (REPO / command[-2]).is_file()
+    variables = dict(word.split("=", 1) for word in command[:-2])
+    assert variables["BPE_SIZE"] == "262" and variables["CORPUS_DIR"] == str(corpus)
+    for key, value in variables.items():  # the command as printed: its variables, then the script's main
+        monkeypatch.setenv(key, value)
+    prepare([command[-1]])
+    rates = json.loads((tmp_path / "data-bin" / "custom_en_de" / "prepare.json").read_text())["unk"]
+    assert max(pct for split in rates.values() for pct in split.values()) <= 1.0
+    assert "are <unk>" not in capsys.readouterr().out
 
 
 def test_custom_corpus_with_sentencepiece_separate_vocab_gzip_and_a_name(tmp_path, monkeypatch):

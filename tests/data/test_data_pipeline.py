@@ -81,6 +81,24 @@ def test_clean_pair_follows_clean_corpus_n():
     assert clean_pair("a b c d", "x y", 1, 5, 1.5) is None  # ratio 2 > 1.5
     assert clean_pair("", "x", 1, 5, 9) is None  # empty side
     assert clean_pair("a b c d e f", "a b c d e f", 1, 5, 9) is None  # longer than max
+    # a word longer than 1,000 characters (clean-corpus-n.perl's max-word-length) drops the pair, on either side
+    assert clean_pair("a " + "x" * 1001, "b c", 1, 250, 9) is None
+    assert clean_pair("b c", "x" * 1001 + " a", 1, 250, 9) is None
+    assert clean_pair("a " + "x" * 1000, "b c", 1, 250, 9) == ("a " + "x" * 1000, "b c")
+    assert clean_pair("a " + "x" * 600 + "|" + "x" * 600, "b c", 1, 250, 9) is not None  # | ends a word there
+
+
+def test_moses_rules_that_sacremoses_lacks_are_the_perl_scripts():
+    """The outputs of mosesdecoder 34452895f's tokenizer.perl and normalize-punctuation.perl (run on these lines)."""
+    from diverse_fairseq.data.text import normalize, tokenize
+
+    for line, perl in [("He lives in the U.S.", "He lives in the U.S ."), ("It's 5 p.m.", "It &apos;s 5 p.m ."),
+                       ("Wait...", "Wait ..."),
+                       ("Dr. Smith came at 5 p.m. today.", "Dr. Smith came at 5 p.m. today .")]:
+        assert tokenize(line, "en") == perl
+    assert tokenize("Er wohnt in den USA bzw.", "de") == "Er wohnt in den USA bzw ."
+    assert normalize("Er sagte: „Wir werden gewinnen.“", "de", punct=True) == 'Er sagte: "Wir werden gewinnen".'
+    assert normalize("He said ’yes’ now.", "en", punct=True) == 'He said "yes" now.'
 
 
 def test_sgm_and_iwslt_extraction(tmp_path):

@@ -191,8 +191,9 @@ def test_a_mirror_of_wrong_wmt14_archives_is_refused_at_the_first(tmp_path):
 
 
 def test_the_un_corpus_is_refused_by_its_line_counts_before_the_next_archive(tmp_path):
-    # the fixtures' manifest without its line counts: the UN parts pass (no published checksum for them) and the
-    # published member counts (15,886,041 lines) refuse them right after extraction, before dev.tgz is fetched
+    # the fixtures' manifest without its line counts: the UN parts pass (the manifest's sizes and checksums replace
+    # the published ones) and the published member counts (15,886,041 lines) refuse them right after extraction,
+    # before dev.tgz is fetched
     manifest = json.loads((MIRROR / "EXPECTED.json").read_text())
     del manifest["lines"]
     path = tmp_path / "expect.json"
@@ -202,7 +203,7 @@ def test_the_un_corpus_is_refused_by_its_line_counts_before_the_next_archive(tmp
                  "--mirror", str(MIRROR), "--expect", str(path), "--skip-cwmt"])
     message = str(err.value)
     assert "UNv1.0.en-zh.tar.gz.00 + UNv1.0.en-zh.tar.gz.01: member UNv1.0.en-zh" in message
-    assert "has 12 lines, expected 15,886,041 (tensor2tensor" in message
+    assert "has 12 lines, expected 15,886,041 (the UN Parallel Corpus page" in message
     work = tmp_path / "work" / "wmt17_zh_en+fixture"
     downloads = sorted(p.name for p in (work / "downloads").iterdir())
     assert "UNv1.0.en-zh.tar.gz.00.rejected" in downloads and "dev.tgz" not in downloads
@@ -218,16 +219,19 @@ def test_fixture_data_never_goes_where_the_real_data_goes(tmp_path):
 
 
 def test_the_final_count_is_printed_beside_the_papers_and_a_short_corpus_named():
-    from diverse_fairseq.data.prepare import compare_with_paper
+    from dataclasses import replace
 
-    record = {"final_train": 3_000_000, "paper": 4_500_000, "paper_source": "EMNLP 2020", "expectations": "published",
-              "corpora": {"europarl-v7": {"before_cleaning": 1_920_209, "after_cleaning": 1_900_000},
-                          "commoncrawl": {"before_cleaning": 2_399_123, "after_cleaning": 900_000}}}
+    from diverse_fairseq.data.prepare import compare_with_paper
+    from diverse_fairseq.runs.dataset_meta import TrainPairs
+
+    record = TrainPairs.from_json({
+        "final_train": 3_000_000, "paper": 4_500_000, "paper_source": "EMNLP 2020", "expectations": "published",
+        "corpora": {"europarl-v7": {"before_cleaning": 1_920_209, "after_cleaning": 1_900_000},
+                    "commoncrawl": {"before_cleaning": 2_399_123, "after_cleaning": 900_000}}})
     first, warning = compare_with_paper(record, "wmt14_en_de")
     assert "3,000,000, the paper's 4,500,000 (-33.3%; EMNLP 2020)" in first
     assert "33% fewer" in warning and "commoncrawl kept 900,000 of 2,399,123" in warning and "europarl" not in warning
-    record["final_train"] = 4_450_000
-    assert len(compare_with_paper(record, "wmt14_en_de")) == 1  # within 5%: no warning
+    assert len(compare_with_paper(replace(record, final_train=4_450_000), "wmt14_en_de")) == 1  # within 5%
 
 
 def test_html_is_told_from_data():

@@ -32,7 +32,7 @@ def _published_size_file(path: Path):
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
-def test_a_fixture_probing_run_leaves_the_real_cache_untouched(repo, monkeypatch):
+def test_a_fixture_probing_run_leaves_the_real_cache_untouched(repo):
     real = repo / "work" / "senteval_probing"
     # the README's 3-minute fixture check: DIVERSE_FAIRSEQ_MIRROR=tests/fixtures/senteval
     used = ensure_probing_data(["SentLen", "Tense"], None, "demo", mirror=str(FIXTURE))

@@ -10,6 +10,7 @@ from argparse import Namespace
 
 import pytest
 import torch
+from conftest import lines
 from fairseq.data import Dictionary
 from fairseq.models import FairseqDecoder, FairseqEncoder, FairseqEncoderDecoderModel
 from fairseq.sequence_generator import SequenceGenerator
@@ -20,6 +21,7 @@ from diverse_fairseq.methods.length_penalty import (
     TranslationLengthPenaltyTask,
     gnmt_length_penalty,
 )
+from diverse_fairseq.methods.thumt_search import ThumtSequenceGenerator
 
 ALPHA = 0.6
 # the first word: "a" then EOS (|y| = 2), or "b" then "b" then EOS (|y| = 3); P(b b EOS) < P(a EOS), by a margin
@@ -75,16 +77,16 @@ def fixed_model(eos_logit=None):
     return FairseqEncoderDecoderModel(FixedEncoder(d), FixedDecoder(d, eos_logit)).eval(), d
 
 
-def task(length_penalty):
+def task(length_penalty, beam_search="fairseq"):
     d = dictionary()
-    cfg = TranslationLengthPenaltyConfig(length_penalty=length_penalty)
+    cfg = TranslationLengthPenaltyConfig(length_penalty=length_penalty, beam_search=beam_search)
     return TranslationLengthPenaltyTask(cfg, d, d)
 
 
-def decode(length_penalty, src_len=3, beam=2, **gen):
-    """The finished hypotheses of one source sentence of ``src_len`` words, best first."""
+def decode(length_penalty, src_len=3, beam=2, beam_search="fairseq", **gen):
+    """The hypotheses of one source sentence of ``src_len`` words, best first."""
     model, d = fixed_model(gen.pop("eos_logit", None))
-    generator = task(length_penalty).build_generator([model], Namespace(beam=beam, lenpen=ALPHA, **gen))
+    generator = task(length_penalty, beam_search).build_generator([model], Namespace(beam=beam, lenpen=ALPHA, **gen))
     src = torch.cat([torch.full((1, src_len), d.index("c")), torch.tensor([[d.eos()]])], dim=1)
     sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([src_len + 1])}}
     with torch.no_grad():
@@ -108,6 +110,9 @@ def test_task_builds_the_generator_of_its_option():
     assert isinstance(gnmt, GnmtSequenceGenerator) and gnmt.gnmt_alpha == ALPHA
     fairseq = task("fairseq").build_generator([model], args)
     assert type(fairseq) is SequenceGenerator and fairseq.len_penalty == ALPHA
+    for penalty in ("gnmt", "fairseq"):
+        thumt = task(penalty, "thumt").build_generator([model], args)
+        assert type(thumt) is ThumtSequenceGenerator and (thumt.penalty_form, thumt.alpha) == (penalty, ALPHA)
 
 
 @pytest.mark.parametrize("length_penalty", ["gnmt", "fairseq"])
@@ -149,36 +154,59 @@ def test_unnormalized_scores_stay_unnormalized():
 
 @pytest.mark.parametrize("src_len", [1, 7])
 def test_thumt_length_limit_is_source_length_plus_50(src_len):
-    """THUMT (utils/inference.py) stops a hypothesis that has not ended at |x| + 50 words, |x| the source's
-    words; fairseq's --max-len-a 1 --max-len-b 49 gives the same limit, since its source length counts the EOS
-    (the THUMT settings' values, diverse_fairseq.runs.settings.THUMT_MAX_LEN). A model that never ends hits it."""
+    """THUMT (utils/inference.py) decodes at most |x| + 50 steps, |x| the source's length with its EOS: a hypothesis
+    that ends has at most |x| + 49 words before its EOS; fairseq's --max-len-a 1 --max-len-b 49 gives the same
+    limit, since its source length counts the EOS too (the THUMT settings' values,
+    diverse_fairseq.runs.settings.THUMT_MAX_LEN). A model that never ends hits it: fairseq's search ends the
+    hypothesis with a forced EOS after |x| + 49 words, THUMT's returns it without an EOS, |x| + 50 words."""
     from diverse_fairseq.runs.settings import THUMT_MAX_LEN
 
-    hypos, _ = decode("gnmt", src_len=src_len, eos_logit=-100.0, **THUMT_MAX_LEN)
-    assert len(hypos[0]["tokens"]) - 1 == src_len + 50
+    x = src_len + 1
+    hypos, d = decode("gnmt", src_len=src_len, eos_logit=-100.0, **THUMT_MAX_LEN)
+    assert len(hypos[0]["tokens"]) - 1 == x + 49 and hypos[0]["tokens"][-1] == d.eos()
+    hypos, d = decode("gnmt", src_len=src_len, eos_logit=-100.0, beam_search="thumt", **THUMT_MAX_LEN)
+    assert len(hypos[0]["tokens"]) == x + 50 and d.eos() not in hypos[0]["tokens"]
+    assert hypos[0]["score"].item() == pytest.approx(sum(hypos[0]["positional_scores"].tolist())
+                                                     / gnmt_length_penalty(x + 50, ALPHA), rel=1e-5)
 
 
-def test_fairseq_train_validates_and_fairseq_generate_decodes_with_gnmt(tiny_data, tiny_args, tmp_path):
-    """Through fairseq-train and fairseq-generate with --user-dir (their ``main``, in this process): fairseq-train's
-    validation BLEU (--eval-bleu) decodes through the task, and fairseq-generate's every hypothesis score (H,
-    base 2) is the sum of its positional scores (P) over GNMT's penalty of its length, EOS included."""
-    from fairseq_in_process import fairseq_generate, fairseq_train
+def hypotheses(out):
+    """{id: (score, positional scores)} of fairseq-generate's or fairseq-interactive's H- and P- lines."""
+    scores = {line.split("\t")[0][2:]: float(line.split("\t")[1]) for line in out.splitlines() if line.startswith("H-")}
+    positional = {line.split("\t")[0][2:]: [float(x) for x in line.split("\t")[1].split()]
+                  for line in out.splitlines() if line.startswith("P-")}
+    assert scores.keys() == positional.keys()
+    return {key: (score, positional[key]) for key, score in scores.items()}
+
+
+def test_fairseq_train_generate_and_interactive_decode_with_thumts_search(tiny_data, tiny_raw, tiny_args, tmp_path):
+    """Through fairseq-train, fairseq-generate and fairseq-interactive with --user-dir (their ``main``, in this
+    process), with THUMT's search (``--beam-search thumt``): fairseq-train's validation BLEU (--eval-bleu) decodes
+    through the task, and fairseq-generate and fairseq-interactive score every hypothesis (H, base 2) as the sum
+    of its positional scores (P) over GNMT's penalty of its length (EOS included where it ends with one).
+    (fairseq's search with GNMT's penalty, and a routing model through THUMT's search: the tests above, and
+    test_thumt_search.py.)"""
+    from fairseq_in_process import fairseq_generate, fairseq_interactive, fairseq_train
 
     from diverse_fairseq.user_dir import USER_DIR
 
     gnmt = ["--task", "translation_length_penalty", "--length-penalty", "gnmt"]
     train = [a for a in tiny_args(tiny_data, tmp_path / "ck", max_update=1) if a not in ("--task", "translation")]
-    fairseq_train([*train, *gnmt, "--eval-bleu", "--eval-bleu-args", '{"beam": 2, "lenpen": 0.6, "max_len_a": 1, '
-                   '"max_len_b": 4}', "--eval-bleu-detok", "space", "--best-checkpoint-metric", "bleu",
-                   "--maximize-best-checkpoint-metric"])
-    out = fairseq_generate([tiny_data, "--path", tmp_path / "ck" / "checkpoint_best.pt", "--user-dir", USER_DIR,
-                            *gnmt, "--cpu", "--gen-subset", "valid", "--beam", "2", "--lenpen", "0.6",
-                            "--max-len-a", "1", "--max-len-b", "4", "--batch-size", "64",
-                            "--required-batch-size-multiple", "1"])
-    scores = {line.split("\t")[0][2:]: float(line.split("\t")[1]) for line in out.splitlines() if line.startswith("H-")}
-    positional = {line.split("\t")[0][2:]: [float(x) for x in line.split("\t")[1].split()]
-                  for line in out.splitlines() if line.startswith("P-")}
-    assert len(scores) == 60 and scores.keys() == positional.keys()
-    for key, score in scores.items():
-        p = positional[key]
-        assert score == pytest.approx(sum(p) / gnmt_length_penalty(len(p), ALPHA), abs=2e-3)
+    log = fairseq_train([*train, *gnmt, "--beam-search", "thumt", "--eval-bleu", "--eval-bleu-args",
+                         '{"beam": 2, "lenpen": 0.6, "max_len_a": 1, "max_len_b": 4}', "--eval-bleu-detok", "space",
+                         "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"])
+    # the model of one update ends every validation sentence at once (an empty output, which THUMT's search allows):
+    # BLEU 0, where fairseq would log no BLEU and stop on the missing --best-checkpoint-metric
+    assert "| valid on 'valid' subset |" in log and "| bleu 0 " in log
+    decoding = ["--path", tmp_path / "ck" / "checkpoint_best.pt", "--user-dir", USER_DIR, *gnmt, "--cpu", "--beam",
+                "2", "--lenpen", "0.6", "--max-len-a", "1", "--max-len-b", "4", "--beam-search", "thumt",
+                "--min-len", "3"]  # no EOS before the fourth token: --min-len applies to THUMT's search above 1
+    found = hypotheses(fairseq_generate([tiny_data, *decoding, "--gen-subset", "test", "--batch-size", "64",
+                                         "--required-batch-size-multiple", "1"]))
+    (tmp_path / "input.en").write_text("\n".join(lines(tiny_raw / "test.en")[:3]) + "\n", encoding="utf-8")
+    out = fairseq_interactive([tiny_data, *decoding, "--source-lang", "en", "--target-lang", "de",
+                               "--input", tmp_path / "input.en"])
+    interactive = hypotheses(out)
+    assert len(found) == 40 and len(interactive) == 3
+    for score, p in [*found.values(), *interactive.values()]:
+        assert score == pytest.approx(sum(p) / gnmt_length_penalty(len(p), ALPHA), abs=2e-3) and len(p) >= 4

@@ -2,6 +2,7 @@
 evaluate checkpoint_best.pt by validation loss, the THUMT settings by validation BLEU, the demo the last one."""
 
 from dataclasses import asdict, replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -86,8 +87,8 @@ def test_a_reused_run_evaluates_its_settings_checkpoint(tmp_path):
 def test_the_report_says_which_checkpoint_it_evaluated():
     assert describe("loss") == "a single checkpoint (the best by validation loss, checkpoint_best.pt)"
     assert describe("bleu", 5) == "the average of the last 5 checkpoints (checkpoint_avg_last5.pt)"
-    rows = [{"label": "MA", "averaged_checkpoints": [0], "best_checkpoint_metric": ["loss"]},
-            {"label": "RMA", "averaged_checkpoints": [0], "best_checkpoint_metric": ["loss"]}]
+    rows = [SimpleNamespace(label=label, averaged_checkpoints=[0], best_checkpoint_metric=["loss"])
+            for label in ("MA", "RMA")]  # the fields of report.RowSummary that the note reads
     assert report.checkpoints_note(rows) == (
         "Checkpoints: a single checkpoint (the best by validation loss) for every run, as the EMNLP 2020 authors' "
         "README tests checkpoint_best.pt (fairseq's best by validation loss).")

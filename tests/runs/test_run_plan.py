@@ -82,6 +82,7 @@ def test_the_evaluation_key_covers_everything_that_changes_decoding(tmp_path):
     base = EvalRequest(checkpoint=checkpoint, data_dir=tmp_path)
     key = evaluation_key(base)
     assert json.loads(json.dumps(key)) == key == evaluation_key(EvalRequest(checkpoint=checkpoint, data_dir=tmp_path))
-    for changed in (dict(subset="valid"), dict(beam=1), dict(lenpen=2.0), dict(batch_size=3), dict(cpu=True),
+    for changed in (dict(subset="valid"), dict(beam=1), dict(lenpen=2.0), dict(length_penalty="gnmt"),
+                    dict(beam_search="thumt"), dict(batch_size=3), dict(cpu=True),
                     dict(precision="fp16"), dict(generate_args=("--max-len-b", "5"))):
         assert evaluation_key(EvalRequest(checkpoint=checkpoint, data_dir=tmp_path, **changed)) != key, changed

@@ -2,6 +2,7 @@
 mean over seeds stored in a row's summary entry, and the markdown beside the paper's numbers."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from conftest import job_record
@@ -40,8 +41,9 @@ def _summary(table_name, dataset="demo"):
     rows = []
     for i, row in enumerate(table.rows):
         runs = [job_record(1, disagreement=_scores(0.01 * i)), job_record(2, disagreement=_scores(0.01 * i + 0.02))]
-        rows.append({"id": row.id, "label": row.label, "seeds": [1, 2], **disagreement_entry(table, row, runs)})
-    return {"dataset": dataset, "rows": rows}
+        entry = {"disagreement": None, "paper_disagreement": None, **disagreement_entry(table, row, runs)}
+        rows.append(SimpleNamespace(id=row.id, label=row.label, seeds=[1, 2], **entry))
+    return SimpleNamespace(dataset=dataset, rows=rows)  # what disagreement_section reads of a report.Summary
 
 
 def test_entry_is_the_mean_over_seeds_with_the_papers_numbers():
@@ -86,4 +88,5 @@ def test_section_puts_ours_beside_the_papers_table4_and_table5():
 
 def test_no_section_for_tables_without_the_papers_scores():
     assert disagreement_section(_summary("emnlp18_t1")) == []
-    assert disagreement_section({"dataset": "demo", "rows": [{"id": "a", "label": "a", "seeds": [1]}]}) == []
+    row = SimpleNamespace(id="a", label="a", seeds=[1], disagreement=None, paper_disagreement=None)
+    assert disagreement_section(SimpleNamespace(dataset="demo", rows=[row])) == []

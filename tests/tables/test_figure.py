@@ -19,6 +19,7 @@ from test_tables import _corrupt, _fake_run, _refs
 from diverse_fairseq.tables import figure, report, steps
 from diverse_fairseq.tables.config import RunConfig
 from diverse_fairseq.tables.job import make_job
+from diverse_fairseq.tables.records import from_json
 from diverse_fairseq.tables.spec import load_table
 
 HEADS = (1, 2, 4, 8, 16)
@@ -55,7 +56,7 @@ def test_the_report_carries_the_points_and_the_validation_nll(report_json):
     assert rows["rma_h4"]["valid_nll_loss_per_seed"] == pytest.approx([2.91, 2.92])
     assert rows["rma_h4"]["valid_nll_loss"] == pytest.approx(2.915)
     assert rows["rma_h4"]["significance"]["baseline"] == "ma_h4"  # each M against MA of the same M
-    assert "output_disagreement" not in rows["ma_h1"] and "disagreement" not in rows["ma_h1"]  # no head pairs
+    assert rows["ma_h1"]["output_disagreement"] is None and rows["ma_h1"]["disagreement"] is None  # no head pairs
     assert rows["ma_h2"]["output_disagreement"] == pytest.approx(0.8)
 
 
@@ -83,10 +84,10 @@ def test_plot_step_writes_a_png_and_the_json_behind_it(report_json, capsys):
 
 
 def test_a_table_without_points_is_refused(report_json):
-    summary = json.loads(report_json.read_text())
-    summary.pop("figure_x")
+    summary = from_json(report.Summary, json.loads(report_json.read_text()))
+    assert figure.figure_data(summary)["x_label"] == "number of heads M"  # the JSON read back: its typed summary
     with pytest.raises(ValueError, match="emnlp20_f3: the report has no figure points"):
-        figure.figure_data(summary)
+        figure.figure_data(replace(summary, figure_x=None))
 
 
 def test_one_head_models_get_no_head_diversity_scores(tmp_path, monkeypatch):

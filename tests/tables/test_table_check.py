@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from diverse_fairseq.methods.length_penalty import GnmtSequenceGenerator
+from diverse_fairseq.methods.thumt_search import ThumtSequenceGenerator
 from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.runs.settings import SETTINGS
 from diverse_fairseq.tables import check, scale, steps
@@ -236,9 +236,10 @@ def test_fairseq_validation_bleu_options_parse_and_score(tmp_path):
     args = list(check.row_plan(tab.row("none"), tab.paper_dataset, "paper", data_bin, 8, "fp32").args)
     assert args[args.index("--eval-bleu-remove-bpe") + 1] == "@@ "
     assert args[args.index("--eval-bleu-detok") + 1] == "moses"
-    # the THUMT papers' decoding: GNMT's length penalty (the plugin's task) and at most |x| + 50 tokens
-    assert args[args.index("--task") + 1:args.index("--task") + 4] == ["translation_length_penalty",
-                                                                       "--length-penalty", "gnmt"]
+    # the THUMT papers' decoding: GNMT's length penalty and THUMT's search (the plugin's task), at most |x| + 50 tokens
+    assert args[args.index("--task") + 1:args.index("--task") + 6] == ["translation_length_penalty",
+                                                                       "--length-penalty", "gnmt", "--beam-search",
+                                                                       "thumt"]
     assert json.loads(args[args.index("--eval-bleu-args") + 1]) == {"beam": 4, "lenpen": 0.6, "max_len_a": 1.0,
                                                                     "max_len_b": 49}
     small = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
@@ -250,7 +251,8 @@ def test_fairseq_validation_bleu_options_parse_and_score(tmp_path):
     task = tasks.setup_task(cfg.task)
     torch.manual_seed(0)
     model = task.build_model(cfg.model)
-    assert isinstance(task.sequence_generator, GnmtSequenceGenerator) and task.sequence_generator.gnmt_alpha == 0.6
+    generator = task.sequence_generator  # THUMT's search with GNMT's penalty
+    assert isinstance(generator, ThumtSequenceGenerator) and (generator.penalty_form, generator.alpha) == ("gnmt", 0.6)
     criterion = task.build_criterion(cfg.criterion)
     model.eval()
     _, _, logging_output = task.valid_step(check._synthetic_batch(task), model, criterion)
@@ -260,16 +262,17 @@ def test_fairseq_validation_bleu_options_parse_and_score(tmp_path):
 
 
 def test_paper_scale_lines_say_how_each_row_decodes(monkeypatch, capsys):
-    """``make check-tables SCALE=paper``: a THUMT row decodes with GNMT's penalty and at most |x| + 50 tokens, an
-    EMNLP 2020 (fairseq) row with fairseq's --lenpen and the recipe's 200 tokens (models not built here)."""
+    """``make check-tables SCALE=paper``: a THUMT row decodes with GNMT's penalty, THUMT's search and at most |x| + 50
+    tokens, an EMNLP 2020 (fairseq) row with fairseq's --lenpen and search and the recipe's 200 tokens (models not
+    built here)."""
     monkeypatch.setattr(check, "build_and_step", lambda args, layers, step: check.Result(True, "built", None))
     tables = [load_table("journal_t5"), load_table("emnlp20_t2_wmt14")]
     check.check(tables, ("paper",))
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "journal_t5:big " in x)
-    assert "[decoding: beam 4, gnmt length penalty 0.6, at most 1·|x| + 49 tokens]" in line
+    assert "[decoding: thumt beam search 4, gnmt length penalty 0.6, at most 1·|x| + 49 tokens]" in line
     line = next(x for x in out.splitlines() if "emnlp20_t2_wmt14:ma " in x)
-    assert "[decoding: beam 4, fairseq length penalty 0.6, at most 0·|x| + 200 tokens]" in line
+    assert "[decoding: fairseq beam search 4, fairseq length penalty 0.6, at most 0·|x| + 200 tokens]" in line
 
 
 def test_paper_scale_check_prints_the_real_dictionaries_parameters(tmp_path):

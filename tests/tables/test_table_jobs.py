@@ -119,8 +119,8 @@ def test_a_finished_row_whose_last_checkpoint_is_gone_gives_its_result(run, fake
     capsys.readouterr()
     runner.run_table(TABLE, run, {})
     out = capsys.readouterr().out
-    assert "[a seed 1] training finished earlier" in out and "checkpoint it evaluates, checkpoint_last.pt, is " \
-        "truncated" in out
+    assert "[a seed 1] training finished earlier" in out and "checkpoint it evaluates, checkpoint_last.pt, cannot " \
+        "be read" in out
     assert "[a seed 1] checkpoint_last.pt is truncated (100 bytes; " in out
     assert "moved it to checkpoint_last.pt.damaged" in out and (job.run_dir / "checkpoint_last.pt.damaged").exists()
     assert "[a seed 1] resuming from checkpoint_best.pt (update 2, intact), copied to checkpoint_last.pt" in out
@@ -185,7 +185,9 @@ def test_one_run_is_trained_by_one_process(run, fakes, tmp_path):
     assert len(fakes) == 1 and not json.loads((job.run_dir / "run.lock").read_text() or "{}")
 
 
-def test_the_lock_names_a_slurm_job(tmp_path):
+def test_the_lock_names_a_slurm_job_and_is_the_first_nodes(run, fakes, tmp_path):
+    """The holder's SLURM job is named; the other nodes of a multi-node run (NODE_RANK > 0, SLURM_NODEID > 0)
+    train the run that the first node's process holds."""
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "run"), "4242"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -193,6 +195,11 @@ def test_the_lock_names_a_slurm_job(tmp_path):
         with pytest.raises(SystemExit, match=r"\(SLURM job 4242\), since .*\(scancel 4242; it keeps its last"):
             with run_lock(tmp_path / "run", {}):
                 pass
+        env = {"DATA_BIN": str(run.data_bin), "SAVE_DIR": str(tmp_path / "run"), "NNODES": "2", "MAX_UPDATE": "3"}
+        training.run_from_env("demo", "tiny", [], dict(env, NODE_RANK="1"), gpus=0)
+        assert len(fakes) == 1  # the second node trained
+        with pytest.raises(SystemExit, match="is being trained by another process"):
+            training.run_from_env("demo", "tiny", [], dict(env, NODE_RANK="0"), gpus=0)
     finally:
         holder.stdin.close()
         holder.wait()

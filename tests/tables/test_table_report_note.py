@@ -14,7 +14,7 @@ TABLE = "  - {id: base, label: B, family: transformer}\n  - {id: d, label: D, fa
 def _note(tmp_path, base, system, refs):
     results = {"base": [_fake_run(tmp_path, "base", 1, base, refs)], "d": [_fake_run(tmp_path, "d", 1, system, refs)]}
     summary = report.summarise(_table(TABLE), results, "demo", "demo")
-    sig = summary["rows"][1]["significance"]
+    sig = summary.rows[1].significance
     note = next(line for line in report.to_markdown(summary).splitlines() if line.startswith("The two tests disagree"))
     return sig, note
 

@@ -199,16 +199,16 @@ def test_markdown_and_picture_with_several_seeds(two_sizes, tmp_path):
     summary = report.summarise(table, results, "wmt14_en_de", "paper")
     md_path = report.write_report(summary, tmp_path / "out")
     md = md_path.read_text()
-    rows = {r["id"]: r for r in summary["rows"]}
+    rows = {r.id: r for r in summary.rows}
     base_d = rows["base_d"]
-    values = base_d["bleu_per_seed"]
+    values = base_d.bleu_per_seed
     sd = math.sqrt(sum((v - sum(values) / 2) ** 2 for v in values))  # sample sd of two values
-    assert base_d["bleu_std"] == pytest.approx(sd)
+    assert base_d.bleu_std == pytest.approx(sd)
     line = next(line for line in md.splitlines() if line.startswith("| Base + D |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    mark = base_d["significance"]["bootstrap"]["mark"] + base_d["significance"]["sign_test"]["mark"]
+    mark = base_d.significance["bootstrap"]["mark"] + base_d.significance["sign_test"]["mark"]
     assert mark  # 0.5 → 0.35 word error rate over 120 sentences is significant
-    assert cells[1] == f"{base_d['bleu']:.2f} ± {sd:.2f} {mark}"
+    assert cells[1] == f"{base_d.bleu:.2f} ± {sd:.2f} {mark}"
     assert cells[2] == f"{values[0]:.2f} / {values[1]:.2f}"  # per seed
     assert cells[5] == "2/2"  # seeds > baseline
     assert cells[6] == "Base"  # tested against (the table has two baselines)
@@ -506,8 +506,9 @@ def _run_table(root, table_path, seeds="2", jobs="2"):
 
 def _run_table_here(root, table_path, monkeypatch, capfd, seeds, jobs):
     """:func:`_run_table`'s run through the command's ``main`` in this process (its fairseq-train and -generate are
-    still subprocesses): the same environment and arguments, the same checks of its output. What ``main`` changes
-    in the process (the root logger, torch's threads) is put back afterwards."""
+    still subprocesses): the same environment and arguments, the same checks of its output; the process's
+    environment is left as it was. What ``main`` changes in the process (the root logger, torch's threads) is put
+    back afterwards."""
     import logging
 
     import torch
@@ -521,6 +522,7 @@ def _run_table_here(root, table_path, monkeypatch, capfd, seeds, jobs):
     root_logger = logging.getLogger()
     handlers, level, threads = list(root_logger.handlers), root_logger.level, torch.get_num_threads()
     capfd.readouterr()
+    environ = dict(os.environ)
     try:
         main([str(table_path), "--dataset", "demo", "--scale", "demo", "--data-bin", str(root / "data-bin"),
               "--out", str(root / "results"), "--train-args", TINY, "--generate-args", "--beam 2 --max-len-b 5",
@@ -529,6 +531,7 @@ def _run_table_here(root, table_path, monkeypatch, capfd, seeds, jobs):
         root_logger.handlers[:] = handlers  # setup_cli_logging's basicConfig(force=True) replaced them
         root_logger.setLevel(level)
         torch.set_num_threads(threads)
+    assert dict(os.environ) == environ  # read by main, handed to the jobs, never written
     out, err = capfd.readouterr()
     assert "(ran 0 steps" in out + err, "the fixture's corpus was prepared again"
     assert " DEBUG " not in err and "DEBUG:" not in err, err[-2000:]
@@ -628,7 +631,7 @@ def test_a_row_the_two_tests_disagree_on_is_explained(tmp_path):
     results = {"base": [_fake_run(tmp_path, "base", 1, base, refs)], "d": [_fake_run(tmp_path, "d", 1, system, refs)]}
     table = _table("  - {id: base, label: B, family: transformer}\n  - {id: d, label: D, family: transformer}\n")
     summary = report.summarise(table, results, "demo", "demo")
-    sig = summary["rows"][1]["significance"]
+    sig = summary.rows[1].significance
     assert sig["sign_test"]["mark"] == report.DOUBLE_DAGGER and sig["bootstrap"]["mark"] == "" and sig["delta"] < 0
     assert sig["length_ratio"] == {"row": pytest.approx(length_ratio(system, refs)),
                                    "baseline": pytest.approx(length_ratio(base, refs))}
@@ -823,8 +826,8 @@ def test_rows_and_subsets_are_chosen_on_the_command_line(capsys):
 
 def test_paper_dry_run_decodes_each_row_as_its_paper(tmp_path, monkeypatch, capsys):
     """``DRY_RUN=1 make table-journal_t5 SCALE=paper``: the THUMT rows (base, big) validate and evaluate with GNMT's
-    length penalty and at most |x| + 50 tokens; EMNLP 2020's fairseq rows keep fairseq's --lenpen and the recipe's
-    200-token cap."""
+    length penalty, THUMT's beam search and at most |x| + 50 tokens; EMNLP 2020's fairseq rows keep fairseq's
+    --lenpen, fairseq's search and the recipe's 200-token cap."""
     from diverse_fairseq.tables.__main__ import main
 
     for key in ("SEED", "SEEDS", "SAVE_DIR", "TRAIN_ARGS", "GENERATE_ARGS", "JOBS", "ROWS", "SCALE"):
@@ -849,13 +852,13 @@ def test_paper_dry_run_decodes_each_row_as_its_paper(tmp_path, monkeypatch, caps
     train, evaluate = commands("journal_t5", "base,big")
     assert len(train) == len(evaluate) == 2
     for line in train:
-        assert "--task translation_length_penalty --length-penalty gnmt" in line and "--max-update 100000" in line
-        assert '"max_len_a": 1.0, "max_len_b": 49' in line
+        assert "--task translation_length_penalty --length-penalty gnmt --beam-search thumt" in line
+        assert '"max_len_a": 1.0, "max_len_b": 49' in line and "--max-update 100000" in line
     for line in evaluate:
-        assert "--length-penalty gnmt --max-len-a 1 --max-len-b 49" in line
+        assert "--length-penalty gnmt --beam-search thumt --max-len-a 1 --max-len-b 49" in line
     train, evaluate = commands("emnlp20_t2_wmt14", "ma")
-    assert "--task translation " in train[0] and "--length-penalty" not in train[0]
-    assert "--length-penalty fairseq --max-len-a 0 --max-len-b 200" in evaluate[0]
+    assert "--task translation " in train[0] and "--length-penalty" not in train[0] and "--beam-search" not in train[0]
+    assert "--length-penalty fairseq --beam-search fairseq --max-len-a 0 --max-len-b 200" in evaluate[0]
 
 
 def test_job_records_round_trip_through_json(tmp_path):

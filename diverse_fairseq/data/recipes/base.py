@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ..download import Source, published_md5
+from ..download import Source
 from ..progress import atomic_path
 from ..text import iter_lines
+from ..verify import junk_member
 
 SPLITS = ("train", "valid", "test")
 
@@ -89,30 +90,49 @@ WMT_SETTINGS = dict(bpe="subword-nmt", bpe_size=32000, punct_norm=True, non_prin
                     apostrophe_splits=("valid", "test"), clean_after_bpe=True, beam=4, lenpen=0.6)
 
 
+#: where the WMT dev/test archives' md5s are published: sacrebleu's test-set registry, which sacrebleu checks its
+#: own downloads against. Written here (not looked up in the installed sacrebleu at run time, which would silently
+#: check nothing if a release moved an address); tests/data/test_data_sources.py checks the installed sacrebleu agrees
+SACREBLEU_REGISTRY = ("sacrebleu's test-set registry (github.com/mjpost/sacrebleu, sacrebleu/dataset/__init__.py at "
+                      "5166cf77b880ddd6d677f9243bcc4b4cb233cc90; sacrebleu 2.6.0)")
+#: {address: (sacrebleu dataset, md5)}: the registry lists these under http://; statmt.org serves both schemes
+SACREBLEU_MD5 = {
+    "https://data.statmt.org/wmt17/translation-task/dev.tgz": ("wmt17/dev", "9b1aa63c1cf49dccdd20b962fe313989"),
+    "https://data.statmt.org/wmt17/translation-task/test.tgz": ("wmt17", "86a1724c276004aa25455ae2a04cef26"),
+    "https://statmt.org/wmt14/test-full.tgz": ("wmt14/full", "a8cd784e006feb32ac6f3d9ec7eb389a"),
+}
+
+
 def sacrebleu_source(filename: str, url: str) -> Source:
     """A WMT dev/test archive, with the md5 that sacrebleu's test-set registry publishes for it."""
-    return Source(filename, (url,), md5=published_md5(url), checksum_source="sacrebleu's test-set registry")
+    dataset, md5 = SACREBLEU_MD5[url]
+    return Source(filename, (url,), md5=md5, checksum_source=f"{SACREBLEU_REGISTRY}, {dataset}")
 
 
 #: WMT17's dev.tgz holds newstest2008-2016 and newsdev2017: one file serves WMT14 and WMT17
 WMT17_DEV = sacrebleu_source("dev.tgz", "https://data.statmt.org/wmt17/translation-task/dev.tgz")
-#: size and sha256: TensorFlow Datasets' registry of the same URL (github.com/tensorflow/datasets, commit 333639b3,
-#: ``checksum_source``); the https address is macaron-net's (prepare-wmt14en2de.sh line 21 has http; both answer)
+#: size and sha256: TensorFlow Datasets' registry of the http address (github.com/tensorflow/datasets,
+#: tensorflow_datasets/url_checksums/wmt17_translate.txt at 333639b37af6c6fedf3610a4a2d42f1c6ef6f7d5); sha1: GluonNLP's
+#: (github.com/dmlc/gluon-nlp, scripts/datasets/url_checksums/wmt.txt at 01122db3867722db061566a79e843a08f9134431).
+#: The https address is ours (statmt.org serves both); macaron-net's prepare-wmt14en2de.sh (line 21) uses the http one
 NEWS_COMMENTARY_V12 = Source("training-parallel-nc-v12.tgz",
                              ("https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
                               "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz"),
                              size=168591139, sha256="2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2",
-                             checksum_source="TensorFlow Datasets url_checksums/wmt17_translate.txt")
+                             sha1="d98afc59e1d753485530b377ff65f1f891d3bced",
+                             checksum_source="TensorFlow Datasets url_checksums/wmt17_translate.txt (333639b3), "
+                                             "sha1: GluonNLP url_checksums/wmt.txt (01122db)")
 
 
 @dataclass
 class Context:
-    """Where a recipe finds its extracted archives and writes its raw text, plus user options."""
+    """Where a recipe finds its downloads and extracted archives and writes its raw text, plus user options."""
 
     recipe: Recipe
     work_dir: Path
     options: Dict[str, object] = field(default_factory=dict)
     log: Callable[[str], None] = print
+    downloads: Optional[Path] = None  # the downloaded files (default: work_dir/downloads)
 
     @property
     def raw(self) -> Path:
@@ -128,12 +148,23 @@ class Context:
         """``raw/{split}.corpora.json``: [[corpus name, pairs], ...] in the order of the raw split's lines."""
         return self.raw / f"{split}.corpora.json"
 
+    def copy_of(self, source: Source) -> Optional[dict]:
+        """The ``.verified`` record of a downloaded file (``copy``: which published copy it is, ``origin``: where it
+        came from), None where it was not downloaded or not recorded."""
+        path = (self.downloads or self.work_dir / "downloads") / source.filename
+        try:
+            return json.loads(path.with_name(path.name + ".verified").read_text())
+        except (OSError, ValueError):
+            return None
+
     def member(self, archive: str, relative: str) -> Path:
-        """``orig/archive/relative``, or a file of the same name anywhere under it (archive layouts vary)."""
+        """``orig/archive/relative``, or a file of the same name anywhere under it (archive layouts vary; packing
+        debris such as ``__MACOSX/`` is never chosen)."""
         root = self.extracted(archive)
         if (root / relative).is_file():
             return root / relative
-        matches = sorted(p for p in root.rglob(Path(relative).name) if p.is_file())
+        matches = sorted(p for p in root.rglob(Path(relative).name)
+                         if p.is_file() and not junk_member(p.relative_to(root).as_posix()))
         if not matches:
             raise FileNotFoundError(f"{relative} not found in {root}: the archive does not have the expected layout. "
                                     f"Delete {root} and the archive it came from, and run the command again.")
