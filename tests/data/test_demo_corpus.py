@@ -389,4 +389,5 @@ def test_demo_table_runs_on_demo_fr(tmp_path, monkeypatch, capsys):
         main(["demo", "--dataset", "demo_fr", "--data-bin", str(tmp_path / "data-bin"), "--out",
               str(tmp_path / "results")])
     assert done.value.code == 0 and not (tmp_path / "data-bin").exists()
-    assert "a real run prepares it first (bash scripts/prepare_data.sh demo_fr)" in capsys.readouterr().out
+    assert (f"a real run prepares it first (DATA_BIN={tmp_path / 'data-bin'} scripts/prepare_data.sh demo_fr)"
+            in capsys.readouterr().out)
