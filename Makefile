@@ -11,19 +11,19 @@ DATASET ?= demo
 
 help:
 	@echo "make install   create .venv with torch, fairseq-fixed and this package (idempotent)"
-	@echo "make demo      train and evaluate on the shipped demo corpus, print the results table"
+	@echo "make demo [DATASET=demo_fr] [SEEDS=3]  train and evaluate on a shipped demo corpus (en→de; en→fr), print the results table"
 	@echo "make tables    list the paper-table targets: make table-<id> [SCALE=demo|paper] [DATASET=..] [SEEDS=..] [GPUS=..] [LAUNCHER=slurm PARTITION=.. TIME_LIMIT=..]"
 	@echo "make figures   list the paper-figure targets: make figure-<id> [SCALE=..] [SEEDS=..] (runs, then a PNG + JSON)"
 	@echo "make check-tables [SCALE=demo|paper]  build every table row's model (demo: and train one step), no data"
 	@echo "make test      lint (ruff, configured in pyproject.toml), then run the test suite"
 	@echo "make bench     speed/memory ratios against stock fairseq, under 4 GB (the large cases: scripts/benchmark.py --large)"
-	@echo "make data DATASET=iwslt14_de_en|wmt14_en_de|wmt14_en_de_joined|wmt17_zh_en|demo   download and binarize"
+	@echo "make data DATASET=iwslt14_de_en|wmt14_en_de|wmt14_en_de_joined|wmt17_zh_en|demo|demo_fr   download and binarize"
 	@echo "make data DATASET=custom SRC=xx TGT=yy CORPUS_DIR=dir        your own corpus -> data-bin/custom_xx_yy"
 	@echo "make train DATASET=... SETTING=small|base|big|big_300k|fairseq_base|fairseq_big|tiny [GPUS=N] [ARGS='...']  train"
 	@echo "make evaluate CHECKPOINT=... DATASET=...                     BLEU (sacrebleu + tokenized), speed"
 	@echo "make average INPUTS=save_dir N=5 OUTPUT=avg.pt               average the last N update checkpoints"
 	@echo "make significance REF=... BASELINE=... SYSTEM=...            paired bootstrap and sign test"
-	@echo "make clean-demo  delete the demo's prepared data and results (work/demo, data-bin/demo, results/demo)"
+	@echo "make clean-demo  delete the demos' prepared data and results (work/demo*, data-bin/demo*, results/demo)"
 	@echo "make fixtures  rebuild the test fixtures under tests/fixtures"
 
 install: $(STAMP)
@@ -39,8 +39,9 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -n auto --maxprocesses 4 --dist worksteal $(PYTEST_ARGS)
 
+# DATASET=demo_fr: the same table on the English→French corpus (data/demo_fr)
 demo: install
-	$(PY) -m diverse_fairseq.tables demo
+	$(PY) -m diverse_fairseq.tables demo --dataset $(DATASET)
 
 # One target per paper table (configs/tables/<table>.yaml), e.g. `make table-emnlp18_t1 SCALE=demo`.
 # Variables: DATASET, SCALE=demo|paper, SEEDS (a count or a list), GPUS (per run; 0 = CPU; unset: every visible GPU),
@@ -74,7 +75,7 @@ bench: install
 	$(PY) scripts/benchmark.py
 
 clean-demo:
-	rm -rf work/demo data-bin/demo results/demo
+	rm -rf work/demo work/demo_fr data-bin/demo data-bin/demo_fr results/demo
 
 data: install
 	bash scripts/prepare_data.sh $(DATASET)

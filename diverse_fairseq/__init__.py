@@ -10,6 +10,6 @@ package is the experiment workflow that uses them: data, training, evaluation, t
 __version__ = "0.1.0"
 
 from . import methods  # noqa: F401  (side effect: fairseq registrations, checkpoint allowlist)
-from .runs.cli_logging import quiet_hydra
+from .runs.cli_logging import quiet_libraries
 
-quiet_hydra()  # fairseq's commands load the package (--user-dir) before they build their hydra configuration
+quiet_libraries()  # fairseq's commands load the package (--user-dir) before they configure, log and train

@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     p.add_argument("--bleu-sentences", type=int, default=100, help="sentences for --ablation-bleu (default 100)")
     p.add_argument("--beam", type=int, default=4, help="beam size for --ablation-bleu (default 4)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars (there are none where stderr is not a terminal)")
     args = p.parse_args(argv)
     setup_cli_logging()
     from diverse_fairseq.analysis.pipeline import Options, analyze_checkpoint, compare, unique_labels  # after logging

@@ -31,6 +31,7 @@ from .data.text import compound_split, detokenize, tokenize
 from .methods.length_penalty import BEAM_SEARCHES, LENGTH_PENALTIES
 from .runs.checkpoint_file import check_dataset, read_checkpoint
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
+from .runs.hints import shown_command, translate_command
 from .runs.options import (
     add_options,
     choice,
@@ -274,7 +275,7 @@ def evaluate(request: EvalRequest, env: Mapping[str, str]) -> EvalRecord:
     print(f"[evaluate] step 1/3: decode {data_dir} {subset} with {ckpt} (beam {d['beam']}, lenpen {d['lenpen']} "
           f"({request.length_penalty}), at most {d['max_len_a']:g}·|x|+{d['max_len_b']} tokens, "
           f"{'GPU' if on_gpu else 'CPU'})", flush=True)
-    print("  " + " ".join(cmd[1:]), flush=True)
+    print("  " + shown_command(cmd), flush=True)
     gen_file, log_file = out / f"generate-{subset}.txt", out / f"generate-{subset}.log"
     returncode = run_logged(cmd, log_file, env)
     if returncode != 0 or not gen_file.exists():
@@ -323,7 +324,7 @@ def evaluate(request: EvalRequest, env: Mapping[str, str]) -> EvalRecord:
            f"{speed['sentences_per_second']:.2f} sentences/s ({speed['tokens_per_second']:.1f} tokens/s)\n"
            if speed else "") +
           f"outputs and results.json in {out}\n"
-          f"to translate your own text: python -m diverse_fairseq.interactive_command {ckpt} {data_dir} "
+          f"to translate your own text: {translate_command(ckpt, data_dir)} "
           f"(prints the fairseq-interactive command; docs/translating.md)", flush=True)
     return r
 

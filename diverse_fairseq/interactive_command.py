@@ -17,7 +17,6 @@ is refused (:mod:`diverse_fairseq.runs.checkpoint_file`). See docs/translating.m
 import argparse
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 from typing import Dict, List
@@ -25,6 +24,7 @@ from typing import Dict, List
 from .evaluate import resolve_data
 from .runs.checkpoint_file import check_dataset, read_checkpoint, stored_data_dir
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
+from .runs.hints import python_words, shown_command
 from .runs.options import add_options, resolve, warn_misspelled
 from .runs.paths import DataBin
 from .runs.plan import task_args
@@ -60,14 +60,15 @@ def stored_decoding(state: Dict) -> Dict[str, object]:
 
 
 def build_command(checkpoint, data_dir, meta: DatasetMeta, decoding: Dict[str, object]) -> List[str]:
-    """``fairseq-interactive`` with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
+    """fairseq-interactive (``fairseq_cli.interactive`` run by this Python: the command works outside the virtual
+    environment too) with the checkpoint, the dataset's dictionaries, its segmentation and the recipe's
     decoding settings, with ``decoding`` (:func:`stored_decoding`) over them."""
     d = {"max_len_a": meta.max_len_a, "max_len_b": meta.max_len_b, **decoding}
-    return ["fairseq-interactive", str(data_dir), "--path", str(checkpoint), "--user-dir", USER_DIR,
-            *task_args(str(d["length_penalty"]), str(d["beam_search"])), "--source-lang", meta.source_lang,
-            "--target-lang", meta.target_lang, *segmentation_options(data_dir, meta),
-            "--beam", str(meta.beam), "--lenpen", str(meta.lenpen),
-            "--max-len-a", str(d["max_len_a"]), "--max-len-b", str(d["max_len_b"])]
+    return python_words("fairseq_cli.interactive", data_dir, "--path", checkpoint, "--user-dir", USER_DIR,
+                        *task_args(str(d["length_penalty"]), str(d["beam_search"])), "--source-lang", meta.source_lang,
+                        "--target-lang", meta.target_lang, *segmentation_options(data_dir, meta),
+                        "--beam", meta.beam, "--lenpen", meta.lenpen,
+                        "--max-len-a", d["max_len_a"], "--max-len-b", d["max_len_b"])
 
 
 def main(argv=None) -> int:
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
         seg = meta.zh_seg or "jieba"  # prepare_data's default segmenter
         print(f"note: the Chinese source was segmented ({seg}) before Moses tokenization: give input segmented the "
               f"same way (words separated by spaces{', characters' if seg == 'char' else ''})", file=sys.stderr)
-    print(shlex.join(build_command(checkpoint, data_dir, meta, stored_decoding(state))))
+    print(shown_command(build_command(checkpoint, data_dir, meta, stored_decoding(state))))
     return 0
 
 

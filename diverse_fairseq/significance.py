@@ -10,11 +10,16 @@
 
 Use detokenized outputs with the default ``13a`` tokenization (sacrebleu), or the tokenized, compound-split files
 that ``diverse_fairseq.evaluate`` writes (``hyp.tok.*``/``ref.tok.*``) with ``--tokenize none`` to test the papers'
-tokenized BLEU. Marks: ``**`` p < 0.01, ``*`` p < 0.05.
+tokenized BLEU. Marks: ``**`` p < 0.01, ``*`` p < 0.05, each followed by the system the test finds better
+(``baseline better`` or ``system better``). Where both systems score below :data:`MIN_BLEU` nothing is marked, and
+the output says why (:func:`unmark_low_bleu`, the same rule as the table report's).
 
-Each system is labelled by its run: a file in an evaluation folder (``results.json`` beside it) by the checkpoint's
-save dir and name (``transformer_seed1/checkpoint_best``), any other file by its name, and files whose labels would
-be equal by their paths relative to their common folder.
+Each system is labelled by its run: a file in an evaluation folder (``results.json`` beside it) by the methods and
+setting its training recorded (``train_args.json`` beside the checkpoint: ``disagreement_out (tiny)``, or the
+architecture without a method: ``transformer (tiny)``), else by the checkpoint's save dir and name
+(``transformer_seed1/checkpoint_best``); any other file by its name. Two systems of the same methods and setting
+get their checkpoint's save dir and name too, and files whose labels would still be equal their paths relative to
+their common folder.
 """
 
 import argparse
@@ -23,12 +28,14 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 from unittest import mock
 
 import numpy as np
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
+
+from .runs.identity import ARGS_FILE
 
 DEFAULT_SAMPLES = 1000
 DEFAULT_SEED = 12345
@@ -46,18 +53,41 @@ def read_lines(path, role: str = "input") -> List[str]:
         return [line.rstrip("\n") for line in f]
 
 
+def _json(path: Path) -> Dict:
+    """The JSON object in ``path``; {} where there is none."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def run_of(path: Path) -> Tuple[Optional[str], Optional[str]]:
+    """(``<save dir>/<checkpoint name>``, ``<methods or architecture> (<setting>)``) of a file in an evaluation
+    folder: the checkpoint that ``results.json`` beside it names, and what the run's ``train_args.json`` records
+    (beside the checkpoint as recorded, or above the evaluation folder, where evaluate writes by default); None
+    for what is not known."""
+    checkpoint = _json(path.parent / "results.json").get("checkpoint")
+    if not checkpoint:
+        return None, None
+    checkpoint = Path(checkpoint)
+    about = _json(checkpoint.parent / ARGS_FILE) or _json(path.parent.parent / ARGS_FILE)
+    what = about.get("method") or about.get("identity", {}).get("options", {}).get("--arch")
+    described = f"{what} ({about['setting']})" if what and about.get("setting") else None
+    return f"{checkpoint.parent.name}/{checkpoint.stem}", described
+
+
 def system_labels(paths: Sequence) -> List[str]:
     """One distinct label per file, as the module's docstring says (every system's file in an evaluation folder is
-    ``hyp.detok.<lang>``, so the checkpoint that ``results.json`` names tells them apart)."""
-    labels = {}  # resolved path -> label; a file named twice keeps one label
+    ``hyp.detok.<lang>``, so its run tells them apart)."""
+    runs = {}  # resolved path -> (checkpoint label or the file's name, the run's methods and setting or None)
     for path in map(Path, paths):
-        try:
-            checkpoint = json.loads((path.parent / "results.json").read_text(encoding="utf-8")).get("checkpoint")
-        except (OSError, ValueError, AttributeError):  # no results.json of evaluate's beside the file
-            checkpoint = None
-        name = Path(Path(checkpoint).parent.name, Path(checkpoint).stem) if checkpoint else path.name
-        labels[str(path.resolve())] = str(name)
-    if len(set(labels.values())) < len(labels):
+        name, described = run_of(path)
+        runs[str(path.resolve())] = (name or path.name, described)
+    firsts = [described or name for name, described in runs.values()]
+    labels = {r: described if described and firsts.count(described) == 1 else
+              f"{described[:-1]}, {name})" if described else name for r, (name, described) in runs.items()}
+    if len(set(labels.values())) < len(labels):  # a file named twice keeps one label
         common = os.path.commonpath(list(labels))
         labels = {r: os.path.relpath(r, common) for r in labels}
     return [labels[str(Path(p).resolve())] for p in paths]
@@ -135,6 +165,35 @@ def mark(p: float, single: str = "*", double: str = "**") -> str:
     return double if p < 0.01 else single if p < 0.05 else ""
 
 
+#: the corpus BLEU below which, for both systems, no difference is marked (:func:`unmark_low_bleu`)
+MIN_BLEU = 1.0
+
+
+def unmark_low_bleu(entry: Dict, baseline_bleu: float, system_bleu: float) -> Dict:
+    """The one rule of both reports on barely trained systems (this command's :func:`compare` and the table report,
+    ``tables/report.py``): where both BLEU scores are below :data:`MIN_BLEU` and a test marked a difference,
+    ``entry`` (one system's comparison) with every mark emptied (the keys ``mark`` and ``*_mark``, at any depth)
+    and ``unmarked`` saying why; else ``entry`` itself. Below 1 BLEU the systems share a handful of n-grams with the
+    references, so a small p-value says that two untrained systems differ, not that one translates better."""
+    def unmarked(value):
+        if not isinstance(value, dict):
+            return value
+        return {k: "" if k == "mark" or k.endswith("_mark") else unmarked(v) for k, v in value.items()}
+
+    if not (baseline_bleu < MIN_BLEU and system_bleu < MIN_BLEU) or unmarked(entry) == entry:
+        return entry
+    why = (f"not marked: both systems score below {MIN_BLEU:g} BLEU ({system_bleu:.2f}, baseline "
+           f"{baseline_bleu:.2f}), where BLEU counts a handful of matching n-grams: a small p-value then says that "
+           f"two barely trained systems differ, not that either translates better")
+    return dict(unmarked(entry), unmarked=why)
+
+
+def better(marked: str, direction: float) -> str:
+    """Which system a marked test finds better: ``system`` for a positive ``direction`` (BLEU difference, or sign
+    test wins minus losses), ``baseline`` for a negative one; "" where nothing is marked."""
+    return "" if not marked or not direction else "system" if direction > 0 else "baseline"
+
+
 def compare(ref_path, baseline_path, system_paths, tokenize="13a", lowercase=False, samples=DEFAULT_SAMPLES,
             seed=DEFAULT_SEED) -> Dict[str, object]:
     """Both tests for every system against the baseline; the dictionary that ``--json`` prints."""
@@ -155,27 +214,37 @@ def compare(ref_path, baseline_path, system_paths, tokenize="13a", lowercase=Fal
            "systems": []}
     for (name, hyps), label in zip(systems.items(), labels[1:]):
         sign = sign_test(baseline, hyps, refs, tokenize, lowercase)
-        b = boot[name]
-        out["systems"].append({"file": name, "label": label, **b, "delta": b["bleu"] - boot["baseline"]["bleu"],
-                               "bootstrap_mark": mark(b["p_value"]), "sign_test": sign,
-                               "sign_mark": mark(sign["p_value"])})
+        b, base_bleu = boot[name], boot["baseline"]["bleu"]
+        entry = unmark_low_bleu({"file": name, "label": label, **b, "delta": b["bleu"] - base_bleu,
+                                       "bootstrap_mark": mark(b["p_value"]), "sign_test": sign,
+                                       "sign_mark": mark(sign["p_value"])}, base_bleu, b["bleu"])
+        entry["bootstrap_better"] = better(entry["bootstrap_mark"], entry["delta"])
+        entry["sign_better"] = better(entry["sign_mark"], sign["better"] - sign["worse"])
+        out["systems"].append(entry)
     return out
 
 
 def format_report(result: Dict[str, object]) -> str:
-    base = result["baseline"]
+    """The table: one line per system, each mark followed by the system its test finds better, and why a system
+    is not marked where :func:`unmark_low_bleu` says so."""
+    base, words = result["baseline"], len("baseline better")
     width = max(len("system"), *(len(s["label"]) for s in [base, *result["systems"]]))
     lines = [f"reference {result['reference']} ({result['sentences']} sentences); {result['signature']}",
-             f"{'system':{width}s} {'BLEU':>6s} {'95% CI':>13s} {'delta':>6s} {'p(boot)':>8s} "
+             f"{'system':{width}s} {'BLEU':>6s} {'95% CI':>13s} {'delta':>6s} {'p(boot)':>8s}   {'':{words}s} "
              f"{'+/-/=':>13s} {'p(sign)':>8s}",
              f"{base['label']:{width}s} {base['bleu']:6.2f} {base['mean']:6.2f}±{base['ci95']:5.2f}"
-             f" {'':>6s} {'':>8s} {'':>13s} {'':>8s}  (baseline)"]
+             f" {'':>6s} {'':>8s}   {'':{words}s} {'':>13s} {'':>8s}  (baseline)"]
     for s in result["systems"]:
         sg = s["sign_test"]
+        boot_better, sign_better = (f"{s[k]} better" if s[k] else "" for k in ("bootstrap_better", "sign_better"))
         lines.append(f"{s['label']:{width}s} {s['bleu']:6.2f} {s['mean']:6.2f}±{s['ci95']:5.2f} "
-                     f"{s['delta']:+6.2f} {s['p_value']:8.4f}{s['bootstrap_mark']:2s}"
-                     f"{sg['better']:>5d}/{sg['worse']}/{sg['ties']:<5d} {sg['p_value']:8.4f}{s['sign_mark']}")
-    lines.append("** p < 0.01, * p < 0.05 (paired bootstrap: sacrebleu; sign test: exact binomial)")
+                     f"{s['delta']:+6.2f} {s['p_value']:8.4f}{s['bootstrap_mark']:2s} {boot_better:{words}s} "
+                     f"{'/'.join(str(sg[k]) for k in ('better', 'worse', 'ties')):>13s} "
+                     f"{sg['p_value']:8.4f}{s['sign_mark']:2s} {sign_better}".rstrip())
+    lines.append("** p < 0.01, * p < 0.05 (paired bootstrap: sacrebleu; sign test: exact binomial), each followed by "
+                 "the system that test finds better; +/-/=: sentences where the system's translation raises, lowers "
+                 "or keeps the baseline's corpus BLEU")
+    lines += [f"{s['label']}: {s['unmarked']}" for s in result["systems"] if s.get("unmarked")]
     return "\n".join(lines)
 
 

@@ -11,15 +11,15 @@ small, ``tiny``, else base) and replaces its architecture; left out, the dataset
 fairseq-train after ours, so they override them (e.g. ``--criterion ... --optimizer repulsive_adam``).
 :func:`~diverse_fairseq.runs.plan.plan` turns the request into the run's plan, and :func:`run` trains it.
 
-Save directory: ``SAVE_DIR``, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>``
-(:mod:`diverse_fairseq.runs.identity`); resuming a directory trained as another run is refused
+Save directory: ``SAVE_DIR``, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<methods>-<hash of its identity>``
+(:mod:`diverse_fairseq.runs.naming`, ``NAME`` for the methods); resuming a directory trained as another run is refused
 (``RESUME_ANYWAY=1`` overrides). A finished run (``checkpoint_last.pt`` at ``--max-update``) is left alone: raise
 ``MAX_UPDATE`` to train further (docs/training.md, "Resuming, finished runs and failures"). No setting averages
 checkpoints (the journal reports single models); ``AVERAGE=N`` averages the last N into
 ``SAVE_DIR/checkpoint_avg_lastN.pt``, and that average is evaluated.
 
 Environment, every value checked before anything runs: DATA_BIN, CHECKPOINTS (:mod:`diverse_fairseq.runs.paths`),
-SAVE_DIR, MAX_TOKENS, UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32),
+SAVE_DIR, NAME, MAX_TOKENS, UPDATE_FREQ, MAX_UPDATE, PRECISION (fp16 | bf16 | amp | memory-efficient-fp16 | fp32),
 AVERAGE, EMBEDDINGS (shared | untied), SEED, DRY_RUN=1 (print the command only), RESUME_ANYWAY=1, GPUS=N (the
 first N visible GPUs, as the training processes' ``CUDA_VISIBLE_DEVICES``; 0: the CPU). Multi-node: NNODES,
 NODE_RANK, MASTER_ADDR, MASTER_PORT (torchrun on each node), or SLURM (``srun`` with one task per node).
@@ -41,6 +41,7 @@ from typing import List, Mapping, Optional
 from .average_checkpoints import average_files, last_n_checkpoints
 from .runs import env_checks
 from .runs.checkpoint_file import finished, refuse_damaged_last, trained_updates
+from .runs.hints import evaluate_command, pip_command, repository_extra
 from .runs.identity import ARGS_FILE, check_resume, write_args
 from .runs.lock import LOCK_FILE, run_lock
 from .runs.options import options_of, resolve, warn_misspelled
@@ -115,11 +116,11 @@ def run(p: Plan, env: Mapping[str, str]) -> TrainResult:
     print("[train] " + prefix + shlex.join(cmd), flush=True)
     if "--tensorboard-logdir" not in cmd:
         print("[train] no tensorboard logs: neither tensorboardX nor tensorboard is installed "
-              "(pip install -e '.[tensorboard]')", flush=True)
+              f"({pip_command('-e', repository_extra('tensorboard'))})", flush=True)
     warning = check_resume(save_dir, p.identity, resume_anyway=request.options.resume_anyway)
     if warning:
         print(f"[train] warning: {warning}", flush=True)
-    evaluate = f"scripts/evaluate.sh {p.single_checkpoint} {dataset}"
+    evaluate = evaluate_command(p.single_checkpoint, dataset, request.data_bin)
     done = finished(save_dir, p.max_update)
     if done is not None:  # resuming would train update max_update + 1 and overwrite the finished model
         print(f"[train] already trained to {done} updates (--max-update {p.max_update}): {save_dir}; left as it "
@@ -134,7 +135,7 @@ def run(p: Plan, env: Mapping[str, str]) -> TrainResult:
     if request.options.dry_run:
         return TrainResult(p)
     save_dir.mkdir(parents=True, exist_ok=True)
-    write_args(save_dir, p.identity, cmd)
+    write_args(save_dir, p.identity, cmd, about={"setting": p.setting_name, "method": p.method})
     try:
         rc, last_error = call_keeping_error(cmd, env)
     except Interrupted as e:  # Ctrl-C: one line, what was saved and how to resume (GPUS as the user gave it)

@@ -1,6 +1,8 @@
 """The fairseq-interactive command printed for a checkpoint segments raw input exactly as the data preparation
 segmented the dataset, on both recipes (subword-nmt after Moses tokenization, and sentencepiece): the fixture
-corpus prepared, a tiny model trained one update, the printed command parsed by fairseq and run."""
+corpus prepared, a tiny model trained one update, the printed command parsed by fairseq and run. The commands run
+as printed outside the virtual environment (a shell whose PATH has no ``python`` with this project): evaluate's
+translate hint, then the fairseq-interactive command it prints."""
 
 import contextlib
 import io
@@ -18,6 +20,7 @@ from fairseq_in_process import fairseq_interactive
 
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.interactive_command import main as interactive_command
+from diverse_fairseq.runs.hints import translate_command
 
 pytestmark = pytest.mark.slow  # every test here uses a model trained by fairseq-train
 REPO = Path(__file__).resolve().parents[1]
@@ -55,11 +58,23 @@ def printed_command(checkpoint, *dataset):
     return shlex.split(out.getvalue())
 
 
-def printed_command_cli(checkpoint, *dataset):
-    """The command line ``python -m diverse_fairseq.interactive_command`` prints, split into arguments."""
-    proc = subprocess.run([sys.executable, "-m", "diverse_fairseq.interactive_command", str(checkpoint), *dataset],
-                          capture_output=True, text=True, check=True)
-    return shlex.split(proc.stdout)
+#: a shell outside the virtual environment: no VIRTUAL_ENV, no PYTHONPATH, a PATH without the project's Python
+OUTSIDE_THE_VENV = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "OMP_NUM_THREADS": "1",
+                    "MKL_NUM_THREADS": "1"}
+
+
+def run_as_printed(command: str, stdin=None) -> str:
+    """The output of the shell line ``command`` run from the repository root outside the virtual environment."""
+    proc = subprocess.run(["bash", "-c", command], cwd=REPO, env=OUTSIDE_THE_VENV, input=stdin, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def fairseq_args(cmd):
+    """The fairseq-interactive arguments of a printed command (after ``<python> -m fairseq_cli.interactive``)."""
+    assert cmd[1:3] == ["-m", "fairseq_cli.interactive"] and (REPO / cmd[0]).samefile(sys.executable), cmd[:3]
+    return cmd[3:]
 
 
 def encoder(cmd):
@@ -68,7 +83,7 @@ def encoder(cmd):
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    args = options.parse_args_and_arch(options.get_interactive_generation_parser(), input_args=cmd[1:])
+    args = options.parse_args_and_arch(options.get_interactive_generation_parser(), input_args=fairseq_args(cmd))
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     task.load_dataset("test")
@@ -85,9 +100,7 @@ def encoder(cmd):
 def test_the_printed_command_segments_input_as_the_data_preparation_did(trained, bpe):
     data, checkpoint = trained[bpe]
     cmd = printed_command(checkpoint)  # the dataset is the one stored in the checkpoint
-    assert cmd[:2] == ["fairseq-interactive", str(data)] and cmd == printed_command(checkpoint, str(data))
-    if bpe == "subword-nmt":  # the command line prints the same (one run of it: a new process imports fairseq)
-        assert printed_command_cli(checkpoint) == cmd
+    assert fairseq_args(cmd)[0] == str(data) and cmd == printed_command(checkpoint, str(data))
     task, encode = encoder(cmd)
     test, dictionary = task.dataset("test"), task.source_dictionary
     raw = lines(CORPUS / "test.en")
@@ -110,20 +123,19 @@ def test_the_printed_command_segments_input_as_the_data_preparation_did(trained,
 
 @pytest.mark.parametrize("bpe", list(RECIPES))
 def test_the_printed_command_runs_and_reads_input_as_prepared(trained, bpe, tmp_path):
-    """subword-nmt: the printed command run (input on stdin); sentencepiece: fairseq-interactive's main called in
-    this process on the printed command's arguments (input from a file; a new process would import fairseq)."""
+    """subword-nmt: evaluate's translate hint run as printed outside the virtual environment, then the command it
+    prints (input on stdin); sentencepiece: fairseq-interactive's main called in this process on the printed
+    command's arguments (input from a file; a new process would import fairseq)."""
     data, checkpoint = trained[bpe]
     cmd = printed_command(checkpoint)
     raw = lines(CORPUS / "test.en")[:6]
     if bpe == "subword-nmt":
-        proc = subprocess.run([sys.executable, "-m", "fairseq_cli.interactive", *cmd[1:], "--beam", "1",
-                               "--max-len-b", "3", "--cpu"], input="\n".join(raw) + "\n", capture_output=True,
-                              text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        out = proc.stdout
+        printed = run_as_printed(translate_command(checkpoint, data))  # what evaluate prints last
+        assert shlex.split(printed) == cmd
+        out = run_as_printed(printed.strip() + " --beam 1 --max-len-b 3 --cpu", stdin="\n".join(raw) + "\n")
     else:
         (tmp_path / "input.txt").write_text("\n".join(raw) + "\n", encoding="utf-8")
-        out = fairseq_interactive([*cmd[1:], "--beam", "1", "--max-len-b", "3", "--cpu",
+        out = fairseq_interactive([*fairseq_args(cmd), "--beam", "1", "--max-len-b", "3", "--cpu",
                                    "--input", tmp_path / "input.txt"])
     task, encode = encoder(cmd)
     shown = {int(k[2:]): v

@@ -32,9 +32,11 @@ SMALL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim"
          "--save-interval-updates", "2", "--log-interval", "1", "--num-workers", "0"]
 INTERRUPTED = re.compile(r"\[train\] interrupted at update (\d+); the last checkpoint is at update (\d+) "
                          r"\((\S+checkpoint_last\.pt)\); resume with: (.+)")
-#: what hydra printed before every fairseq command (torch's own warnings are not ours to hide)
+#: what hydra printed before every fairseq command; torch's three warnings about fairseq's calls, fairseq's user-dir
+#: line, its configuration dump and fairseq-generate's Python default log format (diverse_fairseq/runs/cli_logging.py)
 HYDRA_NOISE = ("DEBUG:hydra", "site-packages/hydra", "version_base", "ConfigStore schema", "strict flag",
-               "no longer experimental", "package header")
+               "no longer experimental", "package header", "'pin_memory' argument", "torch.cuda.amp.autocast",
+               "mismatched key_padding_mask", "has already been imported", "{'_name': None, 'common'", "INFO:fairseq")
 
 
 def _env(**extra):

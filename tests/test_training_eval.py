@@ -73,7 +73,8 @@ def test_command_on_gpus_with_passthrough(data_bin):
     assert info.best_checkpoint_metric == "bleu" and info.single_checkpoint.name == "checkpoint_best.pt"
     assert value(args, "--lr") == ["1e-3"] and args[-2:] == ["--lr", "1e-3"]  # an extra option replaces ours, last
     save = value(args, "--save-dir")[0]
-    assert "--load-checkpoint-on-all-dp-ranks" in args and re.fullmatch(r"/ck/wmt14_en_de_big-[0-9a-f]{8}", save)
+    assert "--load-checkpoint-on-all-dp-ranks" in args
+    assert re.fullmatch(r"/ck/wmt14_en_de_big-disagreement_out-[0-9a-f]{8}", save)
     assert value(args, "--tensorboard-logdir") == [save + "/tensorboard"] and str(info.save_dir) == save
     assert info.average == 0 and info.update_based
     # averaging stays an option: AVERAGE=N keeps at least the last N checkpoints

@@ -126,7 +126,7 @@ def head_importance(model, task, sites: Sequence[AttentionSite], batches: List[D
         base_bleu = corpus_bleu(model, task, bleu_batches, beam) if bleu_batches is not None else None
         heads = []
         jobs = [(site, h) for site in sites for h in range(site.num_heads)]
-        for site, head in tqdm(jobs, desc="ablation", unit="head", disable=not progress):
+        for site, head in tqdm(jobs, desc="ablation", unit="head", disable=None if progress else True):
             seen.mask_head(site, head)
             # the layers a mask on ``site`` cannot change: all below it (the whole encoder for a decoder-side site)
             below = {"encoder": site.layer} if site.attention_type == "enc_self" else \

@@ -53,7 +53,7 @@ def collect(model, sites: Sequence[AttentionSite], batches: List[Dict], pad: int
     out_sums: Dict[Tuple[str, int], Tensor] = {}
     out_counts: Dict[Tuple[str, int], int] = {}
     nll_sum, sentences, src_tokens, tgt_tokens = 0.0, 0, 0, 0
-    for sample in tqdm(batches, desc="scores", unit="batch", disable=not progress, leave=False):
+    for sample in tqdm(batches, desc="scores", unit="batch", disable=None if progress else True, leave=False):
         with observe(sites, {"v", "a", "o"}) as seen:
             net_output = model(**sample["net_input"], features_only=not nll)
         # True at padding (fairseq left-pads sources: any side works)
@@ -99,7 +99,7 @@ class Options:
     bleu_sentences: int = 100
     beam: int = 4
     device: str = "cpu"
-    progress: bool = True
+    progress: bool = True  # progress bars where stderr is a terminal (tqdm's disable=None)
 
 
 Analysis = NamedTuple("Analysis", [("label", str), ("out", Path), ("scores", Dict), ("importance", Optional[Dict]),

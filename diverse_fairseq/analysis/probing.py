@@ -47,7 +47,8 @@ class ProbeSettings:
 def source_segmenter(data_dir: Path, log=print) -> Callable[[str], str]:
     """A function that turns a SentEval sentence into the model's source segmentation, from ``prepare.json``.
 
-    Without ``prepare.json`` (data not made by this toolkit) the sentences are used as they are."""
+    Without ``prepare.json`` (data not made by this toolkit), or without a segmentation model recorded in it for the
+    source language, the sentences are used as they are."""
     from ..data.bpe import segment
     from ..data.text import detokenize, tokenize
     from ..runs.dataset_meta import load_dataset_meta
@@ -61,6 +62,10 @@ def source_segmenter(data_dir: Path, log=print) -> Callable[[str], str]:
     if src != "en":
         raise SystemExit(f"error: the probing tasks are English sentences, but this model translates from "
                          f"{src!r} ({meta_path})")
+    if src not in meta.bpe_models:
+        log(f"  note: {meta_path} records no segmentation model for {src!r}: the sentences are looked up in the "
+            f"dictionary as they are")
+        return lambda s: s
     model = Path(data_dir) / meta.bpe_models[src]
     if not model.is_file():
         raise SystemExit(f"error: the segmentation model {model} named in {meta_path} is missing")

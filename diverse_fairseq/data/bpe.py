@@ -9,7 +9,7 @@ import itertools
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Container, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Container, Dict, Iterable, List, Optional, Sequence
 
 from .progress import heartbeat
 from .text import count_lines, iter_lines, map_file
@@ -35,9 +35,10 @@ def model_files(kind: str, out_dir: Path, langs: Sequence[str], joint: bool) -> 
 
 
 def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joint: bool, workers: int = 1,
-          log=print) -> Dict[str, Path]:
+          log=print, again: Callable[[int], str] = lambda size: f"BPE_SIZE={size}") -> Dict[str, Path]:
     """Learn the segmentation model(s) from ``train_files`` ({lang: file}); returns {lang: model file}. Warns, naming
-    BPE_SIZE, where the corpus supports fewer merges or pieces than ``size``."""
+    BPE_SIZE and the command that prepares the data again with the size the corpus supports (``again(size)``),
+    where the corpus supports fewer merges or pieces than ``size``."""
     if kind not in KINDS:
         raise ValueError(f"unknown BPE kind {kind!r}: use one of {', '.join(KINDS)}")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,7 @@ def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joi
                 f"used unsegmented")
         elif made < size:
             log(f"  warning: {TOO_FEW[kind].format(made=made, size=size, names=names)}. Lower BPE_SIZE (--bpe-size) "
-                f"to {made:,} or less, e.g. make data DATASET=custom ... BPE_SIZE=N")
+                f"to {made:,} or less: {again(made)}")
     return models
 
 

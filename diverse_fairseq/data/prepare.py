@@ -2,7 +2,7 @@
 
     python -m diverse_fairseq.data.prepare DATASET [options]      (scripts/prepare_data.sh DATASET)
 
-DATASET is one of demo, iwslt14_de_en, wmt14_en_de, wmt17_zh_en, or ``custom``: your own plain-text corpus
+DATASET is one of demo, demo_fr, iwslt14_de_en, wmt14_en_de, wmt17_zh_en, or ``custom``: your own plain-text corpus
 (``SRC=xx TGT=yy CORPUS_DIR=dir``, see :mod:`diverse_fairseq.data.recipes.custom`), prepared into
 DATA_BIN/custom_xx_yy (or DATA_BIN/DATASET_NAME). The steps (download, extract, collect, normalize, tokenize,
 clean, learn-bpe, apply-bpe, [clean-bpe], binarize) are each skipped when their outputs exist and are complete, so
@@ -102,7 +102,7 @@ class PrepareOptions:
         "DATA_BIN and labelled in prepare.json, never where the real data goes", metavar="MANIFEST")
     workers: int = _option("WORKERS", "processes for tokenization, BPE and fairseq-preprocess (default 2)", 2,
                            integer(1))
-    demo_dir: Optional[str] = _option("DEMO_DIR", "demo corpus directory (default data/demo)")
+    demo_dir: Optional[str] = _option("DEMO_DIR", "demo corpus directory (default data/demo; data/demo_fr for demo_fr)")
     cwmt_dir: Optional[str] = _option("CWMT_DIR", "WMT17: where the manually downloaded CWMT corpora are "
                                                   "(default WORK_DIR/wmt17_zh_en/manual/cwmt)")
     skip_cwmt: bool = _option("CWMT", "WMT17: proceed without the CWMT corpora (CWMT=skip)", False, word("skip"),
@@ -268,7 +268,8 @@ class Preparer:
         self.step("learn-bpe", f"learn {kind} ({size}, {'joint' if r.joint_bpe else 'per language'})",
                    sorted(set(self.models.values())), {"kind": kind, "size": size, "joint": r.joint_bpe},
                    lambda: bpe_mod.learn(kind, {lang: self.path("clean", "train", lang, ext) for lang in langs},
-                                         self.work / "bpe", size, r.joint_bpe, self.args.workers, log=self.log))
+                                         self.work / "bpe", size, r.joint_bpe, self.args.workers, log=self.log,
+                                         again=self._again))
         self.step("apply-bpe", f"apply {kind} to train, valid, test",
                    [self.path("bpe", s, lang) for s in SPLITS for lang in langs], {},
                    lambda: [bpe_mod.apply(kind, self.models[lang], self.path("clean", s, lang, ext),

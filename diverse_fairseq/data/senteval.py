@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..runs.hints import python_command
 from ..runs.options import add_options, option, resolve, warn_misspelled
 from ..runs.options import path as a_path
 from .download import DownloadError, Source, checksums_option, fetch, mirror_option, read_checksum_file
@@ -98,8 +99,8 @@ def read_task(task: Task, data_dir) -> TaskData:
     """Read ``data_dir/<task file>``; SystemExit naming the file (and the line) when it is missing or malformed."""
     path = Path(data_dir) / task.filename
     if not path.is_file():
-        raise SystemExit(f"error: probing task {task.name}: {path} not found. Download it with "
-                         f"`python -m diverse_fairseq.data.senteval --dest {data_dir} --tasks {task.name}` "
+        download = python_command("diverse_fairseq.data.senteval", "--dest", data_dir, "--tasks", task.name)
+        raise SystemExit(f"error: probing task {task.name}: {path} not found. Download it with `{download}` "
                          f"(from {task.source().urls[0]}) or pass --download")
     sentences = {s: [] for s in SPLITS}
     labels = {s: [] for s in SPLITS}

@@ -20,6 +20,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 
 import regex
 
+from ..runs.hints import pip_command
 from .progress import Progress, atomic_path
 
 CHUNK_LINES = 2000
@@ -120,7 +121,7 @@ def _zh_segmenter(mode: str):
             import jieba
         except ImportError as e:
             raise RuntimeError("Chinese word segmentation with jieba was asked for (ZH_SEG=jieba, the default with "
-                               "BPE=subword-nmt) but jieba is not installed: run `pip install jieba`, or choose "
+                               f"BPE=subword-nmt) but jieba is not installed: run `{pip_command('jieba')}`, or choose "
                                "ZH_SEG=char (characters) or BPE=sentencepiece (needs no segmentation).") from e
         jieba.setLogLevel(60)
         return lambda s: " ".join(w for w in jieba.cut(s) if w.strip())

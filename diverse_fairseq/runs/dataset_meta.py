@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ClassVar, Dict, List, Optional, Union
 
+from .hints import prepare_hint
+
 META_FILE = "prepare.json"
 
 
@@ -242,7 +244,7 @@ def meta_from_dict(data: Dict, where: str = META_FILE) -> DatasetMeta:
     missing = [name for name in ("source_lang", "target_lang") if name not in data]
     if missing:
         raise SystemExit(f"error: {where} lacks {', '.join(missing)}: prepare the dataset again "
-                         f"(scripts/prepare_data.sh)")
+                         f"({prepare_hint(Path(where).parent)})")
     return DatasetMeta.from_json(data)
 
 
@@ -250,6 +252,5 @@ def load_dataset_meta(data_dir) -> DatasetMeta:
     """The :class:`DatasetMeta` of the prepared dataset in ``data_dir``; SystemExit saying how to make it."""
     path = Path(data_dir) / META_FILE
     if not path.is_file():
-        raise SystemExit(f"error: {path} not found: prepare the data first (scripts/prepare_data.sh "
-                         f"{Path(data_dir).name})")
+        raise SystemExit(f"error: {path} not found: prepare the data first: {prepare_hint(data_dir)}")
     return meta_from_dict({"dataset": Path(data_dir).name, **json.loads(path.read_text(encoding="utf-8"))}, str(path))

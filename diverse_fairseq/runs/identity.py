@@ -122,9 +122,10 @@ def check_resume(save_dir: Path, identity: Dict, resume_anyway: bool = False) ->
         f"{', '.join(sorted('--' + name.replace('_', '-') for name in NOT_THE_MODEL))}.")
 
 
-def write_args(save_dir: Path, identity: Dict, command: List[str]) -> Path:
-    """Write ``SAVE_DIR/train_args.json``: the full command and the identity it is checked by."""
+def write_args(save_dir: Path, identity: Dict, command: List[str], about: Optional[Dict] = None) -> Path:
+    """Write ``SAVE_DIR/train_args.json``: the full command and the identity it is checked by, and ``about``
+    (training writes the setting's name and the methods: what ``make significance`` labels a system by)."""
     path = Path(save_dir) / ARGS_FILE
-    payload = {"identity": identity, "hash": identity_hash(identity), "command": list(command)}
+    payload = {"identity": identity, "hash": identity_hash(identity), "command": list(command), **(about or {})}
     path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     return path

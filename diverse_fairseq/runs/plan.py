@@ -19,6 +19,7 @@ from ..methods.length_penalty import BEAM_SEARCHES, LENGTH_PENALTIES
 from ..user_dir import USER_DIR  # the package directory, for --user-dir
 from .dataset_meta import DatasetMeta, load_dataset_meta
 from .identity import RESUME_ENV, identity_hash, parse_train_args, run_identity
+from .naming import default_save_dir, method_label, parse_name
 from .options import choice, gpus_option, integer, option, switch
 from .options import path as a_path
 from .paths import checkpoints_option, data_bin_option
@@ -67,15 +68,17 @@ class TrainRequest:
     setting: str  # a setting name or a registered architecture (:func:`resolve_setting`)
     extra: Tuple[str, ...] = ()  # fairseq-train options that replace ours (:func:`last_wins`)
     seed: int = option("SEED", "the training's seed", 1, integer(0))
-    # None: a --save-dir among ``extra``, else CHECKPOINTS/<name>-<hash>
-    save_dir: Optional[Path] = option("SAVE_DIR", "the save directory (default: CHECKPOINTS/<dataset>_<setting>-<hash "
-                                                  "of the run's identity>)", None, a_path)
+    # None: a --save-dir among ``extra``, else CHECKPOINTS/<name>-<methods>-<hash> (runs/naming.py)
+    save_dir: Optional[Path] = option("SAVE_DIR", "the save directory (default: CHECKPOINTS/<dataset>_<setting>-"
+                                                  "<methods>-<hash of the run's identity>)", None, a_path)
     data_bin: Path = data_bin_option()
     gpus: Optional[int] = gpus_option()  # GPUs per node: None every visible one, 0 the CPU, N the first N visible
     options: TrainOptions = TrainOptions()
     # a script started in place of ``-m fairseq_cli.train`` with the same arguments, a hook that watches training
     # (e.g. scripts/experiments/kernel_probe.py); not part of the run's identity
     entry: Optional[str] = None
+    name: Optional[str] = option("NAME", "a word for the default save directory in place of the run's methods: "
+                                         "CHECKPOINTS/<dataset>_<setting>-<NAME>-<hash>", None, parse_name)
 
 
 def visible_gpus() -> int:
@@ -179,6 +182,7 @@ class Plan:
     best_checkpoint_metric: Optional[str] = None
     precision: str = "fp32"  # one of PRECISIONS: training's, and the evaluation's on a GPU
     rank0: bool = True  # this process is on the first node (it averages)
+    method: str = ""  # the methods it trains with, "" for none (runs/naming.py, method_label)
 
     @property
     def world(self) -> int:
@@ -232,7 +236,8 @@ def last_wins(args: Sequence[str]) -> List[str]:
 
 def plan(request: TrainRequest) -> Plan:
     """The :class:`Plan` of ``request``. The save directory is ``request.save_dir``, else a ``--save-dir`` among the
-    extra options, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<hash of the run's identity>``. The launcher runs
+    extra options, else ``CHECKPOINTS/<DATASET>_<SETTING_OR_ARCH>-<methods or NAME>-<hash of the run's identity>``
+    (:func:`~diverse_fairseq.runs.naming.default_save_dir`). The launcher runs
     ``-m fairseq_cli.train`` (or ``request.entry``): through torchrun when ``options.nnodes`` is set. Options
     fairseq-train would refuse (:func:`~diverse_fairseq.runs.identity.parse_train_args`) are refused here."""
     o, dataset, setting_or_arch, extra = request.options, request.dataset, request.setting, list(request.extra)
@@ -302,12 +307,13 @@ def plan(request: TrainRequest) -> Plan:
     # the final options (the extra ones replace ours), refused here if fairseq-train would refuse them
     args = last_wins(args + extra)
     final = parse_train_args([a.replace(placeholder, "<save-dir>") for a in args])
-    identity = run_identity(final, meta)
+    identity, method = run_identity(final, meta), method_label(final)
     explicit = request.save_dir or (final.save_dir if final.save_dir != "<save-dir>" else None)
-    save_dir = Path(explicit or Path(o.checkpoints) / f"{dataset}_{setting_or_arch}-{identity_hash(identity)}")
+    save_dir = Path(explicit or default_save_dir(o.checkpoints, dataset, setting_or_arch, identity_hash(identity),
+                                                 method, request.name))
     args = [a.replace(placeholder, str(save_dir)) for a in args]
     return Plan(request=request, setting_name=key, setting=s, arch=final.arch, args=tuple(args),
                 launcher=tuple(launcher), save_dir=save_dir, meta=meta, identity=identity, gpus=gpus, nodes=nnodes,
                 max_tokens=max_tokens, update_freq=freq, max_update=final.max_update or 0, average=average,
-                best_checkpoint_metric=best_metric, precision=precision,
+                best_checkpoint_metric=best_metric, precision=precision, method=method,
                 rank0=o.node_rank == 0 and o.slurm_node_id == 0)

@@ -15,6 +15,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 from ..methods.length_penalty import BEAM_SEARCHES, LENGTH_PENALTIES
 from .dataset_meta import load_dataset_meta
+from .hints import prepare_hint
 
 #: the metrics a setting may name, with its evaluated checkpoint in words for the report: None the last
 #: checkpoint (the demo scale); "bleu" checkpoint_best.pt by validation BLEU (fairseq's --eval-bleu), as the THUMT
@@ -138,7 +139,7 @@ SETTINGS: Dict[str, Setting] = {
                            "--encoder-normalize-before", "--decoder-normalize-before"]),
 }
 DEMO_SETTING = "tiny"  # the laptop-CPU scale: every row of a table at scale demo
-DEFAULT_SETTING = {"demo": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base",
+DEFAULT_SETTING = {"demo": "tiny", "demo_fr": "tiny", "iwslt14_de_en": "small", "wmt14_en_de": "base",
                    "wmt14_en_de_joined": "fairseq_base", "wmt17_zh_en": "base"}
 # Any other dataset (your own corpus, scripts/prepare_data.sh custom) by its number of training pairs: below 20k
 # the demo's tiny model (about one epoch in its 800 updates), below 1M Transformer-small (IWSLT14: 160k), else base.
@@ -152,7 +153,7 @@ def default_setting(dataset: str, data_bin) -> str:
         return DEFAULT_SETTING[dataset]
     data = Path(data_bin) / dataset
     if not (data / "prepare.json").exists():
-        raise SystemExit(f"error: {data / 'prepare.json'} not found; prepare the data first (scripts/prepare_data.sh), "
+        raise SystemExit(f"error: {data / 'prepare.json'} not found; prepare the data first: {prepare_hint(data)}; "
                          f"or name the setting: {', '.join(SETTINGS)}")
     pairs = load_dataset_meta(data).sentences.get("train")
     if not isinstance(pairs, int):

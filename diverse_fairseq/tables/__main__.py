@@ -20,6 +20,7 @@ from typing import List, Mapping, Optional
 
 from .. import training
 from ..data.recipes import RECIPES
+from ..data.recipes.demo import SHIPPED
 from ..runs import env_checks, options
 from ..runs.cli_logging import setup_cli_logging
 from ..runs.dataset_meta import DatasetMeta, load_dataset_meta
@@ -208,11 +209,11 @@ def main(argv: Optional[List[str]] = None):
         raise SystemExit(0)  # also ending make figure-*
     if table.probing:
         ensure_probing_data(table.probing, o.probing_data, scale, o.mirror)
-    if dataset == "demo":  # the demo corpus ships with the repository: prepare it, or check that it is (quick when
+    if dataset in SHIPPED:  # the demo corpora ship with the repository: prepare it, or check that it is (quick when
         # it is up to date); the data preparation's own variables (DEMO_DIR, BPE_SIZE, WORK_DIR, ...) apply
         from ..data import prepare
 
-        prepare.prepare(prepare.parse_options(["demo", "--data-bin", str(run.data_bin)], env))
+        prepare.prepare(prepare.parse_options([dataset, "--data-bin", str(run.data_bin)], env))
     try:
         results = run_table(table, run, env)
     except TableInterrupted as e:  # Ctrl-C: one line per interrupted row, then the shell's status for SIGINT

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..data.senteval import BY_NAME
 from ..runs.settings import METRICS, describe
-from ..significance import DEFAULT_SAMPLES, length_ratio, mark, paired_bootstrap, sign_test
+from ..significance import DEFAULT_SAMPLES, length_ratio, mark, paired_bootstrap, sign_test, unmark_low_bleu
 from .records import JobRecord
 from .scale import changes as layer_changes
 from .spec import Table
@@ -111,6 +111,7 @@ def significance(table: Table, results: Dict[str, List[JobRecord]], samples: int
                 "seeds_total": len(seeds),
                 "length_ratio": {"row": length_ratio(hyps, refs), "baseline": base_ratio},
             }
+            marks[row_id] = unmark_low_bleu(marks[row_id], boot["baseline"]["bleu"], boot[f"row:{row_id}"]["bleu"])
     return marks
 
 

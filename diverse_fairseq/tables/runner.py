@@ -16,7 +16,9 @@ from dataclasses import replace
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .. import training
+from ..data.recipes.demo import SHIPPED
 from ..evaluate import command_line
+from ..runs.hints import prepare_hint
 from ..runs.settings import SETTINGS
 from .cache import cache_key, load
 from .config import RunConfig
@@ -55,7 +57,7 @@ def run_table(table: Table, run: RunConfig, env: Mapping[str, str]) -> Optional[
         return dry_run_table(table, run)
     data = run.data_bin / run.dataset
     if not (data / "prepare.json").exists():
-        raise SystemExit(f"error: no prepared dataset in {data}. Prepare it first: make data DATASET={run.dataset}")
+        raise SystemExit(f"error: no prepared dataset in {data}. Prepare it first: {prepare_hint(data)}")
     jobs = table_jobs(table, run)
     if run.slurm is not None:  # LAUNCHER=slurm
         from .slurm import run_on_slurm
@@ -183,8 +185,8 @@ def dry_run_table(table: Table, run: RunConfig):
         print(f"[{table.table}] probing tasks {', '.join(run.probing_tasks)}: files in {run.probing_dir} (a real run "
               f"downloads the missing ones first)", flush=True)
     if not (data / "prepare.json").exists():
-        demo = run.dataset == "demo"
-        prepare = "bash scripts/prepare_data.sh demo" if demo else f"make data DATASET={run.dataset}"
+        demo = run.dataset in SHIPPED
+        prepare = prepare_hint(data)
         print(f"[{table.table}] DRY_RUN=1: {data} is not prepared, and the training commands depend on it "
               f"(languages, dictionaries); {'a real run prepares it first' if demo else 'prepare it'} ({prepare}), "
               f"then run the dry run again to see them. Rows: "

@@ -10,7 +10,7 @@ from .catalog import read_catalog
 from .rules import PAIR_RULES, deduplicate, drop_fuzzy, drop_header, expand_plurals, normalise_pair, unique_source
 
 HELD_OUT = 1000
-GZIP_TRAIN = True  # train.{en,de} exceed 1 MB each, so they are shipped as deterministic .gz files
+GZIP_TRAIN = True  # each side of train exceeds 1 MB, so they are shipped as deterministic .gz files
 
 
 def split_key(pair):
@@ -21,23 +21,23 @@ def split_key(pair):
 def split_pairs(pairs, n_valid=HELD_OUT, n_test=HELD_OUT):
     """Split by hash order: the first ``n_test`` pairs → test, the next ``n_valid`` → valid, rest → train.
 
-    English strings are unique already; a held-out candidate whose German was already taken by an
-    earlier held-out pair goes back to the train pool. Train pairs whose English or German occurs in
+    English strings are unique already; a held-out candidate whose translation was already taken by an
+    earlier held-out pair goes back to the train pool. Train pairs whose English or translation occurs in
     valid or test are dropped, so no held-out sentence (either side) is seen in training and
     valid ∩ test = ∅. Returns ``({split: pairs}, dropped_train_collisions)``.
     """
     held = {"test": [], "valid": []}
     wanted = {"test": n_test, "valid": n_valid}
-    held_de, pool = set(), []
+    held_tgt, pool = set(), []
     for pair in sorted(pairs, key=split_key):
         split = next((s for s in ("test", "valid") if len(held[s]) < wanted[s]), None)
-        if split is None or pair.de in held_de:
+        if split is None or pair.tgt in held_tgt:
             pool.append(pair)
         else:
             held[split].append(pair)
-            held_de.add(pair.de)
+            held_tgt.add(pair.tgt)
     held_en = {p.en for s in held.values() for p in s}
-    train = [p for p in pool if p.en not in held_en and p.de not in held_de]
+    train = [p for p in pool if p.en not in held_en and p.tgt not in held_tgt]
     return {"train": train, "valid": held["valid"], "test": held["test"]}, len(pool) - len(train)
 
 
@@ -95,14 +95,14 @@ def write_lines(path, lines, compress):
         Path(path).write_bytes(data)
 
 
-def write_corpus(out_dir, splits, stats, gzip_train=GZIP_TRAIN):
-    """Write ``{split}.{en,de}`` (train gzipped if ``gzip_train``) and ``stats.json`` into ``out_dir``."""
+def write_corpus(out_dir, splits, stats, lang, gzip_train=GZIP_TRAIN):
+    """Write ``{split}.en`` and ``{split}.{lang}`` (train gzipped if ``gzip_train``) and ``stats.json`` into
+    ``out_dir``; ``lang`` names the target side's files (``de``, ``fr``)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, pairs in splits.items():
         pairs = sorted(pairs, key=split_key)
-        for side in ("en", "de"):
-            write_lines(out_dir / f"{name}.{side}", [getattr(p, side) for p in pairs],
-                        gzip_train and name == "train")
+        for suffix, lines in (("en", [p.en for p in pairs]), (lang, [p.tgt for p in pairs])):
+            write_lines(out_dir / f"{name}.{suffix}", lines, gzip_train and name == "train")
     text = json.dumps(stats, indent=2, ensure_ascii=False) + "\n"
     (out_dir / "stats.json").write_text(text, encoding="utf-8")

@@ -1,5 +1,5 @@
-"""Gettext catalogs: read ``.mo`` / ``.po`` files into entries, write ``.mo`` files, and find the German
-catalogs of the pinned packages (GCC's are reserved for evaluation and never read)."""
+"""Gettext catalogs: read ``.mo`` / ``.po`` files into entries, write ``.mo`` files, and find one language's
+catalogs in the pinned packages (GCC's are reserved for evaluation and never read)."""
 
 import codecs
 import re
@@ -9,7 +9,7 @@ from pathlib import Path
 
 MO_MAGIC = 0x950412DE
 CONTEXT_SEP = "\x04"
-LOCALE_DIRS = ("de", "de_DE")  # never de_AT / de_CH: regional variants would duplicate sources
+LANGUAGE = re.compile(r"^[a-z]{2}$")  # an ISO 639-1 code: de, fr
 # Catalogs of GCC are reserved for an independent evaluation set: never used, whatever ships them.
 EXCLUDED_CATALOG = re.compile(r"^(gcc|cpplib)([-_.].*)?$")
 EXCLUDED_PACKAGE = re.compile(r"^(gcc|cpp)(-.*)?$")
@@ -181,10 +181,18 @@ def is_excluded_catalog(path):
     return bool(EXCLUDED_CATALOG.match(Path(path).name.rsplit(".", 1)[0]))
 
 
-def find_catalogs(package_dir):
-    """Sorted German catalogs (``de`` and ``de_DE`` only) under one extracted package tree."""
+def locale_dirs(lang):
+    """The locale folders read for language ``lang``: ``de`` and ``de_DE`` for German, ``fr`` and ``fr_FR`` for
+    French; never the regional variants (``de_AT``, ``fr_CA``…), which would duplicate source strings."""
+    if not LANGUAGE.match(lang):
+        raise ValueError(f"{lang!r} is not a two-letter language code such as de or fr")
+    return lang, f"{lang}_{lang.upper()}"
+
+
+def find_catalogs(package_dir, lang):
+    """Sorted catalogs of language ``lang`` (:func:`locale_dirs`) under one extracted package tree."""
     found = []
-    for locale in LOCALE_DIRS:
+    for locale in locale_dirs(lang):
         messages = Path(package_dir) / "usr/share/locale" / locale / "LC_MESSAGES"
         found += [p for p in sorted(messages.glob("*.mo")) if p.is_file() and not is_excluded_catalog(p)]
     return found
@@ -204,12 +212,14 @@ def read_packages(path):
     return packages
 
 
-def package_catalogs(packages, extract_dir):
-    """List ``(package, catalog_path)`` for the pinned packages, in packages-file order."""
+def package_catalogs(packages, extract_dir, lang):
+    """List ``(package, catalog_path)`` of language ``lang`` for the pinned packages, in packages-file order."""
     catalogs = []
     for name, _ in packages:
-        found = find_catalogs(Path(extract_dir) / name)
+        found = find_catalogs(Path(extract_dir) / name, lang)
         if not found:
-            raise FileNotFoundError(f"{name}: no German catalog found under {extract_dir}/{name}")
+            dirs = " or ".join(f"usr/share/locale/{d}/LC_MESSAGES/" for d in locale_dirs(lang))
+            raise FileNotFoundError(f"{name}: no {lang} catalog (*.mo in {dirs}) under {Path(extract_dir) / name}; "
+                                    f"take {name} out of the package list")
         catalogs += [(name, path) for path in found]
     return catalogs

@@ -13,7 +13,7 @@ class Pair:
     """A candidate sentence pair and the package it came from."""
 
     en: str
-    de: str
+    tgt: str  # the translation, in the corpus' target language
     package: str
 
 
@@ -76,13 +76,13 @@ def strip_accelerators(text):
 
 def normalise_pair(pair):
     """Apply whitespace normalisation, then accelerator stripping, to both sides of a pair."""
-    en, de = (strip_accelerators(normalise_whitespace(s)) for s in (pair.en, pair.de))
-    return Pair(en, de, pair.package)
+    en, tgt = (strip_accelerators(normalise_whitespace(s)) for s in (pair.en, pair.tgt))
+    return Pair(en, tgt, pair.package)
 
 
 def is_translated(pair):
     """False when the translation is empty or identical to the source (an untranslated entry)."""
-    return bool(pair.de) and pair.de != pair.en
+    return bool(pair.tgt) and pair.tgt != pair.en
 
 
 # printf conversions (%s, %-10.3lu, %1$s, %%), C99 macros (%<PRId64>), {name} and $1 placeholders.
@@ -94,39 +94,39 @@ _PLACEHOLDER = re.compile(
 
 def has_letters(pair):
     """True when both sides contain a letter outside format placeholders (``%s (%d)`` has none)."""
-    return all(any(c.isalpha() for c in _PLACEHOLDER.sub("", s)) for s in (pair.en, pair.de))
+    return all(any(c.isalpha() for c in _PLACEHOLDER.sub("", s)) for s in (pair.en, pair.tgt))
 
 
 def within_length(pair):
     """True when both sides have MIN_WORDS–MAX_WORDS whitespace-separated words."""
-    return all(MIN_WORDS <= len(s.split()) <= MAX_WORDS for s in (pair.en, pair.de))
+    return all(MIN_WORDS <= len(s.split()) <= MAX_WORDS for s in (pair.en, pair.tgt))
 
 
 def within_ratio(pair):
     """False when the word-length ratio exceeds MAX_RATIO and the longer side has > RATIO_MIN_WORDS words."""
-    short, long_ = sorted((len(pair.en.split()), len(pair.de.split())))
+    short, long_ = sorted((len(pair.en.split()), len(pair.tgt.split())))
     return long_ <= RATIO_MIN_WORDS or long_ <= MAX_RATIO * short
 
 
 def deduplicate(pairs):
-    """Keep one copy of each exact ``(en, de)`` pair, attributed to the first package (sorted by name).
+    """Keep one copy of each exact ``(en, tgt)`` pair, attributed to the first package (sorted by name).
 
-    Returns ``(unique_pairs, counts)``; ``counts`` maps ``(en, de)`` to its number of occurrences,
+    Returns ``(unique_pairs, counts)``; ``counts`` maps ``(en, tgt)`` to its number of occurrences,
     which :func:`unique_source` uses to pick among competing translations.
     """
-    counts = Counter((p.en, p.de) for p in pairs)
+    counts = Counter((p.en, p.tgt) for p in pairs)
     first = {}
-    for p in sorted(pairs, key=lambda p: (p.en, p.de, p.package)):
-        first.setdefault((p.en, p.de), p)
+    for p in sorted(pairs, key=lambda p: (p.en, p.tgt, p.package)):
+        first.setdefault((p.en, p.tgt), p)
     return list(first.values()), counts
 
 
 def unique_source(pairs, counts):
-    """Keep one German translation per English string: the most frequent, ties → smallest string."""
+    """Keep one translation per English string: the most frequent, ties → the smallest string."""
     by_en = defaultdict(list)
     for p in pairs:
         by_en[p.en].append(p)
-    return [min(group, key=lambda p: (-counts[(p.en, p.de)], p.de)) for group in by_en.values()]
+    return [min(group, key=lambda p: (-counts[(p.en, p.tgt)], p.tgt)) for group in by_en.values()]
 
 
 PAIR_RULES = (

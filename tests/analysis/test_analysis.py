@@ -4,6 +4,7 @@ head masking against a manual computation, the pictures, and end-to-end runs on 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -344,11 +345,13 @@ def test_tsne_is_deterministic_for_a_seed():
 def test_analyze_cli_end_to_end(tiny_checkpoints, tmp_path):
     out = tmp_path / "analysis"
     cmd = [sys.executable, "-m", "diverse_fairseq.analyze", tiny_checkpoints["transformer"],
-           tiny_checkpoints["diverse_transformer"], "--out", out, "--max-sentences", "40", "--seed", "3",
-           "--no-progress", "--cpu"]
+           tiny_checkpoints["diverse_transformer"], "--out", out, "--max-sentences", "40", "--seed", "3", "--cpu"]
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # output redirected: no progress bars (carriage returns), no fairseq user-dir line, fairseq's log format
+    assert "\r" not in proc.stderr and "has already been imported" not in proc.stderr, proc.stderr[-4000:]
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| INFO \| diverse_fairseq", proc.stderr, re.M), proc.stderr
     assert "Head-diversity comparison" in proc.stdout
     for label in ("transformer", "diverse_transformer"):
         d = out / label

@@ -4,6 +4,7 @@ work, the setting a custom dataset trains with, and prepare → a few training u
 
 import gzip
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from diverse_fairseq import training
 from diverse_fairseq.data.prepare import main as prepare
 from diverse_fairseq.data.text import tokenize
 from diverse_fairseq.runs import settings
+from diverse_fairseq.runs.hints import translate_command
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_KEYS = ("BPE", "BPE_SIZE", "WORK_DIR", "DATA_BIN", "WORKERS", "SRC", "TGT", "CORPUS_DIR", "DATASET_NAME",
@@ -83,6 +85,9 @@ def test_many_unk_tokens_are_warned_of_with_a_bpe_size_that_fits(tmp_path, monke
     warning = next(line for line in out.splitlines() if "are <unk>" in line)
     assert "warning: 7.05% of the tokens of a held-out split are <unk>" in warning
     assert "BPE_SIZE=10,000 (1,049 merges learned)" in warning
+    # learning itself named the command of the same form with the merges it learned (the one run below is the same)
+    assert re.search(r"Lower BPE_SIZE \(--bpe-size\) to 1,049 or less: SRC=en .*BPE_SIZE=1049 scripts/prepare_data.sh "
+                     r"custom\n", out)
     command = shlex.split(warning.split("<unk>: ", 1)[1])
     assert command[-2:] == ["scripts/prepare_data.sh", "custom"] and (REPO / command[-2]).is_file()
     variables = dict(word.split("=", 1) for word in command[:-2])
@@ -221,6 +226,8 @@ def test_custom_prepare_train_evaluate_end_to_end(custom_prepared, monkeypatch, 
     assert results["reference"] == "raw reference test.ref.de"
     assert lines(result_dir / "ref.detok.de") == lines(CORPUS / "test.de")
     assert len(lines(result_dir / "hyp.detok.de")) == 40 and "BLEU (sacrebleu, detokenized) =" in out
+    # the translate hint names this Python (tests/test_interactive_command.py runs it outside the venv)
+    assert f"to translate your own text: {translate_command(checkpoint, root / 'data-bin' / 'custom_en_de')} " in out
 
 
 def _edit_line(path: Path, number: int, text: str):

@@ -1,10 +1,11 @@
-"""Tests of the demo-corpus builder (scripts/demo_corpus.py, scripts/corpuslib/) and of the shipped corpus in
-data/demo/.
+"""Tests of the demo-corpus builder (scripts/demo_corpus.py, scripts/corpuslib/) and of the shipped corpora in
+data/demo/ (English→German) and data/demo_fr/ (English→French).
 
 The fixture tests/fixtures/demo_corpus/ is an extracted package tree: ``demo.po`` (hand-written, one
-entry per cleaning rule) compiled into ``usr/share/locale/de/LC_MESSAGES/demo.mo``, and
-``reserved.po`` compiled into ``cpplib.mo``, ``gcc.mo`` and a ``de_AT`` catalog that must never be read.
-Regenerate a binary with ``python3 scripts/demo_corpus.py --po2mo SRC.po DST.mo``.
+entry per cleaning rule) compiled into ``usr/share/locale/de/LC_MESSAGES/demo.mo``; ``demo.fr.po`` (the same kinds
+of entries in French) into ``fr/LC_MESSAGES/demo.mo`` and ``demo.fr_FR.po`` (ISO-8859-1) into
+``fr_FR/LC_MESSAGES/extra.mo``; ``reserved.po`` into ``cpplib.mo``, ``gcc.mo`` and the ``de_AT`` and ``fr_CA``
+catalogs that must never be read. Regenerate a binary with ``python3 scripts/demo_corpus.py --po2mo SRC.po DST.mo``.
 """
 
 import gzip
@@ -17,15 +18,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "demo_corpus"
-MESSAGES = FIXTURE / "usr/share/locale/de/LC_MESSAGES"
+LOCALE = FIXTURE / "usr/share/locale"
+MESSAGES = LOCALE / "de/LC_MESSAGES"
 DEMO = REPO / "data" / "demo"
+DEMO_FR = REPO / "data" / "demo_fr"
+#: each fixture .po file and the catalogs compiled from it
+COMPILED = {"demo.po": ["de/LC_MESSAGES/demo.mo"], "demo.fr.po": ["fr/LC_MESSAGES/demo.mo"],
+            "demo.fr_FR.po": ["fr_FR/LC_MESSAGES/extra.mo"],
+            "reserved.po": ["de/LC_MESSAGES/cpplib.mo", "de/LC_MESSAGES/gcc.mo", "de_AT/LC_MESSAGES/demo.mo",
+                            "fr/LC_MESSAGES/gcc.mo", "fr_CA/LC_MESSAGES/demo.mo"]}
 
 sys.path.insert(0, str(REPO / "scripts"))
+import demo_corpus  # noqa: E402
 from corpuslib import build, catalog, rules  # noqa: E402
 
 
 def _pairs(splits):
-    return {(p.en, p.de) for split in splits.values() for p in split}
+    return {(p.en, p.tgt) for split in splits.values() for p in split}
 
 
 @pytest.fixture(scope="module")
@@ -40,22 +49,30 @@ def mo_entries():
     return entries
 
 
+def _build(lang):
+    """The fixture's catalogs of ``lang`` run through the whole pipeline with 1 valid and 1 test pair."""
+    return build.build_corpus([("demo", path) for path in catalog.find_catalogs(FIXTURE, lang)], n_valid=1, n_test=1)
+
+
 @pytest.fixture(scope="module")
 def built():
-    """The fixture catalog run through the whole pipeline with 1 valid and 1 test pair."""
-    return build.build_corpus(
-        [("demo", path) for path in catalog.find_catalogs(FIXTURE)], n_valid=1, n_test=1
-    )
+    return _build("de")
+
+
+@pytest.fixture(scope="module")
+def built_fr():
+    return _build("fr")
 
 
 # ---- reading catalogs -----------------------------------------------------------------------------
 
 
-def test_committed_mo_is_the_compiled_po(po_entries):
-    assert (MESSAGES / "demo.mo").read_bytes() == catalog.write_mo(po_entries)
-    reserved = catalog.write_mo(catalog.parse_po((FIXTURE / "reserved.po").read_bytes()))
-    for name in ("de/LC_MESSAGES/cpplib.mo", "de/LC_MESSAGES/gcc.mo", "de_AT/LC_MESSAGES/demo.mo"):
-        assert (FIXTURE / "usr/share/locale" / name).read_bytes() == reserved
+def test_committed_mo_is_the_compiled_po():
+    for po, catalogs in COMPILED.items():
+        compiled = catalog.write_mo(catalog.parse_po((FIXTURE / po).read_bytes()))
+        for name in catalogs:
+            assert (LOCALE / name).read_bytes() == compiled, name
+    assert sorted(str(p.relative_to(LOCALE)) for p in LOCALE.rglob("*.mo")) == sorted(sum(COMPILED.values(), []))
 
 
 def test_mo_and_po_agree_except_fuzzy(po_entries, mo_entries):
@@ -96,12 +113,25 @@ def test_context_plural_and_multiline_entries(mo_entries):
 # ---- catalog discovery ----------------------------------------------------------------------------
 
 
-def test_gcc_and_cpplib_catalogs_are_excluded(built):
-    assert [p.name for p in catalog.find_catalogs(FIXTURE)] == ["demo.mo"]  # not cpplib/gcc, not de_AT
+def test_gcc_and_cpplib_catalogs_are_excluded(built, built_fr):
+    found = [str(p.relative_to(LOCALE)) for p in catalog.find_catalogs(FIXTURE, "de")]
+    assert found == ["de/LC_MESSAGES/demo.mo"]  # not cpplib/gcc, not de_AT
     for name in ("gcc.mo", "gcc-12.mo", "cpplib.mo", "cpplib-12.mo"):
         assert catalog.is_excluded_catalog(Path("x") / name)
     assert not catalog.is_excluded_catalog("gccgo-tools.mo") and not catalog.is_excluded_catalog("coreutils.mo")
-    assert not any("reserviert" in de for _, de in _pairs(built[0]))
+    assert not any("reserviert" in tgt for _, tgt in _pairs(built[0]) | _pairs(built_fr[0]))
+
+
+def test_language_selects_its_catalogs_without_regional_variants():
+    assert catalog.locale_dirs("de") == ("de", "de_DE") and catalog.locale_dirs("fr") == ("fr", "fr_FR")
+    found = [str(p.relative_to(LOCALE)) for p in catalog.find_catalogs(FIXTURE, "fr")]
+    assert found == ["fr/LC_MESSAGES/demo.mo", "fr_FR/LC_MESSAGES/extra.mo"]  # not gcc, not fr_CA, no German
+    assert catalog.find_catalogs(FIXTURE, "it") == []
+    for bad in ("FR", "fr_FR", "french", ""):
+        with pytest.raises(ValueError, match="two-letter language code"):
+            catalog.locale_dirs(bad)
+    with pytest.raises(FileNotFoundError, match="demo_corpus: no it catalog .* take demo_corpus out of the package"):
+        catalog.package_catalogs([("demo_corpus", "1.0")], FIXTURE.parent, "it")
 
 
 def test_gcc_packages_are_refused(tmp_path):
@@ -129,7 +159,7 @@ def test_header_and_fuzzy_are_dropped(po_entries):
 
 
 def test_plurals_expand_to_two_pairs(po_entries):
-    pairs = {(p.en, p.de) for p in rules.expand_plurals(po_entries, "demo")}
+    pairs = {(p.en, p.tgt) for p in rules.expand_plurals(po_entries, "demo")}
     assert ("%d file removed", "%d Datei entfernt") in pairs
     assert ("%d files removed", "%d Dateien entfernt") in pairs
 
@@ -150,7 +180,7 @@ def test_accelerators(text, expected):
     assert rules.strip_accelerators(text) == expected
 
 
-@pytest.mark.parametrize("en, de, rule, keep", [
+@pytest.mark.parametrize("en, tgt, rule, keep", [
     ("Linux", "Linux", rules.is_translated, False),
     ("Untranslated", "", rules.is_translated, False),
     ("File", "Datei", rules.is_translated, True),
@@ -162,8 +192,8 @@ def test_accelerators(text, expected):
     ("Quit now", "Jetzt beenden bitte", rules.within_ratio, True),  # longer side ≤ 3 words
     ("a b", "c d e f g h", rules.within_ratio, True),  # ratio exactly 3
 ])
-def test_pair_rules(en, de, rule, keep):
-    assert rule(rules.Pair(en, de, "demo")) is keep
+def test_pair_rules(en, tgt, rule, keep):
+    assert rule(rules.Pair(en, tgt, "demo")) is keep
 
 
 def test_fixture_through_the_pipeline(built):
@@ -185,12 +215,48 @@ def test_fixture_through_the_pipeline(built):
     assert stats["packages"]["demo"]["catalogs"] == ["demo.mo"]
 
 
+def test_french_fixture_through_the_pipeline(built_fr):
+    """The same rules on the French catalogs: only the catalogs read differ with the language."""
+    splits, stats = built_fr
+    pairs = _pairs(splits)
+    assert len({en for en, _ in pairs}) == len(pairs) == 13
+    assert ("Open", "Ouvrir") in pairs and ("Close", "Clore") in pairs  # most frequent; tie: smaller string
+    assert ("%d file removed", "%d fichier supprimé") in pairs
+    assert ("%d files removed", "%d fichiers supprimés") in pairs
+    assert ("Save", "Enregistrer") in pairs and ("Back", "Retour") in pairs  # accelerators & and _
+    assert ("Usage: %s [OPTION]... Copy files.", "Utilisation : %s [OPTION]... Copier des fichiers.") in pairs
+    assert ("cannot stat %s", "impossible d'évaluer « %s »") in pairs
+    assert ("Device busy", "Périphérique occupé") in pairs  # fr_FR, decoded as its header's ISO-8859-1
+    assert not {"Linux", "Untranslated message", "Fuzzy guess %s", "Quit", "%s (%d)"} & {en for en, _ in pairs}
+    assert stats["packages"]["demo"]["catalogs"] == ["demo.mo", "extra.mo"]
+    assert stats["steps"]["deduplicated_pairs"] == stats["steps"]["length_ratio"] - 1  # Open×2
+
+
+def test_command_line_builds_the_french_corpus(tmp_path, capsys):
+    """``scripts/demo_corpus.py --lang fr`` (as build_demo_corpus.sh fr calls it) writes the .en/.fr files."""
+    (tmp_path / "packages.txt").write_text("demo_corpus 1.0\n")  # the fixture tree, as an extracted package
+    assert demo_corpus.main(["--lang", "fr", "--extract-dir", str(FIXTURE.parent), "--out", str(tmp_path)]) == 0
+    # 13 pairs, fewer than the 1,000 held out for test: all go to test
+    assert json.loads(capsys.readouterr().out)["splits"] == {"train": 0, "valid": 0, "test": 13}
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["packages.txt", "stats.json", "test.en", "test.fr", "train.en.gz", "train.fr.gz", "valid.en",
+                     "valid.fr"]
+    english = (tmp_path / "test.en").read_text(encoding="utf-8").splitlines()
+    french = (tmp_path / "test.fr").read_text(encoding="utf-8").splitlines()
+    assert french[english.index("Device busy")] == "Périphérique occupé"
+    stats = json.loads((tmp_path / "stats.json").read_text(encoding="utf-8"))
+    assert stats["packages"]["demo_corpus"]["version"] == "1.0"
+    with pytest.raises(SystemExit):
+        demo_corpus.main(["--lang", "french", "--out", str(tmp_path)])
+    assert "--lang: 'french' is not a two-letter language code" in capsys.readouterr().err
+
+
 def test_unique_source_prefers_frequency_then_order():
     pairs = [rules.Pair("Open", de, "p") for de in ("Offen", "Öffnen", "Öffnen")]
     unique, counts = rules.deduplicate(pairs)
-    assert [(p.en, p.de) for p in rules.unique_source(unique, counts)] == [("Open", "Öffnen")]
+    assert [(p.en, p.tgt) for p in rules.unique_source(unique, counts)] == [("Open", "Öffnen")]
     unique, counts = rules.deduplicate([rules.Pair("Close", de, "p") for de in ("Zu", "Schließen")])
-    assert [p.de for p in rules.unique_source(unique, counts)] == ["Schließen"]
+    assert [p.tgt for p in rules.unique_source(unique, counts)] == ["Schließen"]
 
 
 # ---- split and output -----------------------------------------------------------------------------
@@ -206,9 +272,9 @@ def test_split_sizes_and_no_overlap():
     splits, dropped = build.split_pairs(_synthetic_pairs(), n_valid=20, n_test=20)
     assert len(splits["valid"]) == 20 and len(splits["test"]) == 20
     held = splits["valid"] + splits["test"]
-    assert len({p.en for p in held}) == 40 and len({p.de for p in held}) == 40
-    held_sides = {p.en for p in held} | {p.de for p in held}
-    assert not any(p.en in held_sides or p.de in held_sides for p in splits["train"])
+    assert len({p.en for p in held}) == 40 and len({p.tgt for p in held}) == 40
+    held_sides = {p.en for p in held} | {p.tgt for p in held}
+    assert not any(p.en in held_sides or p.tgt in held_sides for p in splits["train"])
     assert len(splits["train"]) + 40 + dropped == 200
 
 
@@ -217,57 +283,111 @@ def test_split_is_a_function_of_the_pairs_not_their_order():
     assert build.split_pairs(pairs, 20, 20) == build.split_pairs(list(reversed(pairs)), 20, 20)
 
 
-def test_written_corpus_is_deterministic(tmp_path, built):
-    splits, stats = built
-    build.write_corpus(tmp_path / "a", splits, stats)
-    build.write_corpus(tmp_path / "b", {k: list(reversed(v)) for k, v in splits.items()}, stats)
+@pytest.mark.parametrize("lang", ["de", "fr"])
+def test_written_corpus_is_deterministic(tmp_path, lang, built, built_fr):
+    splits, stats = {"de": built, "fr": built_fr}[lang]
+    build.write_corpus(tmp_path / "a", splits, stats, lang)
+    build.write_corpus(tmp_path / "b", {k: list(reversed(v)) for k, v in splits.items()}, stats, lang)
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert names == ["stats.json", "test.de", "test.en", "train.de.gz", "train.en.gz", "valid.de", "valid.en"]
+    assert names == sorted(["stats.json", "test.en", f"test.{lang}", "train.en.gz", f"train.{lang}.gz", "valid.en",
+                            f"valid.{lang}"])
     for name in names:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
-# ---- the shipped corpus ---------------------------------------------------------------------------
+# ---- the shipped corpora ---------------------------------------------------------------------------
 
 
-def _read(name):
-    path = DEMO / name
+def _read(folder, name):
+    path = folder / name
     data = gzip.decompress(path.with_name(name + ".gz").read_bytes()) if not path.exists() else path.read_bytes()
     text = data.decode("utf-8")
     assert text.endswith("\n")
     return text[:-1].split("\n")
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return {split: {side: _read(f"{split}.{side}") for side in ("en", "de")}
-            for split in ("train", "valid", "test")}
+@pytest.fixture(scope="module", params=[(DEMO, "de"), (DEMO_FR, "fr")], ids=["demo", "demo_fr"])
+def corpus(request):
+    """``(folder, lang, {split: {"en": lines, "tgt": lines}})`` of one shipped corpus."""
+    folder, lang = request.param
+    return folder, lang, {split: {"en": _read(folder, f"{split}.en"), "tgt": _read(folder, f"{split}.{lang}")}
+                          for split in ("train", "valid", "test")}
 
 
 def test_corpus_sizes(corpus):
-    for split, sides in corpus.items():
-        assert len(sides["en"]) == len(sides["de"]), split
-    assert len(corpus["train"]["en"]) >= 25_000
-    assert len(corpus["valid"]["en"]) == 1000 and len(corpus["test"]["en"]) == 1000
+    _, _, splits = corpus
+    for split, sides in splits.items():
+        assert len(sides["en"]) == len(sides["tgt"]), split
+    assert 25_000 <= len(splits["train"]["en"]) <= 45_000  # the two corpora are about the same size
+    assert len(splits["valid"]["en"]) == 1000 and len(splits["test"]["en"]) == 1000
 
 
 def test_corpus_lines_are_clean(corpus):
-    for sides in corpus.values():
+    for sides in corpus[2].values():
         for lines in sides.values():
             assert all(line and line == rules.normalise_whitespace(line) for line in lines)
 
 
 def test_corpus_has_no_held_out_leak(corpus):
-    for side in ("en", "de"):
-        train = set(corpus["train"][side])
-        valid, test = set(corpus["valid"][side]), set(corpus["test"][side])
+    _, _, splits = corpus
+    for side in ("en", "tgt"):
+        train = set(splits["train"][side])
+        valid, test = set(splits["valid"][side]), set(splits["test"][side])
         assert not (valid & train) and not (test & train) and not (valid & test), side
-    assert len(set(corpus["train"]["en"])) == len(corpus["train"]["en"])
+    assert len(set(splits["train"]["en"])) == len(splits["train"]["en"])
 
 
 def test_corpus_matches_its_stats(corpus):
-    stats = json.loads((DEMO / "stats.json").read_text(encoding="utf-8"))
-    assert stats["splits"] == {split: len(sides["en"]) for split, sides in corpus.items()}
+    folder, _, splits = corpus
+    stats = json.loads((folder / "stats.json").read_text(encoding="utf-8"))
+    assert stats["splits"] == {split: len(sides["en"]) for split, sides in splits.items()}
     assert sum(p["pairs_kept"] for p in stats["packages"].values()) == sum(stats["splits"].values())
-    listed = dict(catalog.read_packages(DEMO / "packages.txt"))
+    listed = dict(catalog.read_packages(folder / "packages.txt"))
     assert {name: info["version"] for name, info in stats["packages"].items()} == listed
+    assert not any(catalog.is_excluded_catalog(name) for p in stats["packages"].values() for name in p["catalogs"])
+
+
+def test_french_corpus_reads_the_german_pins():
+    """data/demo_fr/packages.txt is data/demo/packages.txt less the three packages without a French catalog."""
+    german, french = (dict(catalog.read_packages(d / "packages.txt")) for d in (DEMO, DEMO_FR))
+    assert french.items() <= german.items()
+    assert sorted(set(german) - set(french)) == ["krb5-locales", "libelf1", "xfsprogs"]
+
+
+def test_french_corpus_prepares_as_demo_fr(tmp_path, capsys):
+    """``make data DATASET=demo_fr`` on the first lines of the shipped files (the whole corpus takes a minute)."""
+    from diverse_fairseq.data.prepare import main as prepare
+    from diverse_fairseq.data.recipes import RECIPES
+
+    assert (RECIPES["demo_fr"].src, RECIPES["demo_fr"].tgt) == ("en", "fr")
+    part = tmp_path / "demo_fr"
+    part.mkdir()
+    for split, n in (("train", 60), ("valid", 6), ("test", 6)):
+        for lang in ("en", "fr"):
+            (part / f"{split}.{lang}").write_text("\n".join(_read(DEMO_FR, f"{split}.{lang}")[:n]) + "\n")
+    prepare(["demo_fr", "--demo-dir", str(part), "--work-dir", str(tmp_path / "work"), "--data-bin",
+             str(tmp_path / "data-bin"), "--bpe-size", "100", "--workers", "1"])
+    dest = tmp_path / "data-bin" / "demo_fr"
+    meta = json.loads((dest / "prepare.json").read_text())
+    assert meta["sentences"] == {"train": 60, "valid": 6, "test": 6}
+    assert (dest / "test.ref.fr").read_text(encoding="utf-8") == (part / "test.fr").read_text(encoding="utf-8")
+    assert (dest / "train.en-fr.fr.bin").exists()
+
+
+def test_demo_table_runs_on_demo_fr(tmp_path, monkeypatch, capsys):
+    """``make demo DATASET=demo_fr`` passes the dataset to the table runner, which prepares the shipped corpus itself
+    (the dry run says so instead of asking for ``make data``)."""
+    import subprocess
+
+    from diverse_fairseq.tables.__main__ import main
+
+    make = subprocess.run(["make", "-n", "--no-print-directory", "demo", "DATASET=demo_fr"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    assert make[-1].endswith("-m diverse_fairseq.tables demo --dataset demo_fr"), make
+    monkeypatch.setenv("DRY_RUN", "1")
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--dataset", "demo_fr", "--data-bin", str(tmp_path / "data-bin"), "--out",
+              str(tmp_path / "results")])
+    assert done.value.code == 0 and not (tmp_path / "data-bin").exists()
+    assert (f"a real run prepares it first (DATA_BIN={tmp_path / 'data-bin'} scripts/prepare_data.sh demo_fr)"
+            in capsys.readouterr().out)

@@ -110,8 +110,8 @@ def test_training_reads_every_variable_of_its_fields():
     assert len(checked) >= 16
     for f in checked:
         var = f.metadata["var"]
-        with pytest.raises(SystemExit, match=rf"^error: {var}='bad' is not valid: use "):
-            request_from_env("demo", "tiny", [], {var: "bad"})
+        with pytest.raises(SystemExit, match=rf"^error: {var}='bad value' is not valid: use "):  # NAME takes a word
+            request_from_env("demo", "tiny", [], {var: "bad value"})
     request = request_from_env("demo", "tiny", [], {"SAVE_DIR": "s", "DATA_BIN": "d", "CHECKPOINTS": "c",
                                                     "MASTER_ADDR": "m", "GPUS": "2", "SEED": "3"})
     assert (request.save_dir, request.data_bin, request.options.checkpoints) == (Path("s"), Path("d"), Path("c"))

@@ -34,7 +34,7 @@ def save_dir(env, extra, **more):
 def test_every_variant_gets_its_own_directory(env):
     baseline, variant = save_dir(env, []), save_dir(env, DISAGREEMENT)
     assert re.fullmatch(re.escape(env["CHECKPOINTS"]) + r"/demo_tiny-[0-9a-f]{8}", baseline)
-    assert re.fullmatch(re.escape(env["CHECKPOINTS"]) + r"/demo_tiny-[0-9a-f]{8}", variant)
+    assert re.fullmatch(re.escape(env["CHECKPOINTS"]) + r"/demo_tiny-disagreement_out-[0-9a-f]{8}", variant)
     assert baseline != variant
     assert save_dir(env, DISAGREEMENT) == variant  # the same command finds its directory again
     assert save_dir(env, [], SEED="2") != baseline  # another seed is another run

@@ -560,7 +560,10 @@ def test_tiny_table_end_to_end_resume_and_retrain_on_a_changed_row(tiny_table_lo
     # --disagreement-terms out is the criterion's default: not part of the identity
     assert options["--criterion"] == "label_smoothed_cross_entropy_with_disagreement"
     logs = demo_bin / "results" / "demo-demo" / "logs"
-    assert "fairseq" in (logs / "dis-seed2.log").read_text()  # the job's own output went to its log
+    job_log = (logs / "dis-seed2.log").read_text()
+    assert "fairseq" in job_log  # the job's own output went to its log: one log format, no library noise
+    assert not [noise for noise in HYDRA_NOISE if noise in job_log] and "\r" not in job_log, job_log[-3000:]
+    assert not re.search(r"^(DEBUG|INFO|WARNING):|^\S+ \S+,\d{3} \|", job_log, re.M), job_log[-3000:]
     # fairseq-generate's start-up (the evaluation's, as the interactive command's): no hydra deprecation warnings,
     # no DEBUG:hydra lines (the real fairseq-generate runs of the evaluation, their whole log)
     for row in ("base", "dis"):
@@ -675,7 +678,8 @@ def test_dry_run_of_an_unprepared_dataset_says_what_a_run_would_prepare(tmp_path
         main(["emnlp18_t1", "--dataset", "demo", "--data-bin", str(tmp_path / "data-bin"), "--out",
               str(tmp_path / "results")])
     assert done.value.code == 0 and not (tmp_path / "results").exists() and not (tmp_path / "data-bin").exists()
-    assert "a real run prepares it first (bash scripts/prepare_data.sh demo)" in capsys.readouterr().out
+    assert f"a real run prepares it first (DATA_BIN={tmp_path / 'data-bin'} scripts/prepare_data.sh demo)" in \
+        capsys.readouterr().out
 
 
 def test_evaluation_cache_sees_a_changed_checkpoint(prepared, monkeypatch):

@@ -3,7 +3,7 @@
 from . import custom, demo, iwslt14, wmt14, wmt17
 from .base import Archive, Context, Recipe
 
-RECIPES = {r.name: r for r in (demo.RECIPE, iwslt14.RECIPE, wmt14.RECIPE, wmt14.MACARON, wmt17.RECIPE)}
+RECIPES = {r.name: r for r in (demo.RECIPE, demo.FRENCH, iwslt14.RECIPE, wmt14.RECIPE, wmt14.MACARON, wmt17.RECIPE)}
 # recipes that the user's options complete (``Recipe.configure``): not a fixed dataset, so not in RECIPES
 TEMPLATES = {custom.RECIPE.name: custom.RECIPE}
 
