@@ -34,10 +34,10 @@ $(STAMP): pyproject.toml scripts/install.sh
 # pytest-xdist spreads the tests over the cores (at most 4 workers: most tests start fairseq processes of their own);
 # --dist worksteal: each worker starts on one contiguous share of the tests (a module's fixtures built once per
 # worker) and an idle worker takes over half of another's queue, so no long test waits at the end of a queue.
-# PYTEST_ARGS='-n 0' runs them in one process
+# PYTEST_ARGS='-n 0' runs them in one process; the 15 slowest tests are listed at the end (keeping make test short)
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n auto --maxprocesses 4 --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --maxprocesses 4 --dist worksteal --durations 15 $(PYTEST_ARGS)
 
 # DATASET=demo_fr: the same table on the English→French corpus (data/demo_fr)
 demo: install

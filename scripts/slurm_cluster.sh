@@ -207,7 +207,7 @@ status() {
 case "${1:-}" in
     start | stop | status)
         # one start/stop at a time (pytest-xdist's workers each start it); a user who cannot write there only reads
-        if mkdir -p "$DIR" 2>/dev/null && [ -w "$DIR" ]; then exec 9>"$DIR/.lock" && flock -w 300 9; fi
+        if mkdir -p "$DIR" 2>/dev/null && [ -w "$DIR" ]; then exec 9>"$DIR/.lock" && flock -w 900 9; fi
         "$1"
         ;;
     *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;

@@ -180,12 +180,15 @@ def tiny_table_local(demo_text_prepared):
 def slurm_cluster():
     """The one-node SLURM cluster of ``scripts/slurm_cluster.sh`` on this machine, started when it is not running
     (as root the script installs the packages it needs; ``.ci/run`` starts it before the tests). Where it cannot be
-    started (not root, no package), the tests that submit to it skip with the script's one line."""
+    started (not root, no package), the tests that submit to it skip with the script's one line; with
+    ``REQUIRE_SLURM=1`` (``.ci/run``: CI must run them) they fail instead."""
     proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm_cluster.sh"), "start"], capture_output=True,
                           text=True, timeout=900)
     if proc.returncode != 0:
-        pytest.skip("no SLURM cluster: " + (proc.stderr.strip().splitlines() or ["scripts/slurm_cluster.sh start "
-                                                                                  "failed"])[-1])
+        why = "no SLURM cluster: " + (proc.stderr.strip().splitlines() or ["scripts/slurm_cluster.sh start failed"])[-1]
+        if os.environ.get("REQUIRE_SLURM") == "1":
+            pytest.fail(why + " (REQUIRE_SLURM=1)")
+        pytest.skip(why)
     return proc.stdout.strip()
 
 

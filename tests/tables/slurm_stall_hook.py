@@ -1,4 +1,4 @@
-"""fairseq-train that stalls once: the ``TRAIN_HOOK`` of test_slurm.py's time-limit test.
+"""fairseq-train that stalls once: the ``TRAIN_HOOK`` of test_slurm.py's time-limit and scancel tests.
 
 In a save directory without ``checkpoint_last.pt`` (the job's first attempt) it trains to update 2 (fairseq saves
 ``checkpoint_last.pt`` when it stops there), then sleeps, so that the SLURM job reaches its one-minute time limit

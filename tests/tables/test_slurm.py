@@ -148,15 +148,17 @@ def _read_until(proc, pattern: str, timeout: float = 300) -> str:
 def test_a_queued_or_running_job_is_followed_not_submitted_again_and_scancel_reports_it_cancelled(
         demo_text_prepared, monkeypatch, capfd):
     root = demo_text_prepared
+    # slurm_stall_hook.py holds the job RUNNING after its second update until it is cancelled, however long the
+    # second invocation takes on a loaded machine (a plain three-update job may end before it is looked at)
     first = subprocess.Popen([sys.executable, "-m", "diverse_fairseq.tables", *_command(root, "results-cancel")],
-                             env=_environment(root, ROWS="base"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
+                             env=_environment(root, ROWS="base", TRAIN_HOOK=str(HOOK)), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
     slurm_id = None
     try:
         seen = _read_until(first, r"submitted: SLURM job \d+")
         slurm_id = re.search(r"row base seed 1: submitted: SLURM job (\d+), PENDING", seen).group(1)
         # a second invocation while the first one waits: it follows the job, it does not submit it again
-        status, out = _table(root, "results-cancel", monkeypatch, capfd, ROWS="base", WAIT="0")
+        status, out = _table(root, "results-cancel", monkeypatch, capfd, ROWS="base", WAIT="0", TRAIN_HOOK=str(HOOK))
         assert status == 0, out[-3000:]
         assert re.search(rf"row base seed 1: SLURM job {slurm_id} (PENDING|RUNNING|\(not in sacct yet\)), submitted "
                          rf"earlier: followed, not submitted again", out), out[-3000:]
@@ -181,7 +183,7 @@ def test_a_queued_or_running_job_is_followed_not_submitted_again_and_scancel_rep
         if _sacct(slurm_id) == "CANCELLED":
             break
         time.sleep(0.5)
-    status, out = _table(root, "results-cancel", monkeypatch, capfd, ROWS="base")  # collect
+    status, out = _table(root, "results-cancel", monkeypatch, capfd, ROWS="base", TRAIN_HOOK=str(HOOK))  # collect
     log = run_dir / "slurm" / f"{slurm_id}_0_log.out"
     assert status == 1, out[-3000:]
     assert f"row base seed 1: SLURM job {slurm_id} CANCELLED; the end of its log ({log}):\n    | " in out
