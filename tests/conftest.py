@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -148,32 +149,71 @@ def demo_text_prepared(tmp_path_factory):
     from it; its output is in ``prepare_data.log``. Tests write beside it (``results/``, ``checkpoints/``), never
     into it."""
     root = tmp_path_factory.mktemp("demo_text")
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], env=demo_text_env(root),
-                          check=True, capture_output=True, text=True, timeout=600)
-    (root / "prepare_data.log").write_text(proc.stdout)
+    _prepare_demo_text(root)
     return root
 
 
+def _prepare_demo_text(root: Path) -> None:
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "demo"], env=demo_text_env(root),
+                          check=True, capture_output=True, text=True, timeout=600)
+    (root / "prepare_data.log").write_text(proc.stdout)
+
+
+def ctrl_c_as_in_a_terminal():
+    """``preexec_fn`` of a child process that a test interrupts with SIGINT: SIGINT's default action, as in a
+    terminal. A shell starts its background commands with SIGINT ignored, and an ignored signal stays ignored in the
+    children (Python then installs no KeyboardInterrupt handler): ``pytest ... &`` would otherwise fail those tests."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def once_per_session(tmp_path_factory, worker_id: str, name: str, make) -> Path:
+    """The folder ``name`` made by ``make(folder)`` once per test session, also across pytest-xdist's workers: the
+    first worker to ask makes it under the session's base folder while holding a lock, the others wait for it and
+    find it made. Without xdist (``worker_id`` "master"): a folder of this session."""
+    if worker_id == "master":
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    from filelock import FileLock  # (torch's dependency)
+
+    folder = tmp_path_factory.getbasetemp().parent / name
+    with FileLock(str(folder) + ".lock"):
+        if not (folder / ".made").exists():
+            folder.mkdir(exist_ok=True)
+            make(folder)
+            (folder / ".made").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
-def tiny_table_local(demo_text_prepared):
+def tiny_table_local(tmp_path_factory, worker_id):
     """test_tables' tiny two-row table (``TABLE``, ``TINY`` settings, seeds 1 and 2, two jobs at a time) run once per
-    session by the local runner, a command line of its own, in ``demo_text_prepared/results``: test_tables' end-to-end
-    test reads its output, test_slurm compares a run on the cluster with its records. Returns ``stdout``, ``table``
-    (the YAML), ``records`` and ``hypotheses`` by ``(row, seed)``, read when the run ended (the end-to-end test then
-    changes a row and runs the table again in the same folder)."""
+    session (across xdist's workers too) by the local runner, a command line of its own, on the fixture corpus
+    prepared as in ``demo_text_prepared``, in ``<folder>/results``: test_tables' end-to-end test reads its output,
+    test_slurm compares a run on the cluster with its records. Returns ``stdout``, ``table`` (the YAML), ``records``
+    and ``hypotheses`` by ``(row, seed)``, as they were when the run ended (``tiny_table.json``: the end-to-end test
+    then changes a row and runs the table again in the same folder)."""
     from types import SimpleNamespace
 
     from test_tables import TABLE, _run_table
 
-    table = demo_text_prepared / "tiny_table.yaml"
-    table.write_text(TABLE)
-    stdout = _run_table(demo_text_prepared, table)
-    runs = demo_text_prepared / "results" / "demo-demo" / "runs"
     pairs = [(row, seed) for row in ("base", "dis") for seed in (1, 2)]
-    return SimpleNamespace(
-        stdout=stdout, table=table,
-        records={(r, s): json.loads((runs / r / f"seed{s}" / "job.json").read_text()) for r, s in pairs},
-        hypotheses={(r, s): (runs / r / f"seed{s}" / "eval" / "hyp.detok.de").read_text() for r, s in pairs})
+
+    def make(root: Path) -> None:
+        _prepare_demo_text(root)
+        (root / "tiny_table.yaml").write_text(TABLE)
+        stdout = _run_table(root, root / "tiny_table.yaml")
+        runs = root / "results" / "demo-demo" / "runs"
+        (root / "tiny_table.json").write_text(json.dumps({"stdout": stdout, "runs": {
+            f"{r}/{s}": {"record": json.loads((runs / r / f"seed{s}" / "job.json").read_text()),
+                         "hypotheses": (runs / r / f"seed{s}" / "eval" / "hyp.detok.de").read_text()}
+            for r, s in pairs}}))
+
+    root = once_per_session(tmp_path_factory, worker_id, "tiny_table", make)
+    made = json.loads((root / "tiny_table.json").read_text())
+    return SimpleNamespace(stdout=made["stdout"], table=root / "tiny_table.yaml",
+                           records={(r, s): made["runs"][f"{r}/{s}"]["record"] for r, s in pairs},
+                           hypotheses={(r, s): made["runs"][f"{r}/{s}"]["hypotheses"] for r, s in pairs})
 
 
 @pytest.fixture(scope="session")

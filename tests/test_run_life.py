@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, fake_prepared, job_record, tiny_train_args
+from conftest import REPO, ctrl_c_as_in_a_terminal, fake_prepared, job_record, tiny_train_args
 
 from diverse_fairseq import training
 from diverse_fairseq.runs.checkpoint_file import trained_updates
@@ -68,7 +68,7 @@ def _interrupt(cmd, env, when, ctrl_c=1, timeout=120):
     """Run ``cmd`` in its own process group and send SIGINT to the group, as Ctrl-C in a terminal, at the first
     output line ``when`` matches (``ctrl_c`` times, 0.5 s apart); return its exit status and whole output."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=ctrl_c_as_in_a_terminal)
     seen = []
     try:
         for line in proc.stdout:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import demo_text_env
+from conftest import ctrl_c_as_in_a_terminal, demo_text_env
 from test_tables import TABLE, TINY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,7 +152,7 @@ def test_a_queued_or_running_job_is_followed_not_submitted_again_and_scancel_rep
     # second invocation takes on a loaded machine (a plain three-update job may end before it is looked at)
     first = subprocess.Popen([sys.executable, "-m", "diverse_fairseq.tables", *_command(root, "results-cancel")],
                              env=_environment(root, ROWS="base", TRAIN_HOOK=str(HOOK)), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+                             stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_as_in_a_terminal)
     slurm_id = None
     try:
         seen = _read_until(first, r"submitted: SLURM job \d+")
