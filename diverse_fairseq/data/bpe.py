@@ -60,7 +60,8 @@ def learn(kind: str, train_files: Dict[str, Path], out_dir: Path, size: int, joi
                 f"used unsegmented")
         elif made < size:
             log(f"  warning: {TOO_FEW[kind].format(made=made, size=size, names=names)}. Lower BPE_SIZE (--bpe-size) "
-                f"to {made:,} or less: {again(made)}")
+                f"to {made:,} or less ({made:,} gives the same model; the <unk> rates printed after binarisation say "
+                f"whether a smaller size is needed): {again(made)}")
     return models
 
 

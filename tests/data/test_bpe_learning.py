@@ -25,7 +25,8 @@ def test_more_merges_than_the_corpus_supports_are_warned_about_without_a_progres
     assert warning == [f"  warning: subword-nmt learned {learned:,} of the 10,000 BPE merges asked for: after that "
                        f"no symbol pair occurs twice in train.en, so every word that occurs at least twice is already "
                        f"one symbol and the corpus supports no more merges. Lower BPE_SIZE (--bpe-size) to "
-                       f"{learned:,} or less: BPE_SIZE={learned}"]
+                       f"{learned:,} or less ({learned:,} gives the same model; the <unk> rates printed after "
+                       f"binarisation say whether a smaller size is needed): BPE_SIZE={learned}"]
     out, err = capfd.readouterr()
     # subword-nmt's tqdm bar ("  5%|▌   | 512/10000 [00:00<00:02, 3456.78it/s]") and its stop message stay out
     assert "it/s" not in err + out and "%|" not in err + out and "Stopping" not in err + out
