@@ -291,12 +291,13 @@ def _average(p: Plan, reuse: bool = False) -> int:
 
 def main(argv=None):
     argv, env = list(sys.argv[1:] if argv is None else argv), os.environ
-    warn_misspelled(env, "train")
-    for warning in env_checks.foreign_variables(env, {  # ``SEEDS=3`` would otherwise silently train seed 1
+    foreign = {  # the table runner's variables, which scripts/train.sh does not read (SEEDS=3 would train seed 1)
         "SEEDS": f"SEED (one seed per training; now training with SEED={env_checks.get(env, 'SEED') or 1}; "
                  "SEEDS is the table runner's: make table-<id>, python -m diverse_fairseq.tables)",
         "TRAIN_ARGS": "extra fairseq-train options after the setting on the command line (TRAIN_ARGS is the table "
-                      "runner's)"}, "scripts/train.sh"):
+                      "runner's)"}
+    warn_misspelled(env, "train", foreign=foreign)
+    for warning in env_checks.foreign_variables(env, foreign, "scripts/train.sh"):
         print(f"[train] warning: {warning}", flush=True)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)

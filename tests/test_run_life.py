@@ -20,6 +20,7 @@ from conftest import REPO, ctrl_c_as_in_a_terminal, fake_prepared, job_record, t
 
 from diverse_fairseq import training
 from diverse_fairseq.runs.checkpoint_file import trained_updates
+from diverse_fairseq.runs.hints import python_command
 from diverse_fairseq.runs.identity import write_args
 from diverse_fairseq.runs.plan import plan
 from diverse_fairseq.tables import runner
@@ -143,7 +144,12 @@ def test_ctrl_c_in_a_table_names_each_interrupted_row_and_the_command(tmp_path, 
     assert (interrupted.row, interrupted.seed, update) == (calls[1], 1, 7)
     resume = resume_command(["naacl19_t3"], {"SCALE": "demo", "SEEDS": "1", "HOME": "/root"})
     assert resume == "make table-naacl19_t3 SCALE=demo SEEDS=1"
-    assert resume_command(["t.yaml", "--seeds", "2"], {}) == "python -m diverse_fairseq.tables t.yaml --seeds 2"
+    # another command line: this Python (the project's, by its path: it runs outside the venv too)
+    assert resume_command(["t.yaml", "--seeds", "2"], {}) == python_command("diverse_fairseq.tables", "t.yaml",
+                                                                            "--seeds", "2")
+    # make demo's command (``demo --dataset X``): the make target again, the dataset named once
+    assert (resume_command(["demo", "--dataset", "custom_en_de"], {"DATASET": "custom_en_de", "SEEDS": "1"})
+            == "make demo DATASET=custom_en_de SEEDS=1")
     lines = runner.interrupted_lines(caught.value.jobs, resume)
     checkpoint = interrupted.run_dir / "checkpoint_last.pt"
     assert lines == [f"[naacl19_t3] row {interrupted.row} seed 1: interrupted at update 7; the last checkpoint is "

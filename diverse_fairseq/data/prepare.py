@@ -615,6 +615,9 @@ def prepare(options: PrepareOptions) -> Path:
 
 def main(argv=None):
     warn_misspelled(os.environ, "prepare")
+    if os.environ.get("DRY_RUN", "") not in ("", "0"):  # train.sh's and the tables' variable: here it would be ignored
+        raise SystemExit("error: DRY_RUN is set, but preparing data has no dry run (it would download and write for "
+                         "real): run it without DRY_RUN (its options: scripts/prepare_data.sh --help)")
     options = parse_options(argv, os.environ)
     try:
         prepare(options)

@@ -198,17 +198,20 @@ def resembles(name: str, ours: Iterable[str]) -> Optional[str]:
     return close[0][1] if close else None
 
 
-def misspelled_variables(env: Mapping[str, str], ours: Optional[Set[str]] = None) -> List[str]:
+def misspelled_variables(env: Mapping[str, str], ours: Optional[Set[str]] = None,
+                         foreign: Mapping[str, str] = {}) -> List[str]:
     """Warnings for the variables of ``env`` that look like misspellings of ours (they would be silently
-    ignored), each naming the variable it resembles."""
+    ignored), each naming the variable it resembles; where that one is another command's (``foreign``: {name: what
+    to use instead}), also what to use instead."""
     ours = our_variables() if ours is None else ours
     found = ((name, resembles(name, ours)) for name in sorted(env))
     return [f"{name}={env[name]!r} is not a variable of diverse-fairseq and is ignored: did you mean {like}?"
+            + (f" ({like} is not read by this command either: use {foreign[like]})" if like in foreign else "")
             for name, like in found if like]
 
 
-def warn_misspelled(env: Mapping[str, str], prefix: str, file=None):
+def warn_misspelled(env: Mapping[str, str], prefix: str, file=None, foreign: Mapping[str, str] = {}):
     """Print :func:`misspelled_variables`' warnings, each as ``[prefix] warning: ...`` (before any work), to
     ``file`` (default: stdout)."""
-    for warning in misspelled_variables(env):
+    for warning in misspelled_variables(env, foreign=foreign):
         print(f"[{prefix}] warning: {warning}", file=file, flush=True)

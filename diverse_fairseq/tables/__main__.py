@@ -24,6 +24,7 @@ from ..data.recipes.demo import SHIPPED
 from ..runs import env_checks, options
 from ..runs.cli_logging import setup_cli_logging
 from ..runs.dataset_meta import DatasetMeta, load_dataset_meta
+from ..runs.hints import python_command
 from ..runs.options import warn_misspelled
 from .check import dataset_for
 from .config import RunConfig
@@ -109,13 +110,17 @@ RUNNER_VARIABLES = (*(v for v in options.variables(TableOptions) if v != "DRY_RU
 
 def resume_command(argv: List[str], env) -> str:
     """The command that continues an interrupted table: this one, with the runner's variables that are set
-    (``make table-<id> VAR=...`` when only the table is named)."""
+    (``make table-<id> VAR=...`` when only the table is named, ``make demo DATASET=...`` for the Makefile's demo
+    target's command); otherwise this Python (the project's, by its path) with the same arguments."""
     variables = {name: env[name] for name in RUNNER_VARIABLES if env_checks.get(env, name) is not None}
+    if argv[:2] == ["demo", "--dataset"] and len(argv) == 3:  # make demo [DATASET=...]
+        variables = {"DATASET": argv[2], **{k: v for k, v in variables.items() if k != "DATASET"}}
+        argv = ["demo"]
     if len(argv) == 1 and not argv[0].startswith("-") and "/" not in argv[0] and not argv[0].endswith(".yaml"):
         target = "demo" if argv[0] == "demo" else f"table-{argv[0]}"  # the Makefile's targets
         return shlex.join(["make", target, *(f"{k}={v}" for k, v in variables.items())])
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in variables.items())
-    return prefix + shlex.join(["python", "-m", "diverse_fairseq.tables", *argv])
+    return prefix + python_command("diverse_fairseq.tables", *argv)
 
 
 def data_problems(meta: DatasetMeta) -> List[str]:

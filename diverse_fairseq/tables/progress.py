@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional
 
+from ..runs.checkpoint_file import damage
 from .config import RunConfig
 from .records import JobRecord
 from .spec import Table
@@ -218,6 +219,10 @@ class Progress:
             what = f"FAILED after {clock(seconds)}: {error}"
         elif record.reused:
             what = f"reused the run trained {record.train.trained_at}, BLEU {record.eval.bleu:.2f}"
+            gone = damage(Path(record.train.checkpoint))
+            if gone is not None:  # the job's output (its log, or the lines above) says how to train it again
+                where = job.log_path if self.run.jobs > 1 else "the line above"
+                what += f"; its evaluated checkpoint is {gone} (the record's numbers stand; how to retrain: {where})"
         else:
             self.durations.append(seconds)
             what = f"finished in {clock(seconds)}, BLEU {record.eval.bleu:.2f}"

@@ -237,8 +237,10 @@ def test_commands_warn_of_a_misspelled_variable_before_any_work(monkeypatch, cap
     monkeypatch.setenv("TRAIN_ARG", "--max-update 100")
     monkeypatch.setenv("CHECKPOINTS", str(tmp_path / "ck"))
     assert train(["--help"]) == 0
+    # TRAIN_ARGS is the table runner's: the warning says what scripts/train.sh reads instead
     assert ("[train] warning: TRAIN_ARG='--max-update 100' is not a variable of diverse-fairseq and is ignored: did "
-            "you mean TRAIN_ARGS?") in capsys.readouterr().out
+            "you mean TRAIN_ARGS? (TRAIN_ARGS is not read by this command either: use extra fairseq-train options "
+            "after the setting on the command line (TRAIN_ARGS is the table runner's))") in capsys.readouterr().out
     monkeypatch.setenv("BPESIZE", "2000")
     with pytest.raises(SystemExit):
         prepare(["wrong"])
@@ -282,3 +284,15 @@ def test_a_wrong_dataset_is_refused_in_one_line(capsys):
     assert capsys.readouterr().err == ""  # no usage lines
     assert "bash scripts/prepare_data.sh $(DATASET)" in (REPO / "Makefile").read_text()
     assert 'exec "$PY" -m diverse_fairseq.data.prepare "$@"' in (REPO / "scripts" / "prepare_data.sh").read_text()
+
+
+def test_dry_run_is_refused_by_data_preparation_before_any_work(monkeypatch, tmp_path):
+    """DRY_RUN is train.sh's and the table runner's: preparing data has no dry run, and would otherwise do the real
+    work (a newcomer's DRY_RUN=1 scripts/prepare_data.sh replaced prepared data)."""
+    from diverse_fairseq.data.prepare import main as prepare
+
+    monkeypatch.setenv("DRY_RUN", "1")
+    with pytest.raises(SystemExit) as refused:
+        prepare(["demo", "--data-bin", str(tmp_path / "data-bin"), "--work-dir", str(tmp_path / "work")])
+    assert "error: DRY_RUN is set, but preparing data has no dry run" in str(refused.value.code)
+    assert not (tmp_path / "data-bin").exists() and not (tmp_path / "work").exists()
