@@ -13,7 +13,6 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..evaluate import EvalRequest
-from ..runs.checkpoint_file import damage
 from ..runs.lock import run_lock
 from ..runs.plan import Plan, TrainRequest, plan
 from ..runs.settings import SETTINGS
@@ -143,11 +142,6 @@ def run_job(job: TableJob, env: Mapping[str, str]) -> JobRecord:
     if record is not None:
         print(f"  [{job.tag}] training finished earlier ({record.train.trained_at}) and evaluated: reusing its "
               f"record {job.run_dir / RECORD}", flush=True)
-        gone = damage(Path(record.train.checkpoint))
-        if gone is not None:  # the numbers stand; what reads the model later does not
-            print(f"  [{job.tag}] note: its evaluated checkpoint {record.train.checkpoint} is {gone}: the row's "
-                  f"numbers are its record's, but analysing or translating this run needs that checkpoint; to train "
-                  f"the run again: mv {job.run_dir} {job.run_dir}.old, then {job.rerun}", flush=True)
         return replace(record, reused=True)
     torch.set_num_threads(job.threads)
     env = {**env, **job.env}

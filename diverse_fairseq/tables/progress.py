@@ -220,9 +220,10 @@ class Progress:
         elif record.reused:
             what = f"reused the run trained {record.train.trained_at}, BLEU {record.eval.bleu:.2f}"
             gone = damage(Path(record.train.checkpoint))
-            if gone is not None:  # the job's output (its log, or the lines above) says how to train it again
-                where = job.log_path if self.run.jobs > 1 else "the line above"
-                what += f"; its evaluated checkpoint is {gone} (the record's numbers stand; how to retrain: {where})"
+            if gone is not None:  # the numbers stand; what reads the model later does not
+                what += (f"; its evaluated checkpoint {record.train.checkpoint} is {gone}: the record's numbers "
+                         f"stand, but analysing or translating this run needs that checkpoint; to train the run "
+                         f"again: mv {job.run_dir} {job.run_dir}.old, then {job.rerun}")
         else:
             self.durations.append(seconds)
             what = f"finished in {clock(seconds)}, BLEU {record.eval.bleu:.2f}"
