@@ -143,14 +143,13 @@ def demo_text_env(root) -> dict:
 
 
 @pytest.fixture(scope="session")
-def demo_text_prepared(tmp_path_factory):
+def demo_text_prepared(tmp_path_factory, worker_id):
     """A folder holding ``data-bin/demo`` and ``work/`` made by ``scripts/prepare_data.sh demo`` with
-    :func:`demo_text_env`, once per session: test_tables' runner finds it up to date and test_user_workflow trains
-    from it; its output is in ``prepare_data.log``. Tests write beside it (``results/``, ``checkpoints/``), never
+    :func:`demo_text_env`, once per session across xdist's workers (:func:`once_per_session`): test_tables' runner
+    finds it up to date, test_user_workflow and test_training_eval train from it; its output is in
+    ``prepare_data.log``. Tests write beside it, each under names of its own (``results*/``, ``checkpoints/``), never
     into it."""
-    root = tmp_path_factory.mktemp("demo_text")
-    _prepare_demo_text(root)
-    return root
+    return once_per_session(tmp_path_factory, worker_id, "demo_text", _prepare_demo_text)
 
 
 def _prepare_demo_text(root: Path) -> None:
@@ -186,21 +185,20 @@ def once_per_session(tmp_path_factory, worker_id: str, name: str, make) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_table_local(tmp_path_factory, worker_id):
+def tiny_table_local(demo_text_prepared, tmp_path_factory, worker_id):
     """test_tables' tiny two-row table (``TABLE``, ``TINY`` settings, seeds 1 and 2, two jobs at a time) run once per
-    session (across xdist's workers too) by the local runner, a command line of its own, on the fixture corpus
-    prepared as in ``demo_text_prepared``, in ``<folder>/results``: test_tables' end-to-end test reads its output,
-    test_slurm compares a run on the cluster with its records. Returns ``stdout``, ``table`` (the YAML), ``records``
-    and ``hypotheses`` by ``(row, seed)``, as they were when the run ended (``tiny_table.json``: the end-to-end test
-    then changes a row and runs the table again in the same folder)."""
+    session (across xdist's workers too) by the local runner, a command line of its own, on ``demo_text_prepared``,
+    into its ``results/``: test_tables' end-to-end test reads its output, test_slurm compares a run on the cluster
+    with its records. Returns ``stdout``, ``table`` (the YAML), ``records`` and ``hypotheses`` by ``(row, seed)``, as
+    they were when the run ended (``tiny_table.json``: the end-to-end test then changes a row and runs the table
+    again in the same folder)."""
     from types import SimpleNamespace
 
     from test_tables import TABLE, _run_table
 
-    pairs = [(row, seed) for row in ("base", "dis") for seed in (1, 2)]
+    root, pairs = demo_text_prepared, [(row, seed) for row in ("base", "dis") for seed in (1, 2)]
 
-    def make(root: Path) -> None:
-        _prepare_demo_text(root)
+    def make(_) -> None:
         (root / "tiny_table.yaml").write_text(TABLE)
         stdout = _run_table(root, root / "tiny_table.yaml")
         runs = root / "results" / "demo-demo" / "runs"
@@ -209,7 +207,7 @@ def tiny_table_local(tmp_path_factory, worker_id):
                          "hypotheses": (runs / r / f"seed{s}" / "eval" / "hyp.detok.de").read_text()}
             for r, s in pairs}}))
 
-    root = once_per_session(tmp_path_factory, worker_id, "tiny_table", make)
+    once_per_session(tmp_path_factory, worker_id, "tiny_table", make)
     made = json.loads((root / "tiny_table.json").read_text())
     return SimpleNamespace(stdout=made["stdout"], table=root / "tiny_table.yaml",
                            records={(r, s): made["runs"][f"{r}/{s}"]["record"] for r, s in pairs},
@@ -251,15 +249,21 @@ def custom_script_env(root) -> dict:
 
 
 @pytest.fixture(scope="session")
-def custom_prepared(tmp_path_factory):
-    """``(root, output)``: ``scripts/prepare_data.sh custom`` run once per session on tests/fixtures/custom_corpus
-    with :func:`custom_script_env` (``root/data-bin/custom_en_de``): test_custom_data checks and trains on it,
-    test_interactive_command trains beside it. Tests write beside it (``checkpoints/``, ``run/``), never into it."""
-    root = tmp_path_factory.mktemp("custom")
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "custom"], env=custom_script_env(root),
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return root, proc.stdout
+def custom_prepared(tmp_path_factory, worker_id):
+    """``(root, output)``: ``scripts/prepare_data.sh custom`` run on tests/fixtures/custom_corpus with
+    :func:`custom_script_env` (``root/data-bin/custom_en_de``), once per session across xdist's workers
+    (:func:`once_per_session`; its output in ``root/prepare_data.log``): test_custom_data checks and trains on it,
+    test_interactive_command and ``custom_model`` train from it. Tests write beside it (``checkpoints/``), never into
+    it."""
+
+    def make(root: Path) -> None:
+        proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare_data.sh"), "custom"],
+                              env=custom_script_env(root), capture_output=True, text=True, timeout=600, cwd=REPO)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (root / "prepare_data.log").write_text(proc.stdout)
+
+    root = once_per_session(tmp_path_factory, worker_id, "custom", make)
+    return root, (root / "prepare_data.log").read_text()
 
 
 def one_update_model(data, save_dir):
@@ -279,12 +283,12 @@ def one_update_model(data, save_dir):
 
 
 @pytest.fixture(scope="session")
-def custom_model(custom_prepared):
+def custom_model(custom_prepared, tmp_path_factory, worker_id):
     """(dataset folder, checkpoint): :func:`one_update_model` on ``custom_prepared``'s ``custom_en_de``, once per
-    session (test_interactive_command and test_checkpoint_file only read it)."""
-    root = custom_prepared[0]
-    data = root / "data-bin" / "custom_en_de"
-    return data, one_update_model(data, root / "run")
+    session across xdist's workers (test_interactive_command and test_checkpoint_file only read it)."""
+    data = custom_prepared[0] / "data-bin" / "custom_en_de"
+    run = once_per_session(tmp_path_factory, worker_id, "custom_model", lambda folder: one_update_model(data, folder))
+    return data, run / "checkpoint_last.pt"
 
 
 GLOO_FLAGS = ["--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-no-spawn",

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import once_per_session
 from fairseq_in_process import fairseq_interactive, fairseq_train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,22 +61,27 @@ def user_dir_printed(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def workdir(demo_text_prepared, user_dir_printed):
+def workdir(demo_text_prepared, user_dir_printed, tmp_path_factory, worker_id):
     """A directory outside the repository with data-bin/demo (the fixture corpus, sentencepiece-segmented: the
     session's ``demo_text_prepared``) and checkpoints/<model>/ trained from there with the package's user dir
-    (as ``python -m diverse_fairseq.user_dir`` prints it), JSON logs and tensorboard."""
+    (as ``python -m diverse_fairseq.user_dir`` prints it), JSON logs and tensorboard; trained once per session, also
+    when xdist's workers share this module's tests."""
     root = demo_text_prepared
     user_dir = user_dir_printed.strip()
-    for name, args in MODELS.items():
-        save = root / "checkpoints" / name
-        save.mkdir(parents=True)  # --log-file is opened before fairseq makes --save-dir
-        train_args = [*args, *TINY, "--save-dir", str(save), "--log-format", "json",
-                      "--log-file", str(save / "train.log")]
-        if name == "routing":  # the console script, from the directory outside the repository, with tensorboard
-            _run(_tool("fairseq-train") + ["data-bin/demo", "--user-dir", user_dir, *train_args,
-                                           "--tensorboard-logdir", str(save / "tensorboard")], cwd=root)
-        else:  # fairseq-train's main in this process, on the same arguments (a new process would import fairseq)
-            fairseq_train([root / "data-bin" / "demo", "--user-dir", user_dir, *train_args])
+
+    def train(_):
+        for name, args in MODELS.items():
+            save = root / "checkpoints" / name
+            save.mkdir(parents=True)  # --log-file is opened before fairseq makes --save-dir
+            train_args = [*args, *TINY, "--save-dir", str(save), "--log-format", "json",
+                          "--log-file", str(save / "train.log")]
+            if name == "routing":  # the console script, from the directory outside the repository, with tensorboard
+                _run(_tool("fairseq-train") + ["data-bin/demo", "--user-dir", user_dir, *train_args,
+                                               "--tensorboard-logdir", str(save / "tensorboard")], cwd=root)
+            else:  # fairseq-train's main in this process, on the same arguments (a new process would import fairseq)
+                fairseq_train([root / "data-bin" / "demo", "--user-dir", user_dir, *train_args])
+
+    once_per_session(tmp_path_factory, worker_id, "user_workflow", train)
     return root
 
 

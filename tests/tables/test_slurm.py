@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ctrl_c_as_in_a_terminal, demo_text_env
+from conftest import ctrl_c_as_in_a_terminal, demo_text_env, once_per_session
 from test_tables import TABLE, TINY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ ENV_KEYS = ("LAUNCHER", "PARTITION", "ACCOUNT", "QOS", "CONSTRAINT", "TIME_LIMIT
 
 
 def _command(root: Path, out: str, train_args: str = TINY):
-    table = root / "tiny_table_slurm.yaml"
+    table = root / f"{out}.yaml"  # one per test: tests on other xdist workers run beside it in the same folder
     table.write_text(TABLE)
     return [str(table), "--dataset", "demo", "--scale", "demo", "--data-bin", str(root / "data-bin"), "--out",
             str(root / out), "--train-args", train_args, "--generate-args", "--beam 2 --max-len-b 5", "--seeds", "1"]
@@ -46,8 +46,16 @@ def _environment(root: Path, **variables) -> dict:
 
 def _table(root: Path, out: str, monkeypatch, capfd, train_args: str = TINY, **variables):
     """``python -m diverse_fairseq.tables`` of the tiny table with LAUNCHER=slurm and ``variables``, results in
-    ``root/out``, run by its ``main`` in this process: (exit status, its output and its error message). What main
-    changes in the process (the root logger, torch's threads) is put back."""
+    ``root/out``, run by its ``main`` in this process: (exit status, its output and its error message)."""
+    capfd.readouterr()
+    status, message = _main_here(root, out, monkeypatch, train_args, **variables)
+    out_, err = capfd.readouterr()
+    return status, out_ + err + message
+
+
+def _main_here(root: Path, out: str, monkeypatch, train_args: str = TINY, **variables):
+    """(exit status, error message) of :func:`_table`'s run of ``main``. What main changes in the process (the root
+    logger, torch's threads) is put back."""
     import logging
 
     import torch
@@ -58,18 +66,15 @@ def _table(root: Path, out: str, monkeypatch, capfd, train_args: str = TINY, **v
         monkeypatch.setenv(name, value)
     root_logger = logging.getLogger()
     handlers, level, threads = list(root_logger.handlers), root_logger.level, torch.get_num_threads()
-    capfd.readouterr()
-    status, message = 0, ""
     try:
         main(_command(root, out, train_args))
     except SystemExit as e:
-        status, message = (e.code, "") if isinstance(e.code, int) or e.code is None else (1, str(e.code))
+        return (e.code or 0, "") if isinstance(e.code, int) or e.code is None else (1, str(e.code))
     finally:
         root_logger.handlers[:] = handlers
         root_logger.setLevel(level)
         torch.set_num_threads(threads)
-    out_, err = capfd.readouterr()
-    return status or 0, out_ + err + message
+    return 0, ""
 
 
 def _sacct(slurm_id: str) -> str:
@@ -82,15 +87,20 @@ def _submissions(run_dir: Path):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def time_limited(slurm_cluster, demo_text_prepared):
+def time_limited(slurm_cluster, demo_text_prepared, tmp_path_factory, worker_id):
     """The time-limit test's job, submitted (``WAIT=0``) before this module's first test, and before the session
     fixtures its tests use (``tiny_table_local``: hence the session scope), so that its minute passes meanwhile: the
-    first row alone, four updates, TIME_LIMIT=1, slurm_stall_hook.py as fairseq-train. Returns its results folder."""
+    first row alone, four updates, TIME_LIMIT=1, slurm_stall_hook.py as fairseq-train; once per session, also when
+    xdist's workers share this module's tests. Returns its results folder."""
     root = demo_text_prepared
-    env = _environment(root, WAIT="0", TIME_LIMIT="1", ROWS="base", TRAIN_HOOK=str(HOOK))
-    command = [sys.executable, "-m", "diverse_fairseq.tables", *_command(root, "results-time-limit", LIMITED)]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def submit(_):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            status, message = _main_here(root, "results-time-limit", monkeypatch, LIMITED, WAIT="0", TIME_LIMIT="1",
+                                         ROWS="base", TRAIN_HOOK=str(HOOK))
+        assert status == 0, message
+
+    once_per_session(tmp_path_factory, worker_id, "time_limited", submit)
     return root / "results-time-limit"
 
 
@@ -157,6 +167,10 @@ def test_a_queued_or_running_job_is_followed_not_submitted_again_and_scancel_rep
     try:
         seen = _read_until(first, r"submitted: SLURM job \d+")
         slurm_id = re.search(r"row base seed 1: submitted: SLURM job (\d+), PENDING", seen).group(1)
+        # running, so that its log exists when it is cancelled (on a cluster busy with the other tests' jobs it may
+        # wait its turn in the queue first)
+        seen += _read_until(first, rf"SLURM job {slurm_id} RUNNING")
+        assert f"SLURM job {slurm_id} RUNNING" in seen, seen
         # a second invocation while the first one waits: it follows the job, it does not submit it again
         status, out = _table(root, "results-cancel", monkeypatch, capfd, ROWS="base", WAIT="0", TRAIN_HOOK=str(HOOK))
         assert status == 0, out[-3000:]
