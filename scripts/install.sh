@@ -133,9 +133,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     fi
 fi
 PY="$VENV/bin/python"
-# --no-compile: pip would byte-compile every module of every package (torch alone has thousands, most never imported:
-# a third of the install's time); Python compiles the ones a process imports, once, when it first imports them
-PIP="$PY -m pip install --disable-pip-version-check --no-compile"
+PIP="$PY -m pip install --disable-pip-version-check"
 
 # fairseq-fixed is installed with --no-deps, leaving out its torchaudio pin on purpose (docs/fairseq-notes.md);
 # pip's resolver then reports that pin as an ERROR after every later install. Explain it right where it appears.
