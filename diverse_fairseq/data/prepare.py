@@ -126,6 +126,9 @@ class PrepareOptions:
     separate_vocab: bool = _option("SEPARATE_VOCAB", "one BPE model and dictionary per language instead of joint "
                                                      "ones (SEPARATE_VOCAB=1)", False, switch, custom_only=True,
                                    store_true=True)
+    replace: bool = _option("REPLACE", "replace the prepared dataset under DATA_BIN when this one differs from it "
+                                       "(BPE size, dictionaries, ...); without it that is refused, as models trained "
+                                       "on it would no longer match (REPLACE=1)", False, switch, store_true=True)
     stop_after: Optional[str] = _option("STOP_AFTER", "stop (resumably) after this step id, e.g. tokenize",
                                         metavar="STEP")
 
@@ -495,6 +498,17 @@ class Preparer:
             training_data=training_data, unk=unk,
         ).write(tmp)
         if self.dest.exists():
+            differences = replaced_differences(self.dest, tmp)
+            if differences and not self.args.replace:
+                shutil.rmtree(tmp)
+                raise SystemExit(
+                    f"error: {self.dest} already holds a prepared dataset that this one would replace, and they differ "
+                    f"({'; '.join(differences)}): models trained on it would no longer match its dictionaries. To "
+                    f"replace it: {self._again(self.size, replace=True)} (the finished steps are kept); or move it "
+                    f"aside first (mv {self.dest} {self.dest}.old); to keep both, choose another DATA_BIN"
+                    f"{' or DATASET_NAME' if self.args.dataset == 'custom' else ''}")
+            if differences:
+                self.log(f"  replacing {self.dest} (REPLACE=1): {'; '.join(differences)}")
             shutil.rmtree(self.dest)
         os.replace(tmp, self.dest)  # tmp is dest's sibling, made by fairseq-preprocess
         self.log("  sentences: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
@@ -525,7 +539,7 @@ class Preparer:
         if self.kind != "subword-nmt":
             size = max(1, self.size // 2)
             return (f"the {self.size:,}-piece sentencepiece vocabulary does not fit this corpus; prepare it again with "
-                    f"a smaller one, e.g. {self._again(size)}")
+                    f"a smaller one, e.g. {self._again(size, replace=True)}")
         groups = [list(r.langs)] if r.joint_bpe else [[lang] for lang in r.langs]
         sizes = [bpe_mod.fitting_merges(self.models[langs[0]], [self.path("clean", "train", lang, "tok")
                                                                   for lang in langs],
@@ -537,16 +551,18 @@ class Preparer:
                     f"characters the training text lacks (BPE_SIZE={self.size:,}, {learned:,} merges learned)")
         return (f"BPE_SIZE={self.size:,} ({learned:,} merges learned) segments held-out words into pieces the "
                 f"training text never has; {min(sizes):,} merges would leave at most {bpe_mod.UNK_WARN_PCT:g}% "
-                f"<unk>: {self._again(min(sizes))}")
+                f"<unk>: {self._again(min(sizes), replace=True)}")
 
-    def _again(self, bpe_size: int) -> str:
-        """The command that prepares this dataset again with ``bpe_size`` (the options that name the data given)."""
+    def _again(self, bpe_size: int, replace: Optional[bool] = None) -> str:
+        """The command that prepares this dataset again with ``bpe_size`` (the options that name the data given);
+        with REPLACE=1 where it replaces a prepared dataset (``replace``; default: where one is there)."""
         a = self.args
+        replace = (self.dest / "prepare.json").exists() if replace is None else replace
         given = [("SRC", a.src), ("TGT", a.tgt), ("CORPUS_DIR", a.corpus_dir), ("DATASET_NAME", a.name),
                  ("SEPARATE_VOCAB", "1" if a.separate_vocab else None), ("DEMO_DIR", a.demo_dir), ("BPE", a.bpe),
                  ("WORK_DIR", a.work_dir if Path(a.work_dir) != Path(paths.WORK_DIR) else None),
                  ("DATA_BIN", a.data_bin if Path(a.data_bin) != Path(paths.DATA_BIN) else None),
-                 ("EXPECT", a.expect), ("BPE_SIZE", bpe_size)]
+                 ("EXPECT", a.expect), ("REPLACE", "1" if replace else None), ("BPE_SIZE", bpe_size)]
         return " ".join([f"{var}={shlex.quote(str(value))}" for var, value in given if value]
                         + ["scripts/prepare_data.sh", a.dataset])
 
@@ -596,6 +612,19 @@ def compare_with_paper(record: TrainPairs, dataset: str, tolerance: float = 0.05
     out.append(f"[{dataset}] warning{label}: {abs(diff):.0%} {'fewer' if diff < 0 else 'more'} training pairs than "
                f"the paper; {why}")
     return out
+
+
+def replaced_differences(old: Path, new: Path) -> List[str]:
+    """How the prepared dataset in ``new`` differs from the one in ``old`` that it would replace: the fields of
+    prepare.json that a run's identity takes (:meth:`DatasetMeta.identity`), then the dictionaries; empty when the
+    same data was made again."""
+    before, after = load_dataset_meta(old).identity(), load_dataset_meta(new).identity()
+    fields_ = [f"{k}: {before.get(k)!r} before, {after.get(k)!r} now" for k in sorted(set(before) | set(after))
+               if before.get(k) != after.get(k) and k != "dataset"]
+    dictionaries = sorted(name for name in {p.name for folder in (old, new) for p in folder.glob("dict.*.txt")}
+                          if not (old / name).is_file() or not (new / name).is_file()
+                          or (old / name).read_bytes() != (new / name).read_bytes())
+    return [f[:200] for f in fields_] + ([f"dictionaries {', '.join(dictionaries)} differ"] if dictionaries else [])
 
 
 def step_ids(recipe: Recipe) -> List[str]:

@@ -266,3 +266,37 @@ def test_an_empty_line_in_valid_or_test_is_refused_naming_file_and_line(tmp_path
                                          rf"an empty {what} in {split} would be scored"):
         prepare(args(tmp_path, corpus))
     assert not (tmp_path / "work" / "custom_en_de" / "raw").exists() and not (tmp_path / "data-bin").exists()
+
+
+def test_a_prepared_dataset_is_not_replaced_by_different_data(tmp_path, capsys):
+    """Preparing again into the same DATA_BIN with another BPE size is refused before the old dataset is touched,
+    naming what differs and the mv that makes room; after that mv the same command runs. The same data made again
+    (a fresh work dir) replaces it without a word."""
+    def run(size, work):
+        prepare(["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--work-dir",
+                 str(tmp_path / work),
+                 "--data-bin", str(tmp_path / "data-bin"), "--bpe", "subword-nmt", "--bpe-size", size, "--workers",
+                 "1"])
+
+    data = tmp_path / "data-bin" / "custom_en_de"
+    run("200", "work")
+    first = {p.name: p.read_bytes() for p in data.iterdir()}
+    run("200", "work-again")  # the same data made again: replaced (prepare.json's creation time is new)
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    assert {name: text for name, text in before.items() if name != "prepare.json"} == {
+        name: text for name, text in first.items() if name != "prepare.json"}
+    with pytest.raises(SystemExit) as refused:
+        run("150", "work")
+    message = str(refused.value)
+    assert f"error: {data} already holds a prepared dataset that this one would replace" in message
+    assert "bpe_size: 200 before, 150 now" in message and "dictionaries dict.de.txt, dict.en.txt differ" in message
+    assert f"(mv {data} {data}.old)" in message and "DATASET_NAME" in message
+    assert "To replace it: SRC=en TGT=de CORPUS_DIR=" in message and " REPLACE=1 BPE_SIZE=150 scripts/prepare_data.sh" \
+        " custom (the finished steps are kept)" in message
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before  # untouched
+    assert not (tmp_path / "data-bin" / "custom_en_de.binarizing").exists()
+    data.rename(data.with_name("custom_en_de.old"))  # the hint's mv
+    capsys.readouterr()
+    run("150", "work")
+    assert json.loads((data / "prepare.json").read_text())["bpe_size"] == 150
+    assert "skipped" in capsys.readouterr().out  # the steps finished before the refusal were kept

@@ -258,9 +258,12 @@ def test_resume_after_interruption(tmp_path, capsys):
     assert meta["bpe"] == "sentencepiece" and meta["sentences"]["train"] == 60
     prepare(args())  # everything complete: all skipped
     assert capsys.readouterr().out.count("done already, skipped") == 7
-    prepare(args("110"))  # a changed BPE size redoes BPE and what follows, nothing before
+    with pytest.raises(SystemExit, match="already holds a prepared dataset that this one would replace"):
+        prepare(args("110"))  # a changed BPE size would replace the dataset: refused
+    assert capsys.readouterr().out.count("done already, skipped") == 4  # BPE and what follows ran, nothing before
+    prepare(args("110") + ["--replace"])  # only the binarisation was left to do
     out = capsys.readouterr().out
-    assert out.count("done already, skipped") == 4 and "step 5/7: learn sentencepiece (110" in out
+    assert out.count("done already, skipped") == 6 and "replacing " in out and "bpe_size: 100 before, 110 now" in out
     assert json.loads((tmp_path / "data-bin" / "demo" / "prepare.json").read_text())["bpe_size"] == 110
 
 
