@@ -281,10 +281,11 @@ def test_a_prepared_dataset_is_not_replaced_by_different_data(tmp_path, capsys):
     data = tmp_path / "data-bin" / "custom_en_de"
     run("200", "work")
     first = {p.name: p.read_bytes() for p in data.iterdir()}
-    run("200", "work-again")  # the same data made again: replaced (prepare.json's creation time is new)
+    run("200", "work-again")  # the same data made again: replaced (prepare.json's time and the log are new)
     before = {p.name: p.read_bytes() for p in data.iterdir()}
-    assert {name: text for name, text in before.items() if name != "prepare.json"} == {
-        name: text for name, text in first.items() if name != "prepare.json"}
+    logs = ("prepare.json", "preprocess.log")
+    assert {name: text for name, text in before.items() if name not in logs} == {
+        name: text for name, text in first.items() if name not in logs}
     with pytest.raises(SystemExit) as refused:
         run("150", "work")
     message = str(refused.value)
