@@ -39,6 +39,7 @@ from ..runs.dataset_meta import (
     Verification,
     load_dataset_meta,
 )
+from ..runs.identity import changed_fields
 from ..runs.options import add_options, choice, integer, label, option, resolve, switch, text, warn_misspelled, word
 from ..runs.paths import data_bin_option, work_dir_option
 from . import bpe as bpe_mod
@@ -618,13 +619,13 @@ def replaced_differences(old: Path, new: Path) -> List[str]:
     """How the prepared dataset in ``new`` differs from the one in ``old`` that it would replace: the fields of
     prepare.json that a run's identity takes (:meth:`DatasetMeta.identity`), then the dictionaries; empty when the
     same data was made again."""
-    before, after = load_dataset_meta(old).identity(), load_dataset_meta(new).identity()
-    fields_ = [f"{k}: {before.get(k)!r} before, {after.get(k)!r} now" for k in sorted(set(before) | set(after))
-               if before.get(k) != after.get(k) and k != "dataset"]
+    changed = [f"{name}: {before!r} before, {after!r} now"[:200] for name, before, after
+               in changed_fields(load_dataset_meta(old).identity(), load_dataset_meta(new).identity())
+               if name != "dataset"]
     dictionaries = sorted(name for name in {p.name for folder in (old, new) for p in folder.glob("dict.*.txt")}
                           if not (old / name).is_file() or not (new / name).is_file()
                           or (old / name).read_bytes() != (new / name).read_bytes())
-    return [f[:200] for f in fields_] + ([f"dictionaries {', '.join(dictionaries)} differ"] if dictionaries else [])
+    return changed + ([f"dictionaries {', '.join(dictionaries)} differ"] if dictionaries else [])
 
 
 def step_ids(recipe: Recipe) -> List[str]:

@@ -10,7 +10,7 @@ import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq import options
 from fairseq.models import ARCH_MODEL_REGISTRY
@@ -83,15 +83,21 @@ def identity_hash(identity: Dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()[:8]
 
 
+def changed_fields(old: Dict, new: Dict, unset: object = None) -> List[Tuple[str, object, object]]:
+    """``(name, old value, new value)`` of each key whose value differs between two records, in name order; a key that
+    one of them lacks has the value ``unset`` there."""
+    return [(name, old.get(name, unset), new.get(name, unset)) for name in sorted(set(old) | set(new))
+            if old.get(name, unset) != new.get(name, unset)]
+
+
 def differences(old: Dict, new: Dict) -> List[str]:
     """``["--lr [0.0007] → [0.001]", "--criterion (default) → ..."]`` and ``"the prepared data"`` where two
     identities differ."""
     if old.get("version") != new.get("version"):
         return [f"made by another version of this package (identity version {old.get('version')}, "
                 f"now {new.get('version')})"]
-    before, after, unset = old.get("options", {}), new["options"], "(default)"
-    lines = [f"{name} {before.get(name, unset)} → {after.get(name, unset)}" for name in sorted(set(before) | set(after))
-             if before.get(name, unset) != after.get(name, unset)]
+    lines = [f"{name} {before} → {after}"
+             for name, before, after in changed_fields(old.get("options", {}), new["options"], "(default)")]
     if old.get("data") != new["data"]:
         lines.append("the prepared data (prepare.json of DATA_BIN/DATASET)")
     return lines

@@ -199,18 +199,18 @@ def resembles(name: str, ours: Iterable[str]) -> Optional[str]:
 
 
 def misspelled_variables(env: Mapping[str, str], ours: Optional[Set[str]] = None,
-                         foreign: Mapping[str, str] = {}) -> List[str]:
+                         foreign: Optional[Mapping[str, str]] = None) -> List[str]:
     """Warnings for the variables of ``env`` that look like misspellings of ours (they would be silently
     ignored), each naming the variable it resembles; where that one is another command's (``foreign``: {name: what
     to use instead}), also what to use instead."""
-    ours = our_variables() if ours is None else ours
+    ours, foreign = our_variables() if ours is None else ours, foreign or {}
     found = ((name, resembles(name, ours)) for name in sorted(env))
     return [f"{name}={env[name]!r} is not a variable of diverse-fairseq and is ignored: did you mean {like}?"
             + (f" ({like} is not read by this command either: use {foreign[like]})" if like in foreign else "")
             for name, like in found if like]
 
 
-def warn_misspelled(env: Mapping[str, str], prefix: str, file=None, foreign: Mapping[str, str] = {}):
+def warn_misspelled(env: Mapping[str, str], prefix: str, file=None, foreign: Optional[Mapping[str, str]] = None):
     """Print :func:`misspelled_variables`' warnings, each as ``[prefix] warning: ...`` (before any work), to
     ``file`` (default: stdout)."""
     for warning in misspelled_variables(env, foreign=foreign):

@@ -273,10 +273,9 @@ def test_a_prepared_dataset_is_not_replaced_by_different_data(tmp_path, capsys):
     naming what differs and the mv that makes room; after that mv the same command runs. The same data made again
     (a fresh work dir) replaces it without a word."""
     def run(size, work):
-        prepare(["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS), "--work-dir",
-                 str(tmp_path / work),
-                 "--data-bin", str(tmp_path / "data-bin"), "--bpe", "subword-nmt", "--bpe-size", size, "--workers",
-                 "1"])
+        prepare(["custom", "--src", "en", "--tgt", "de", "--corpus-dir", str(CORPUS),
+                 "--work-dir", str(tmp_path / work), "--data-bin", str(tmp_path / "data-bin"),
+                 "--bpe", "subword-nmt", "--bpe-size", size, "--workers", "1"])
 
     data = tmp_path / "data-bin" / "custom_en_de"
     run("200", "work")
