@@ -9,16 +9,17 @@ speed.
 DATASET is a name under DATA_BIN (default data-bin/) or a directory made by ``prepare_data``; its ``prepare.json``
 says how the text was segmented and tokenized, and which beam/length penalty the recipe uses. The output directory
 (``--out``, default ``<checkpoint dir>/eval-<dataset>-<subset>-<name>``) receives ``generate-<subset>.txt``
-(fairseq-generate's output and log), ``hyp.detok.<tgt>``, ``hyp.tok.<tgt>``/``ref.tok.<tgt>`` (tokenized,
-compound-split where the BLEU is), ``ref.detok.<tgt>`` and ``results.json``. Compare two systems with
+(fairseq-generate's output, decoded in this process) and ``generate-<subset>.log`` (its log), ``hyp.detok.<tgt>``,
+``hyp.tok.<tgt>``/``ref.tok.<tgt>`` (tokenized, compound-split where the BLEU is), ``ref.detok.<tgt>`` and
+``results.json``. Compare two systems with
 ``python -m diverse_fairseq.significance``.
 """
 
 import argparse
 import json
+import logging
 import os
 import re
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from sacrebleu.metrics import BLEU
 from .data.text import compound_split, detokenize, tokenize
 from .methods.length_penalty import BEAM_SEARCHES, LENGTH_PENALTIES
 from .runs.checkpoint_file import check_dataset, read_checkpoint
+from .runs.cli_logging import CONFIG_DUMP, DATE_FORMAT, LOG_FORMAT, setup_cli_logging
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
 from .runs.hints import shown_command, translate_command
 from .runs.options import (
@@ -117,16 +119,37 @@ def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: Lis
     return hyps, refs
 
 
-def run_logged(cmd: List[str], log_file: Path, env: Mapping[str, str]) -> int:
-    """Run ``cmd`` in environment ``env``, echoing its output and keeping a copy in ``log_file``; returns the exit
-    status."""
-    with open(log_file, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                env=dict(env, PYTHONUNBUFFERED="1"))
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-        return proc.wait()
+def run_generate(cmd: List[str], log_file: Path) -> None:
+    """fairseq-generate's ``main`` in this process on the arguments of ``cmd`` (:func:`generate_command`'s command
+    line, which the user sees and can run as printed), so that evaluating costs no second start of torch and
+    fairseq. Its log lines go to ``log_file`` as well as to this process's log; any failure raises SystemExit naming
+    fairseq's last error line and ``log_file``, which holds its traceback. Ctrl-C is not caught."""
+    from fairseq import options
+    from fairseq_cli.generate import main as generate_main
+
+    root = logging.getLogger()
+    log = logging.FileHandler(log_file, mode="w", encoding="utf-8")
+    log.setFormatter(logging.Formatter(LOG_FORMAT, DATE_FORMAT))
+    log.addFilter(CONFIG_DUMP)
+    # a handler before fairseq-generate's own basicConfig, which would otherwise log into its output file
+    root.addHandler(log)
+    level = root.level
+    root.setLevel(min(level or logging.INFO, logging.INFO))  # its progress and speed lines are INFO
+    try:
+        parser = options.get_generation_parser()
+        parser.add_argument("--arch", "-a", default="wav2vec2", help="as fairseq-generate's own parser")
+        generate_main(options.parse_args_and_arch(parser, cmd[cmd.index("fairseq_cli.generate") + 1:]))
+    except Exception as e:  # noqa: BLE001 - any failure of fairseq's: one error line, the traceback in the log
+        logging.getLogger("fairseq_cli.generate").exception("fairseq-generate failed")
+        raise SystemExit(f"error: fairseq-generate failed: {type(e).__name__}: {e}; its log is {log_file}") from None
+    except SystemExit as e:  # its argument parser's error (printed above), or an exit of its own
+        if e.code not in (None, 0):
+            raise SystemExit(f"error: fairseq-generate failed (exit {e.code}): its options are wrong (the message "
+                             f"above); its log is {log_file}") from None
+    finally:
+        root.removeHandler(log)
+        root.setLevel(level)
+        log.close()
 
 
 @dataclass(frozen=True)
@@ -228,8 +251,9 @@ def parse_request(argv: Optional[List[str]], env: Mapping[str, str]) -> EvalRequ
 
 
 def main(argv=None):
+    setup_cli_logging()
     warn_misspelled(os.environ, "evaluate")
-    return evaluate(parse_request(argv, os.environ), os.environ)
+    return evaluate(parse_request(argv, os.environ))
 
 
 def decoding(request: EvalRequest, meta: DatasetMeta) -> Dict[str, object]:
@@ -251,7 +275,9 @@ def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu:
            "--max-len-a", f"{d['max_len_a']:g}", "--max-len-b", str(d["max_len_b"]),
            "--post-process", meta.post_process, "--results-path", str(out),
            # fairseq 0.12 drops the sentences of a last, partial batch when this is 8 (its default)
-           "--required-batch-size-multiple", "1"]
+           "--required-batch-size-multiple", "1",
+           # the batches read in the decoding process (fairseq's one loader process would be forked from it)
+           "--num-workers", "0"]
     if not on_gpu:
         cmd.append("--cpu")
     elif request.precision in ("fp16", "bf16"):
@@ -259,8 +285,8 @@ def generate_command(request: EvalRequest, meta: DatasetMeta, out: Path, on_gpu:
     return cmd + list(request.generate_args)
 
 
-def evaluate(request: EvalRequest, env: Mapping[str, str]) -> EvalRecord:
-    """Decode ``request.subset`` with the checkpoint (fairseq-generate in environment ``env``), detokenize, score;
+def evaluate(request: EvalRequest) -> EvalRecord:
+    """Decode ``request.subset`` with the checkpoint (fairseq-generate, :func:`run_generate`), detokenize, score;
     write the outputs and ``results.json`` (:class:`EvalRecord`) into the output directory and return the record."""
     data_dir, subset, ckpt = Path(request.data_dir), request.subset, Path(request.checkpoint)
     meta = load_dataset_meta(data_dir)
@@ -277,9 +303,7 @@ def evaluate(request: EvalRequest, env: Mapping[str, str]) -> EvalRecord:
           f"{'GPU' if on_gpu else 'CPU'})", flush=True)
     print("  " + shown_command(cmd), flush=True)
     gen_file, log_file = out / f"generate-{subset}.txt", out / f"generate-{subset}.log"
-    returncode = run_logged(cmd, log_file, env)
-    if returncode != 0 or not gen_file.exists():
-        raise SystemExit(f"error: fairseq-generate failed (exit {returncode}); its log is {log_file}")
+    run_generate(cmd, log_file)
 
     print("[evaluate] step 2/3: detokenize and collect references", flush=True)
     generated = gen_file.read_text(encoding="utf-8")

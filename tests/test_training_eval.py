@@ -17,6 +17,7 @@ from diverse_fairseq.evaluate import parse_generate_output, parse_generate_speed
 from diverse_fairseq.runs.plan import plan, update_freq
 from diverse_fairseq.runs.settings import resolve_setting
 from diverse_fairseq.training import request_from_env
+from diverse_fairseq.user_dir import USER_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -374,3 +375,28 @@ def test_interactive_command_decodes_as_the_checkpoint_was_validated(tmp_path):
     cmd = build_command("c.pt", tmp_path, meta, stored_decoding(plain))
     assert value(cmd, "--task") == ["translation"] and "--length-penalty" not in cmd and "--beam-search" not in cmd
     assert value(cmd, "--max-len-a") == ["0"] and value(cmd, "--max-len-b") == ["200"]
+
+
+def test_a_failed_generation_names_its_log_and_fairseqs_error(tmp_path, capsys):
+    """evaluate's fairseq-generate, run in the evaluating process (evaluate.run_generate): a wrong option (its parser's
+    exit) and a failure of fairseq's (here an empty data folder) each end in one error that names the log, which holds
+    the traceback; the process's logging is left as it was."""
+    import logging
+
+    from diverse_fairseq import evaluate
+
+    data = tmp_path / "data"
+    data.mkdir()
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", str(data), "--path", str(tmp_path / "missing.pt"), "--cpu",
+           "--user-dir", USER_DIR, "--results-path", str(tmp_path / "out")]
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    log = tmp_path / "generate-test.log"
+    with pytest.raises(SystemExit, match=rf"fairseq-generate failed \(exit 2\): its options are wrong .*{log}$"):
+        evaluate.run_generate(cmd + ["--no-such-option"], log)
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+    failed = rf"^error: fairseq-generate failed: Exception: Could not infer language pair.*; its log is {log}$"
+    with pytest.raises(SystemExit, match=failed):
+        evaluate.run_generate(cmd, log)
+    assert "Traceback (most recent call last)" in log.read_text()
+    assert root.handlers == handlers and root.level == level

@@ -150,7 +150,7 @@ def run_job(job: TableJob, env: Mapping[str, str]) -> JobRecord:
         checkpoint = Path(train.checkpoint)
         record = JobRecord(
             train=train, reused=reused,
-            evals={r.subset: steps.evaluation(job, replace(r, checkpoint=checkpoint), env) for r in job.evals},
+            evals={r.subset: steps.evaluation(job, replace(r, checkpoint=checkpoint)) for r in job.evals},
             disagreement=steps.disagreement_scores(job, checkpoint),
             probing=steps.probing_scores(job, checkpoint) if job.probing_tasks else None)
         store(job.run_dir / RECORD, dict(asdict(record), key=job_key(job)))

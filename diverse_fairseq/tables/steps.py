@@ -123,16 +123,16 @@ def evaluation_key(request: EvalRequest) -> Dict:
     return json.loads(json.dumps(key))
 
 
-def evaluation(job: "TableJob", request: EvalRequest, env: Mapping[str, str]) -> EvalRecord:
-    """Decode and score ``request.subset`` (cached in results.json while key.json matches :func:`evaluation_key`);
-    ``env``: fairseq-generate's environment."""
+def evaluation(job: "TableJob", request: EvalRequest) -> EvalRecord:
+    """Decode and score ``request.subset`` in this process (cached in results.json while key.json matches
+    :func:`evaluation_key`)."""
     out, key = request.out, evaluation_key(request)
     if load(out / "key.json") == key and (out / "results.json").exists():
         return from_json(EvalRecord, dict(load(out / "results.json"), out=str(out)))
     print(f"  [{job.tag}] evaluating {request.checkpoint} on {request.subset}", flush=True)
     if out.exists():
         shutil.rmtree(out)  # made with other decoding flags
-    record = evaluate(request, env)
+    record = evaluate(request)
     store(out / "key.json", key)
     return record
 

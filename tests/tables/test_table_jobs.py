@@ -55,7 +55,7 @@ def fakes(monkeypatch):
         _checkpoint(save_dir / "checkpoint_last.pt", 3)
         return 0, ""
 
-    def fake_evaluate(request, env):
+    def fake_evaluate(request):
         record = job_record(bleu=10.0 + len(started), eval={"out": str(request.out), "subset": request.subset}).eval
         request.out.mkdir(parents=True, exist_ok=True)
         (request.out / "results.json").write_text(json.dumps(asdict(record)))

@@ -687,7 +687,7 @@ def test_evaluation_cache_sees_a_changed_checkpoint(prepared, monkeypatch):
     the same file in a moved results directory is not."""
     calls = []
 
-    def fake_evaluate(request, env):
+    def fake_evaluate(request):
         calls.append(request.checkpoint)
         request.out.mkdir(parents=True, exist_ok=True)
         record = job_record(bleu=float(len(calls)), eval={"out": str(request.out)}).eval
@@ -695,7 +695,7 @@ def test_evaluation_cache_sees_a_changed_checkpoint(prepared, monkeypatch):
         return record
 
     def bleu(job):
-        return steps.evaluation(job, job.evals[0], {}).bleu
+        return steps.evaluation(job, job.evals[0]).bleu
 
     monkeypatch.setattr(steps, "evaluate", fake_evaluate)
     run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
@@ -732,16 +732,15 @@ def test_a_table_decodes_what_the_table_says_whatever_the_environment(tmp_path, 
         "lenpen": 0.6, "moses_tokenized": False}))
     commands = []
 
-    def fake_generate(cmd, log_file, env):
+    def fake_generate(cmd, log_file):
         commands.append(cmd)
         subset = cmd[cmd.index("--gen-subset") + 1]
         out = Path(cmd[cmd.index("--results-path") + 1])
         (out / f"generate-{subset}.txt").write_text("".join(
             f"S-{i}\tx\nT-{i}\t{r}\nH-{i}\t-0.1\t{r}\n" for i, r in enumerate(refs[subset])))
         Path(log_file).write_text("")
-        return 0
 
-    monkeypatch.setattr(evaluate, "run_logged", fake_generate)
+    monkeypatch.setattr(evaluate, "run_generate", fake_generate)
     monkeypatch.setattr(evaluate, "read_checkpoint", lambda path: {})
     monkeypatch.setattr(evaluate, "check_dataset", lambda *args: None)
     run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=tmp_path / "results",
@@ -751,8 +750,9 @@ def test_a_table_decodes_what_the_table_says_whatever_the_environment(tmp_path, 
     checkpoint = job.evals[0].checkpoint
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"a model")
-    env = dict(os.environ, SUBSET="valid", BEAM="1", LENPEN="2", BATCH_SIZE="3", CPU="0")  # the job's machine
-    results = steps.evaluation(job, job.evals[0], env)
+    for name, value in dict(SUBSET="valid", BEAM="1", LENPEN="2", BATCH_SIZE="3", CPU="0").items():
+        monkeypatch.setenv(name, value)  # the job's machine
+    results = steps.evaluation(job, job.evals[0])
     (cmd,) = commands
     assert cmd[cmd.index("--gen-subset") + 1] == "test" and results.subset == "test" and results.sentences == 2
     assert cmd[cmd.index("--beam") + 1] == "4" and cmd[cmd.index("--lenpen") + 1] == "0.6"
