@@ -14,11 +14,13 @@ threads or another CPU may give other bits (matrix products split their sums dif
 import gzip
 import itertools
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import once_per_session
 from fairseq_in_process import fairseq_train
 
 from diverse_fairseq import training
@@ -69,16 +71,26 @@ def _prepare_here(root: Path, demo_dir: Path, workers: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def demo_bins(tmp_path_factory):
+def demo_bins(tmp_path_factory, worker_id):
     """The first 600 training pairs (50 valid, 50 test) of data/demo, prepared twice: with 1 worker (the data
-    preparation's main, in this process) and 2 (scripts/prepare_data.sh demo)."""
-    demo_dir = tmp_path_factory.mktemp("demo_subset")
-    for split, n in (("train", 600), ("valid", 50), ("test", 50)):
-        for lang in ("en", "de"):
-            src = DEMO / f"{split}.{lang}.gz" if split == "train" else DEMO / f"{split}.{lang}"
-            (demo_dir / f"{split}.{lang}").write_text("".join(_head(src, n)), encoding="utf-8")
-    return [_prepare_here(tmp_path_factory.mktemp("prep_w1"), demo_dir, 1),
-            _prepare(tmp_path_factory.mktemp("prep_w2"), demo_dir, 2)]
+    preparation's main, in this process) and 2 (scripts/prepare_data.sh demo). Once per session, also across
+    pytest-xdist's workers (conftest's ``once_per_session``): a worker given only some of this module's tests waits
+    for the other's preparations instead of repeating them."""
+
+    def make(root: Path) -> None:
+        for name in ("demo_subset", "prep_w1", "prep_w2"):  # a retry after a failed attempt starts afresh
+            shutil.rmtree(root / name, ignore_errors=True)
+            (root / name).mkdir()
+        demo_dir = root / "demo_subset"
+        for split, n in (("train", 600), ("valid", 50), ("test", 50)):
+            for lang in ("en", "de"):
+                src = DEMO / f"{split}.{lang}.gz" if split == "train" else DEMO / f"{split}.{lang}"
+                (demo_dir / f"{split}.{lang}").write_text("".join(_head(src, n)), encoding="utf-8")
+        _prepare_here(root / "prep_w1", demo_dir, 1)
+        _prepare(root / "prep_w2", demo_dir, 2)
+
+    root = once_per_session(tmp_path_factory, worker_id, "reproducibility_demo_bins", make)
+    return [root / "prep_w1" / "data-bin", root / "prep_w2" / "data-bin"]
 
 
 def _pieces(model: Path):
@@ -130,26 +142,34 @@ def test_sentencepiece_learns_from_a_seeded_sample(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def train(demo_bins, tmp_path_factory):
-    """``train(row, seed, tag)`` → the checkpoint after UPDATES updates (cached per arguments): seed 1 without a tag
-    by :func:`diverse_fairseq.training.run` (a fairseq-train subprocess), the others in this process."""
-    root = tmp_path_factory.mktemp("runs")
+def train(demo_bins, tmp_path_factory, worker_id):
+    """``train(row, seed, tag)`` → the checkpoint after UPDATES updates: seed 1 without a tag by
+    :func:`diverse_fairseq.training.run` (a fairseq-train subprocess), the others in this process. Each run is
+    trained once per session, also across pytest-xdist's workers (conftest's ``once_per_session``: a worker that
+    needs a run the other is training waits for it), and loaded once per process."""
     done = {}
 
     def _train(row: str, seed: int, tag: str = ""):
         key = (row, seed, tag)
         if key not in done:
-            save_dir = root / f"{row}-seed{seed}{tag}"
-            env = dict(os.environ, DATA_BIN=str(demo_bins[0]), SAVE_DIR=str(save_dir), SEED=str(seed),
-                       MAX_UPDATE=str(UPDATES), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-                       PYTHONUNBUFFERED="1")
-            for name in ("MAX_TOKENS", "UPDATE_FREQ", "PRECISION", "AVERAGE", "NNODES", "SLURM_NNODES", "DRY_RUN"):
-                env.pop(name, None)
-            if tag or seed != 1:  # the same plan, fairseq-train in this process
-                fairseq_train(plan(training.request_from_env("demo", "tiny", ROWS[row], env=env, gpus=0)).args)
-                checkpoint = save_dir / "checkpoint_last.pt"
-            else:  # the real run: diverse_fairseq.training.run, fairseq-train as its subprocess
-                checkpoint = training.run_from_env("demo", "tiny", ROWS[row], env=env, gpus=0).checkpoint
+
+            def make(folder: Path) -> None:
+                save_dir = folder / "save"
+                shutil.rmtree(save_dir, ignore_errors=True)  # a retry after a failed attempt starts afresh
+                env = dict(os.environ, DATA_BIN=str(demo_bins[0]), SAVE_DIR=str(save_dir), SEED=str(seed),
+                           MAX_UPDATE=str(UPDATES), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                           CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+                for name in ("MAX_TOKENS", "UPDATE_FREQ", "PRECISION", "AVERAGE", "NNODES", "SLURM_NNODES", "DRY_RUN"):
+                    env.pop(name, None)
+                if tag or seed != 1:  # the same plan, fairseq-train in this process
+                    fairseq_train(plan(training.request_from_env("demo", "tiny", ROWS[row], env=env, gpus=0)).args)
+                    checkpoint = save_dir / "checkpoint_last.pt"
+                else:  # the real run: diverse_fairseq.training.run, fairseq-train as its subprocess
+                    checkpoint = training.run_from_env("demo", "tiny", ROWS[row], env=env, gpus=0).checkpoint
+                (folder / "checkpoint").write_text(str(checkpoint))
+
+            folder = once_per_session(tmp_path_factory, worker_id, f"reproducibility_{row}-seed{seed}{tag}", make)
+            checkpoint = Path((folder / "checkpoint").read_text())
             state = torch.load(checkpoint, map_location="cpu", weights_only=False)
             assert state["optimizer_history"][-1]["num_updates"] == UPDATES
             assert state["extra_state"]["train_iterator"]["epoch"] == 1  # within the first epoch
