@@ -5,6 +5,7 @@ synthetic batches; the two ``slow`` tests run fairseq-train (its ``main``, in th
 here."""
 
 import itertools
+import pickle
 
 import pytest
 import torch
@@ -48,10 +49,19 @@ def dicts(tmp_path_factory):
     return root
 
 
+#: command line -> its fairseq configuration, pickled: fairseq composes it with hydra (~0.6 s of CPU each time) and
+#: several tests build the same models. Each caller unpickles a copy of its own, as fresh as a new composition (a
+#: deepcopy would not do: the model config holds the Namespace that building the model adds its defaults to)
+_CONFIGS = {}
+
+
 def setup(dicts, family, arch, *extra):
     data = dicts / ("lm" if family == "lm" else "cls")
     argv = [str(data), "--user-dir", USER_DIR, "--cpu", "--arch", arch, *TINY[family], "--dropout", "0.0", *extra]
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)  # parsed every time (it may refuse)
+    if tuple(argv) not in _CONFIGS:
+        _CONFIGS[tuple(argv)] = pickle.dumps(convert_namespace_to_omegaconf(args))
+    cfg = pickle.loads(_CONFIGS[tuple(argv)])
     return cfg, tasks.setup_task(cfg.task)
 
 

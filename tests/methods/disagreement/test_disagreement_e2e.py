@@ -80,7 +80,7 @@ def test_precision_modes(tiny_data, tmp_path, precision):
 def test_hydra_train_with_the_paper_config(tiny_data, tmp_path):
     overrides = [
         f"task.data={tiny_data}", "task.source_lang=en", "task.target_lang=de", f"common.user_dir={USER_DIR}",
-        "common.cpu=true", "common.log_interval=1", "optimization.max_update=4", "checkpoint.no_save=true",
+        "common.cpu=true", "common.log_interval=1", "optimization.max_update=3", "checkpoint.no_save=true",
         f"checkpoint.save_dir={tmp_path / 'ckpt'}", "dataset.max_tokens=1000", "dataset.num_workers=0",
         "+model.encoder_layers=2", "+model.decoder_layers=2", "+model.encoder_embed_dim=32",
         "+model.decoder_embed_dim=32", "+model.encoder_ffn_embed_dim=64", "+model.decoder_ffn_embed_dim=64",
