@@ -4,6 +4,7 @@ size, each against its own stock-fairseq baseline, and ends with the JSON line `
 One run goes through the command line (``python scripts/benchmark.py``); the others call its ``main(argv)`` in the
 test's process (each new Python process would first spend some 6 s importing torch and fairseq)."""
 
+import gc
 import importlib.util
 import json
 import math
@@ -43,14 +44,18 @@ def script(monkeypatch):
 @pytest.fixture
 def bench_here(script, capsys):
     """``bench_here(*args)`` → (exit status, stdout, stderr) of ``script.main`` with the tiny sizes, in this
-    process; the torch thread count that it sets (one, for its CPU clock) is restored afterwards."""
+    process; the torch thread count that it sets (one, for its CPU clock) is restored afterwards. The objects this
+    process held before (pytest's, the imported modules') are frozen for the run (``gc.freeze``): the
+    ``gc.collect()`` that frees each case then walks what the run made, not the whole test process each time."""
     def run(*args):
         threads, status = torch.get_num_threads(), 0
+        gc.freeze()
         try:
             script.main([*TINY, *args])
         except SystemExit as e:
             status = e.code
         finally:
+            gc.unfreeze()
             torch.set_num_threads(threads)
         out, err = capsys.readouterr()
         return status, out, err

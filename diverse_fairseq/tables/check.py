@@ -65,16 +65,19 @@ def synthetic_dictionary(entries: Optional[int] = None, symbols: Optional[int] =
 
 def write_synthetic_data(data_bin: Path, dataset: str) -> Path:
     """``data_bin/dataset`` with a ``prepare.json`` and dictionaries (no text) of the sizes the recipe assumes
-    (``assumed_vocab``, else its BPE size in symbols): what the plan and fairseq's translation task read."""
+    (``assumed_vocab``, else its BPE size in symbols): what the plan and fairseq's translation task read. Languages
+    with dictionaries of one size (a joined dictionary) get the same one, built once."""
     recipe = RECIPES[dataset]
     data = data_bin / dataset
     if (data / "prepare.json").exists():
         return data
     data.mkdir(parents=True, exist_ok=True)
+    dictionaries = {}  # entries (None: the BPE size in symbols) -> dictionary
     for lang in recipe.langs:
         size = None if recipe.joined_dictionary else recipe.assumed_vocab.get(lang)
-        dictionary = synthetic_dictionary(size, None if size else recipe.bpe_size)
-        dictionary.save(str(data / f"dict.{lang}.txt"))
+        if size not in dictionaries:
+            dictionaries[size] = synthetic_dictionary(size, None if size else recipe.bpe_size)
+        dictionaries[size].save(str(data / f"dict.{lang}.txt"))
     DatasetMeta(source_lang=recipe.src, target_lang=recipe.tgt, dataset=dataset,
                 joined_dictionary=recipe.joined_dictionary, synthetic=True, beam=recipe.beam, lenpen=recipe.lenpen,
                 max_len_a=recipe.max_len_a, max_len_b=recipe.max_len_b,
@@ -212,17 +215,20 @@ def real_dictionaries(data_bin: Optional[Path], dataset: str) -> Optional[Dict[s
 
 
 def real_data_note(row: Row, dataset: str, data_bin: Path, gpus: int, precision: Optional[str],
-                   counted: Dict[tuple, int]) -> str:
+                   counted: Dict[str, int]) -> str:
     """"; real dictionaries of data-bin/x (de 8,848 / en 8,848 entries): 36.75M params, paper 37M (-0.7%)" for
-    a prepared dataset (``counted``: counts by command), else ""."""
+    a prepared dataset, else "" (``counted``: counts by run identity; the rows of one run, whose commands differ
+    only in their directories and log file or in a default spelled out, are counted once, as :func:`check` builds
+    them once)."""
     sizes = real_dictionaries(data_bin, dataset)
     if sizes is None:
         return ""
-    args = row_plan(row, dataset, "paper", Path(data_bin), gpus, precision).args
-    if args not in counted:
-        counted[args] = count_parameters(list(args))
+    job = row_plan(row, dataset, "paper", Path(data_bin), gpus, precision)
+    key = json.dumps(job.identity, sort_keys=True)
+    if key not in counted:
+        counted[key] = count_parameters(list(job.args))
     vocab = " / ".join(f"{lang} {n:,}" for lang, n in sizes.items())
-    _, text = compare_parameters(counted[args], row.paper.get("params"))
+    _, text = compare_parameters(counted[key], row.paper.get("params"))
     return f"; real dictionaries of {Path(data_bin) / dataset} ({vocab} entries): {text.split(': ')[0]}"
 
 
