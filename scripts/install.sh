@@ -19,6 +19,7 @@
 #      - a GPU: from the default index (the CUDA build).
 #  * fairseq-fixed==0.12.3.1 without build isolation and without its torchaudio pin (docs/fairseq-notes.md),
 #    then this package with `pip install -e .[dev,tensorboard]`.
+#  * pip compiles nothing (--no-compile); the venv's packages are compiled to bytecode at the end, on all cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -133,7 +134,21 @@ if [ ! -x "$VENV/bin/python" ]; then
     fi
 fi
 PY="$VENV/bin/python"
-PIP="$PY -m pip install --disable-pip-version-check"
+# --no-compile: pip would compile each package's files to bytecode one file after the other; they are compiled at
+# the end, on every core, by compile_bytecode
+PIP="$PY -m pip install --disable-pip-version-check --no-compile"
+
+# The venv's packages compiled to bytecode on every core (what pip does one file at a time): Python would otherwise
+# compile each module again in every process that imports it wherever PYTHONDONTWRITEBYTECODE is set. Files that do
+# not compile on this Python (written for newer ones, such as torch's py312 test helpers) are counted, and left as pip
+# leaves them.
+compile_bytecode() {
+    local site errors
+    site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    say "compiling the packages in $site to bytecode (all cores)"
+    errors=$("$PY" -m compileall -q -j 0 "$site" | grep -c '^\*\*\* Error compiling' || true)
+    [ "$errors" = 0 ] || say "$errors file(s) in $site are not Python $(python_version "$PY") (left uncompiled, as pip leaves them)"
+}
 
 # fairseq-fixed is installed with --no-deps, leaving out its torchaudio pin on purpose (docs/fairseq-notes.md);
 # pip's resolver then reports that pin as an ERROR after every later install. Explain it right where it appears.
@@ -181,5 +196,6 @@ if ! "$PY" -c "import fairseq" 2>/dev/null; then
 fi
 say "installing diverse-fairseq (editable, with the dev and tensorboard extras)"
 pip_install --no-build-isolation -e ".[dev,tensorboard]"
+compile_bytecode
 "$PY" -c "import fairseq, torch, diverse_fairseq; print('[install] ok: torch', torch.__version__, 'fairseq', fairseq.__version__)"
 touch "$STAMP"
