@@ -122,8 +122,8 @@ def tokenized_pair(hyps_model: List[str], hyps_detok: List[str], refs_detok: Lis
 def run_generate(cmd: List[str], log_file: Path) -> None:
     """fairseq-generate's ``main`` in this process on the arguments of ``cmd`` (:func:`generate_command`'s command
     line, which the user sees and can run as printed), so that evaluating costs no second start of torch and
-    fairseq. Its log lines go to ``log_file`` as well as to this process's log; any failure raises SystemExit naming
-    fairseq's last error line and ``log_file``, which holds its traceback. Ctrl-C is not caught."""
+    fairseq. Its log lines go to ``log_file`` as well as to this process's log; any failure raises SystemExit with
+    fairseq's error and ``log_file``, which holds its traceback. Ctrl-C is not caught."""
     from fairseq import options
     from fairseq_cli.generate import main as generate_main
 
