@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -168,7 +169,8 @@ def ctrl_c_as_in_a_terminal():
 def once_per_session(tmp_path_factory, worker_id: str, name: str, make) -> Path:
     """The folder ``name`` made by ``make(folder)`` once per test session, also across pytest-xdist's workers: the
     first worker to ask makes it under the session's base folder while holding a lock, the others wait for it and
-    find it made. Without xdist (``worker_id`` "master"): a folder of this session."""
+    find it made (a worker whose ``make`` failed leaves it unmade: the next one starts afresh in an empty folder).
+    Without xdist (``worker_id`` "master"): a folder of this session."""
     if worker_id == "master":
         folder = tmp_path_factory.mktemp(name)
         make(folder)
@@ -178,7 +180,8 @@ def once_per_session(tmp_path_factory, worker_id: str, name: str, make) -> Path:
     folder = tmp_path_factory.getbasetemp().parent / name
     with FileLock(str(folder) + ".lock"):
         if not (folder / ".made").exists():
-            folder.mkdir(exist_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
             make(folder)
             (folder / ".made").touch()
     return folder

@@ -14,7 +14,6 @@ threads or another CPU may give other bits (matrix products split their sums dif
 import gzip
 import itertools
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -78,8 +77,7 @@ def demo_bins(tmp_path_factory, worker_id):
     for the other's preparations instead of repeating them."""
 
     def make(root: Path) -> None:
-        for name in ("demo_subset", "prep_w1", "prep_w2"):  # a retry after a failed attempt starts afresh
-            shutil.rmtree(root / name, ignore_errors=True)
+        for name in ("demo_subset", "prep_w1", "prep_w2"):
             (root / name).mkdir()
         demo_dir = root / "demo_subset"
         for split, n in (("train", 600), ("valid", 50), ("test", 50)):
@@ -155,7 +153,6 @@ def train(demo_bins, tmp_path_factory, worker_id):
 
             def make(folder: Path) -> None:
                 save_dir = folder / "save"
-                shutil.rmtree(save_dir, ignore_errors=True)  # a retry after a failed attempt starts afresh
                 env = dict(os.environ, DATA_BIN=str(demo_bins[0]), SAVE_DIR=str(save_dir), SEED=str(seed),
                            MAX_UPDATE=str(UPDATES), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                            CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
