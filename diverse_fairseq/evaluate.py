@@ -31,7 +31,7 @@ from sacrebleu.metrics import BLEU
 from .data.text import compound_split, detokenize, tokenize
 from .methods.length_penalty import BEAM_SEARCHES, LENGTH_PENALTIES
 from .runs.checkpoint_file import check_dataset, read_checkpoint
-from .runs.cli_logging import CONFIG_DUMP, DATE_FORMAT, LOG_FORMAT, setup_cli_logging
+from .runs.cli_logging import CONFIG_DUMP, DATE_FORMAT, LOG_FORMAT, fairseq_main_logging, setup_cli_logging
 from .runs.dataset_meta import DatasetMeta, load_dataset_meta
 from .runs.hints import shown_command, translate_command
 from .runs.options import (
@@ -127,29 +127,23 @@ def run_generate(cmd: List[str], log_file: Path) -> None:
     from fairseq import options
     from fairseq_cli.generate import main as generate_main
 
-    root = logging.getLogger()
     log = logging.FileHandler(log_file, mode="w", encoding="utf-8")
     log.setFormatter(logging.Formatter(LOG_FORMAT, DATE_FORMAT))
     log.addFilter(CONFIG_DUMP)
     # a handler before fairseq-generate's own basicConfig, which would otherwise log into its output file
-    root.addHandler(log)
-    level = root.level
-    root.setLevel(min(level or logging.INFO, logging.INFO))  # its progress and speed lines are INFO
-    try:
-        parser = options.get_generation_parser()
-        parser.add_argument("--arch", "-a", default="wav2vec2", help="as fairseq-generate's own parser")
-        generate_main(options.parse_args_and_arch(parser, cmd[cmd.index("fairseq_cli.generate") + 1:]))
-    except Exception as e:  # noqa: BLE001 - any failure of fairseq's: one error line, the traceback in the log
-        logging.getLogger("fairseq_cli.generate").exception("fairseq-generate failed")
-        raise SystemExit(f"error: fairseq-generate failed: {type(e).__name__}: {e}; its log is {log_file}") from None
-    except SystemExit as e:  # its argument parser's error (printed above), or an exit of its own
-        if e.code not in (None, 0):
-            raise SystemExit(f"error: fairseq-generate failed (exit {e.code}): its options are wrong (the message "
-                             f"above); its log is {log_file}") from None
-    finally:
-        root.removeHandler(log)
-        root.setLevel(level)
-        log.close()
+    with fairseq_main_logging(log):
+        try:
+            parser = options.get_generation_parser()
+            parser.add_argument("--arch", "-a", default="wav2vec2", help="as fairseq-generate's own parser")
+            generate_main(options.parse_args_and_arch(parser, cmd[cmd.index("fairseq_cli.generate") + 1:]))
+        except Exception as e:  # noqa: BLE001 - any failure of fairseq's: one error line, the traceback in the log
+            logging.getLogger("fairseq_cli.generate").exception("fairseq-generate failed")
+            raise SystemExit(f"error: fairseq-generate failed: {type(e).__name__}: {e}; its log is {log_file}") \
+                from None
+        except SystemExit as e:  # its argument parser's error (printed above), or an exit of its own
+            if e.code not in (None, 0):
+                raise SystemExit(f"error: fairseq-generate failed (exit {e.code}): its options are wrong (the "
+                                 f"message above); its log is {log_file}") from None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ NODE_RANK, MASTER_ADDR, MASTER_PORT (torchrun on each node), or SLURM (``srun`` 
 """
 
 import codecs
+import logging
 import os
 import re
 import selectors
@@ -34,13 +35,15 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from .average_checkpoints import average_files, last_n_checkpoints
 from .runs import env_checks
 from .runs.checkpoint_file import finished, refuse_damaged_last, trained_updates
+from .runs.cli_logging import fairseq_main_logging, setup_cli_logging
 from .runs.hints import evaluate_command, pip_command, repository_extra
 from .runs.identity import ARGS_FILE, check_resume, write_args
 from .runs.lock import LOCK_FILE, run_lock
@@ -137,7 +140,7 @@ def run(p: Plan, env: Mapping[str, str]) -> TrainResult:
     save_dir.mkdir(parents=True, exist_ok=True)
     write_args(save_dir, p.identity, cmd, about={"setting": p.setting_name, "method": p.method})
     try:
-        rc, last_error = call_keeping_error(cmd, env)
+        rc, last_error = launch(p, env)
     except Interrupted as e:  # Ctrl-C: one line, what was saved and how to resume (GPUS as the user gave it)
         raise Interrupted(e.update, interrupt_message(e.update, save_dir, resume_command(request, save_dir))) from None
     if rc != 0:
@@ -164,6 +167,73 @@ def last_update(text: str) -> Optional[int]:
     """The last update number that fairseq's progress output ``text`` reports, or None."""
     found = _NUM_UPDATES.findall(text)
     return int(found[-1]) if found else None
+
+
+def launch(p: Plan, env: Mapping[str, str]) -> Tuple[int, str]:
+    """fairseq-train on plan ``p``: (its exit status, its last error line). One training process
+    (:attr:`~diverse_fairseq.runs.plan.Plan.in_process`) runs in this process (:func:`train_here`); several (GPUs,
+    nodes, torchrun) or a ``TRAIN_HOOK`` are ``p.command`` started with ``env`` (:func:`call_keeping_error`)."""
+    return train_here(p.args) if p.in_process else call_keeping_error(p.command, env)
+
+
+class _UpdateWatch(logging.Handler):
+    """The update number of the last log line of fairseq's that reports one (:func:`last_update`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.update: Optional[int] = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, str):  # not the configuration fairseq logs as an object
+            seen = last_update(record.getMessage())
+            self.update = self.update if seen is None else seen
+
+
+def forget_fairseq_state() -> None:
+    """What a fresh fairseq-train process starts without, and fairseq keeps between two runs in one process: its
+    metrics, and the best validation score so far and the patience count, kept as attributes of two functions
+    (a second run would otherwise save no ``checkpoint_best.pt`` that the first run's score beats)."""
+    import fairseq_cli.train
+    from fairseq import checkpoint_utils
+    from fairseq.logging import metrics
+
+    metrics.reset()
+    for function, names in ((checkpoint_utils.save_checkpoint, ("best",)),
+                            (fairseq_cli.train.should_stop_early, ("best", "num_runs"))):
+        for name in names:
+            if hasattr(function, name):
+                delattr(function, name)
+
+
+def train_here(args: Sequence[str]) -> Tuple[int, str]:
+    """fairseq-train's ``main`` in this process on ``args`` (through fairseq's ``call_main``, as fairseq-train runs
+    it), so that a run costs no second start of torch and fairseq (about 8 CPU-seconds): the same contract as
+    :func:`call_keeping_error`. A failure returns status 1 and the exception's last line, its traceback logged (2
+    and its message for fairseq-train's parser); Ctrl-C raises :class:`Interrupted` with the last update fairseq
+    logged. fairseq's state of an earlier run in this process is forgotten first (:func:`forget_fairseq_state`),
+    and its logging is put back afterwards (:func:`~diverse_fairseq.runs.cli_logging.fairseq_main_logging`)."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq_cli import train as fairseq_train
+
+    forget_fairseq_state()
+    watch = _UpdateWatch()
+    with fairseq_main_logging(watch):
+        try:
+            parsed = options.parse_args_and_arch(options.get_training_parser(), list(args))
+            distributed_utils.call_main(convert_namespace_to_omegaconf(parsed), fairseq_train.main)
+        except KeyboardInterrupt:
+            raise Interrupted(watch.update) from None
+        except SystemExit as e:  # its parser's error (printed), or an exit of its own
+            if e.code in (None, 0):
+                return 0, ""
+            return (e.code, "") if isinstance(e.code, int) else (1, str(e.code))
+        except Exception as e:  # noqa: BLE001 - any failure of fairseq's: its last line, as its process would end
+            fairseq_train.logger.exception("fairseq-train failed")
+            lines = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+            return 1, lines[-1].strip() if lines else type(e).__name__
+    return 0, ""
 
 
 def call_keeping_error(cmd: List[str], env) -> tuple:
@@ -296,6 +366,7 @@ def main(argv=None):
                  "SEEDS is the table runner's: make table-<id>, python -m diverse_fairseq.tables)",
         "TRAIN_ARGS": "extra fairseq-train options after the setting on the command line (TRAIN_ARGS is the table "
                       "runner's)"}
+    setup_cli_logging()  # fairseq-train's log, where it trains in this process (launch)
     warn_misspelled(env, "train", foreign=foreign)
     for warning in env_checks.foreign_variables(env, foreign, "scripts/train.sh"):
         print(f"[train] warning: {warning}", flush=True)

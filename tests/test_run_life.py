@@ -205,7 +205,7 @@ def _damaged_run(env, where: Path, others=(("checkpoint_best.pt", 4), ("checkpoi
 def test_a_truncated_checkpoint_last_is_refused_before_training_with_the_fix(env, tmp_path, monkeypatch):
     where = tmp_path / "run"
     _damaged_run(env, where)
-    monkeypatch.setattr(training, "call_keeping_error", lambda cmd, env: pytest.fail("fairseq-train was started"))
+    monkeypatch.setattr(training, "launch", lambda p, env: pytest.fail("fairseq-train was started"))
     with pytest.raises(SystemExit) as err:
         training.run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where)), gpus=0)
     message = str(err.value)
@@ -236,10 +236,10 @@ def test_a_damaged_checkpoint_last_without_an_intact_one_is_moved_aside(env, tmp
 
 # ------------------------------------------------------------------------------- plugin misuse at build
 def test_disagreement_on_a_plain_transformer_is_refused_when_built_and_the_failed_run_leaves_nothing(
-        toy_bin, tmp_path, capfd):
+        toy_bin, tmp_path, caplog):
     """The disagreement criterion on ``--arch transformer`` (no observable heads): fairseq-train stops when it builds
     the criterion, before the first step, without crash.pt. That failed training (scripts/train.sh's
-    ``training.run``, here in this process; fairseq-train is its subprocess) offers no resume: it wrote no
+    ``training.run``, here in this process, as is fairseq-train's main) offers no resume: it wrote no
     checkpoint; the folder is removed (a crash.pt in it would keep it), and fairseq's own error line comes last
     (issue 27, item 7; was test_training_runs.py's test_a_failed_training_offers_no_resume_and_leaves_no_folder)."""
     where = tmp_path / "ck" / "new-run"
@@ -256,9 +256,8 @@ def test_disagreement_on_a_plain_transformer_is_refused_when_built_and_the_faile
     refusal = "needs a model whose attention modules expose their heads (--arch diverse_transformer*"
     last = message.splitlines()[-1]
     assert last.startswith("fairseq-train said: ") and refusal in last, message
-    out, shown = capfd.readouterr()
-    assert refusal in shown  # also shown as it happened
-    assert "num_updates" not in out + shown  # before the first step
+    assert refusal in caplog.text  # also logged as it happened, with its traceback
+    assert "num_updates" not in caplog.text and "fairseq_cli.train" in caplog.text  # before the first step
 
 
 def test_the_criterion_finds_the_model_of_its_task(tiny_data):

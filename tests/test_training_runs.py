@@ -62,7 +62,7 @@ def test_a_run_short_of_max_update_resumes(env, tmp_path, monkeypatch, capsys):
     where = tmp_path / "run"
     trained(env, where, 150)
     started = []
-    monkeypatch.setattr(training, "call_keeping_error", lambda cmd, env: started.append(cmd) or (0, ""))
+    monkeypatch.setattr(training, "launch", lambda p, env: started.append(p.command) or (0, ""))
     result = training.run_from_env("demo", "tiny", [], env=dict(env, SAVE_DIR=str(where), MAX_UPDATE="300"), gpus=0)
     assert len(started) == 1 and not result.finished_earlier and f"resuming from {where}" in capsys.readouterr().out
 

@@ -19,9 +19,11 @@ narrowly (by logger and message, by warning category and message):
 """
 
 import argparse
+import contextlib
 import logging
 import sys
 import warnings
+from typing import Dict, List
 
 #: fairseq's log format and date format (fairseq_cli/train.py): every log line of a job has it
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
@@ -99,3 +101,32 @@ def setup_cli_logging(level: int = logging.INFO) -> None:
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     quiet_libraries()
+
+
+def _handlers() -> Dict[logging.Logger, List[logging.Handler]]:
+    """{logger: its handlers} of the root logger and of every logger created so far."""
+    loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(logger, logging.Logger))]
+    return {logger: list(logger.handlers) for logger in loggers}
+
+
+@contextlib.contextmanager
+def fairseq_main_logging(*handlers: logging.Handler):
+    """For a fairseq command's ``main`` run in this process (fairseq-train's in ``training.train_here``,
+    fairseq-generate's in ``evaluate.run_generate``): ``handlers`` first on the root logger, whose level is lowered to INFO
+    where it is higher (fairseq's progress, summary and speed lines are INFO). Afterwards the level is put back, and
+    ``handlers`` and those fairseq added to its loggers meanwhile are removed and closed (fairseq-train's
+    ``--log-file`` handler would otherwise also receive the next run's lines in this process)."""
+    root = logging.getLogger()
+    level, before = root.level, _handlers()
+    root.handlers[:0] = handlers  # first: they have seen a line by the time it is shown
+    root.setLevel(min(level or logging.INFO, logging.INFO))
+    try:
+        yield
+    finally:
+        for logger, now in _handlers().items():
+            for extra in now:
+                if extra not in before.get(logger, ()):
+                    logger.removeHandler(extra)
+                    extra.close()
+        root.setLevel(level)

@@ -189,6 +189,13 @@ class Plan:
         return max(1, self.gpus) * self.nodes
 
     @property
+    def in_process(self) -> bool:
+        """One training process (the CPU or one GPU, one node) of fairseq-train itself (no torchrun, no
+        ``TRAIN_HOOK``): :func:`diverse_fairseq.training.launch` runs fairseq-train's ``main`` in the calling process,
+        as fairseq's ``call_main`` runs a world of one; the others are started as :attr:`command`."""
+        return self.world == 1 and self.launcher == (sys.executable, "-m", "fairseq_cli.train")
+
+    @property
     def tokens_per_update(self) -> int:
         return self.world * self.max_tokens * self.update_freq
 

@@ -6,8 +6,8 @@ whose subject is a method (not the command line, which the workflow's tests run 
 ``main`` in process instead, on the same arguments. What a run changes in the process is put back afterwards: the
 root logger's level, the handlers of every logger (a ``--log-file``'s), the random number generators, torch's thread
 count (one, as the subprocesses of ``conftest.run_cli`` get), fairseq's metrics and the best validation score that
-fairseq keeps between calls as function attributes (a second run in the process would otherwise save no
-checkpoint_best.pt that the first run's score beats). Not put back: tensorboard writers, which fairseq keeps open
+fairseq keeps between calls as function attributes, as the product's own in-process training puts them back
+(``diverse_fairseq.training.train_here``). Not put back: tensorboard writers, which fairseq keeps open
 until the process exits (a test that reads ``--tensorboard-logdir`` runs fairseq-train as a subprocess).
 """
 
@@ -32,52 +32,25 @@ class FairseqFailed(AssertionError):
         self.text = text
 
 
-def _forget_fairseq_state():
-    """What a fresh fairseq process starts without: the metrics, and the best validation score so far and the
-    patience count, which fairseq keeps as attributes of two functions."""
-    import fairseq_cli.train
-    from fairseq import checkpoint_utils
-    from fairseq.logging import metrics
-
-    metrics.reset()
-    for function, names in ((checkpoint_utils.save_checkpoint, ("best",)),
-                            (fairseq_cli.train.should_stop_early, ("best", "num_runs"))):
-        for name in names:
-            if hasattr(function, name):
-                delattr(function, name)
-
-
-def _handlers():
-    """{logger: its handlers} of the root logger and every logger created so far."""
-    loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(logger, logging.Logger))]
-    return {logger: list(logger.handlers) for logger in loggers}
-
-
 @contextlib.contextmanager
 def _isolated(log):
-    root = logging.getLogger()
+    """The product's own isolation of a fairseq ``main`` in process (``fairseq_main_logging``, with the root logger at
+    INFO exactly, and ``forget_fairseq_state``), and the random number generators and torch's threads put back."""
+    from diverse_fairseq.runs.cli_logging import fairseq_main_logging
+    from diverse_fairseq.training import forget_fairseq_state
+
     handler = logging.StreamHandler(log)
     handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
-    level, handlers, threads = root.level, _handlers(), torch.get_num_threads()
+    threads = torch.get_num_threads()
     states = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
     torch.set_num_threads(1)
     try:
-        _forget_fairseq_state()  # imports fairseq_cli.train: after the handler above (see _run)
-        yield
+        with fairseq_main_logging(handler):
+            logging.getLogger().setLevel(logging.INFO)  # put back on exit
+            forget_fairseq_state()  # imports fairseq_cli.train: after the handler above (see _run)
+            yield
     finally:
-        _forget_fairseq_state()
-        # fairseq may add its own: generate's basicConfig on the root logger, a --log-file's on fairseq_cli.train's
-        # and the progress bar's loggers
-        for logger in _handlers():
-            for extra in logger.handlers[:]:
-                if extra not in handlers.get(logger, ()):
-                    logger.removeHandler(extra)
-                    extra.close()
-        handler.close()
-        root.setLevel(level)
+        forget_fairseq_state()
         torch.set_num_threads(threads)
         torch.random.set_rng_state(states[0])
         np.random.set_state(states[1])

@@ -46,8 +46,8 @@ def fakes(monkeypatch):
     returns a record whose BLEU counts the evaluations. Returns the list of the commands fairseq-train was given."""
     started = []
 
-    def fake_fairseq(cmd, env):
-        started.append(cmd)
+    def fake_fairseq(p, env):
+        started.append(cmd := p.command)
         save_dir = Path(cmd[cmd.index("--save-dir") + 1])
         (save_dir / "train.log").write_text('{"epoch": 1, "train_loss": "5.5", "train_num_updates": "3"}\n')
         _checkpoint(save_dir / "checkpoint_1_2.pt", 2)
@@ -61,7 +61,7 @@ def fakes(monkeypatch):
         (request.out / "results.json").write_text(json.dumps(asdict(record)))
         return record
 
-    monkeypatch.setattr(training, "call_keeping_error", fake_fairseq)
+    monkeypatch.setattr(training, "launch", fake_fairseq)
     monkeypatch.setattr(steps, "evaluate", fake_evaluate)
     monkeypatch.setattr(steps, "disagreement_scores", lambda job, checkpoint: None)
     return started

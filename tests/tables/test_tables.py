@@ -774,13 +774,13 @@ def test_a_row_launched_through_torchrun_records_its_fairseq_train_arguments(pre
     fairseq-train's own arguments, not a slice of the launcher's command line."""
     started = []
 
-    def fake_fairseq(cmd, env):  # writes the log a real run's record is read from
-        started.append(cmd)
+    def fake_fairseq(p, env):  # writes the log a real run's record is read from
+        started.append(cmd := p.command)
         save_dir = Path(cmd[cmd.index("--save-dir") + 1])
         (save_dir / "train.log").write_text('{"epoch": 1, "train_loss": "5.5", "train_num_updates": "3"}\n')
         return 0, ""
 
-    monkeypatch.setattr(training, "call_keeping_error", fake_fairseq)
+    monkeypatch.setattr(training, "launch", fake_fairseq)
     run = RunConfig(dataset="demo", scale="demo", seeds=[1], gpus=0, out_dir=prepared / "results",
                     data_bin=prepared / "data-bin", train_options=training.options_from_env({"NNODES": "1"}))
     row = Row(id="r", label="R", family="transformer", args=["--dropout", "0.2"])
