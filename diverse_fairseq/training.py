@@ -222,6 +222,9 @@ def train_here(args: Sequence[str]) -> Tuple[int, str]:
     with fairseq_main_logging(watch):
         try:
             parsed = options.parse_args_and_arch(options.get_training_parser(), list(args))
+            # one process, as the command's fairseq-train under the plan's CUDA_VISIBLE_DEVICES (fairseq's default
+            # world size is every GPU this process sees)
+            parsed.distributed_world_size = 1
             distributed_utils.call_main(convert_namespace_to_omegaconf(parsed), fairseq_train.main)
         except KeyboardInterrupt:
             raise Interrupted(watch.update) from None

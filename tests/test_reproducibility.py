@@ -4,9 +4,9 @@ parameters.
 The runs go through the code path of ``make demo``: ``scripts/prepare_data.sh demo`` (sentencepiece, binarize)
 on the first 600 pairs of ``data/demo``, then :func:`diverse_fairseq.training.run` with the ``tiny`` setting
 on the CPU with one thread (OMP_NUM_THREADS = MKL_NUM_THREADS = 1), for a few updates. The first run of each row
-is the real one (fairseq-train as a subprocess); the runs compared with it train the same plan's fairseq-train
-arguments in this process (tests/methods/fairseq_in_process.py, one thread, fairseq's global state put back), so
-"bit-identical" also holds across the two ways of running. A different number of
+is the real one (fairseq-train's main as ``training.launch`` runs it); the runs compared with it train the same
+plan's fairseq-train arguments through the tests' own helper (tests/methods/fairseq_in_process.py, one thread,
+fairseq's global state put back), so "bit-identical" also holds across the two ways of running. A different number of
 threads or another CPU may give other bits (matrix products split their sums differently): see docs/reproducing.md,
 "What may differ across machines".
 """
@@ -142,7 +142,8 @@ def test_sentencepiece_learns_from_a_seeded_sample(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def train(demo_bins, tmp_path_factory, worker_id):
     """``train(row, seed, tag)`` → the checkpoint after UPDATES updates: seed 1 without a tag by
-    :func:`diverse_fairseq.training.run` (a fairseq-train subprocess), the others in this process. Each run is
+    :func:`diverse_fairseq.training.run` (the product's path: ``training.launch``), the others by the tests' own
+    in-process fairseq-train. Each run is
     trained once per session, also across pytest-xdist's workers (conftest's ``once_per_session``: a worker that
     needs a run the other is training waits for it), and loaded once per process."""
     done = {}
@@ -161,7 +162,7 @@ def train(demo_bins, tmp_path_factory, worker_id):
                 if tag or seed != 1:  # the same plan, fairseq-train in this process
                     fairseq_train(plan(training.request_from_env("demo", "tiny", ROWS[row], env=env, gpus=0)).args)
                     checkpoint = save_dir / "checkpoint_last.pt"
-                else:  # the real run: diverse_fairseq.training.run, fairseq-train as its subprocess
+                else:  # the real run: diverse_fairseq.training.run, fairseq-train's main as training.launch runs it
                     checkpoint = training.run_from_env("demo", "tiny", ROWS[row], env=env, gpus=0).checkpoint
                 (folder / "checkpoint").write_text(str(checkpoint))
 

@@ -182,6 +182,34 @@ def test_ctrl_c_in_a_table_run_by_the_worker_pool_twice(toy_bin, tmp_path):
     assert "[one] row base seed 1: interrupted " in out and out.strip().splitlines()[-len(interrupted):] == interrupted
 
 
+# ------------------------------------------------------------------------- one-process runs in this process
+def test_one_process_runs_one_after_another_in_a_process_each_start_as_a_fresh_fairseq_train(
+        toy_bin, tmp_path, monkeypatch):
+    """A one-process run trains in the calling process (a table's worker trains several runs there): a second run
+    starts without what fairseq kept from the first (its best validation score: here one no run can beat), writes
+    nothing into the first run's ``--log-file``, and trains in this one process although fairseq's default world
+    size is every GPU the process sees (four, faked here: fairseq would start four processes)."""
+    from fairseq import checkpoint_utils
+
+    env = {"DATA_BIN": str(toy_bin), "CHECKPOINTS": str(tmp_path / "ck"), "CUDA_VISIBLE_DEVICES": ""}
+
+    def run(name):
+        save = tmp_path / name
+        extra = [*SMALL, "--max-update", "2", "--log-file", str(save / "train.log"), "--log-format", "json"]
+        result = training.run_from_env("toy", "tiny", extra, env=dict(env, SAVE_DIR=str(save)), gpus=0)
+        assert result.plan.in_process and trained_updates(save / "checkpoint_last.pt") == 2
+        return save
+
+    first = run("first")
+    log = (first / "train.log").read_text()
+    assert '"num_updates": "2"' in log and (first / "checkpoint_best.pt").exists()
+    checkpoint_utils.save_checkpoint.best = float("-inf")  # as if an earlier run's validation loss had been -inf
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    second = run("second")
+    assert (second / "checkpoint_best.pt").exists() and '"num_updates": "2"' in (second / "train.log").read_text()
+    assert (first / "train.log").read_text() == log
+
+
 # ------------------------------------------------------------------------------ damaged checkpoint_last.pt
 @pytest.fixture
 def env(tmp_path):

@@ -113,9 +113,9 @@ def _handlers() -> Dict[logging.Logger, List[logging.Handler]]:
 @contextlib.contextmanager
 def fairseq_main_logging(*handlers: logging.Handler):
     """For a fairseq command's ``main`` run in this process (fairseq-train's in ``training.train_here``,
-    fairseq-generate's in ``evaluate.run_generate``): ``handlers`` first on the root logger, whose level is lowered to INFO
-    where it is higher (fairseq's progress, summary and speed lines are INFO). Afterwards the level is put back, and
-    ``handlers`` and those fairseq added to its loggers meanwhile are removed and closed (fairseq-train's
+    fairseq-generate's in ``evaluate.run_generate``): ``handlers`` first on the root logger, whose level is lowered
+    to INFO where it is higher (fairseq's progress, summary and speed lines are INFO). Afterwards the level is put
+    back, and ``handlers`` and those fairseq added to its loggers meanwhile are removed and closed (fairseq-train's
     ``--log-file`` handler would otherwise also receive the next run's lines in this process)."""
     root = logging.getLogger()
     level, before = root.level, _handlers()

@@ -191,9 +191,11 @@ class Plan:
     @property
     def in_process(self) -> bool:
         """One training process (the CPU or one GPU, one node) of fairseq-train itself (no torchrun, no
-        ``TRAIN_HOOK``): :func:`diverse_fairseq.training.launch` runs fairseq-train's ``main`` in the calling process,
-        as fairseq's ``call_main`` runs a world of one; the others are started as :attr:`command`."""
-        return self.world == 1 and self.launcher == (sys.executable, "-m", "fairseq_cli.train")
+        ``TRAIN_HOOK``, no ``--distributed-world-size`` among the extra options):
+        :func:`diverse_fairseq.training.launch` runs fairseq-train's ``main`` in the calling process, as fairseq's
+        ``call_main`` runs a world of one; the others are started as :attr:`command`."""
+        return (self.world == 1 and self.launcher == (sys.executable, "-m", "fairseq_cli.train")
+                and not any(a.startswith("--distributed-world-size") for a in self.args))
 
     @property
     def tokens_per_update(self) -> int:
