@@ -113,8 +113,22 @@ class Case:
     #: over one test batch per round with ``generator``, against the same beam search with ``reference``'s model
     mode: str = "train"
     generator: Optional[object] = None
-    reference: str = "baseline"  # the case of :data:`REFERENCES` (or "baseline_decode") it is timed against
+    reference: str = "baseline"  # the case it is timed against (set by its :class:`Builder`)
     batches: str = "translation"  # its synthetic batches: "translation", "test" (decode cases), "lm" or "roberta"
+
+
+@dataclass(frozen=True)
+class Builder:
+    """A case's builder and the case it is timed against, known before it is built (the benchmark builds the
+    references a selection needs, then one case at a time)."""
+
+    build: Callable[[Context], Case]
+    reference: str = "baseline"  # a key of :data:`REFERENCES`, "baseline" or "baseline_decode"
+
+    def __call__(self, ctx: Context) -> Case:
+        case = self.build(ctx)
+        case.reference = self.reference
+        return case
 
 
 def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -138,7 +152,7 @@ def disagreement_case(terms: str, attention: str = "enc_self,dec_self,enc_dec", 
         )
         return Case(model, criterion.to(ctx.device), adam(model), report_memory=report_memory)
 
-    return build
+    return Builder(build)
 
 
 class SvgdThenAdam:
@@ -169,7 +183,7 @@ def repulsive_case(**options):
         criterion = LabelSmoothedCrossEntropyCriterion(ctx.task, sentence_avg=False, label_smoothing=LABEL_SMOOTHING)
         return Case(model, criterion.to(ctx.device), SvgdThenAdam(model, **options))
 
-    return build
+    return Builder(build)
 
 
 def routing_args(routing: str = "em", encoder=None, decoder=None, enc_dec=None) -> List[str]:
@@ -192,20 +206,19 @@ def routing_case(report_memory=False, **placement):
         criterion = LabelSmoothedCrossEntropyCriterion(ctx.task, sentence_avg=False, label_smoothing=LABEL_SMOOTHING)
         return Case(model, criterion.to(ctx.device), adam(model), report_memory=report_memory)
 
-    return build
+    return Builder(build)
 
 
-def decode_case(train_builder: Callable[[Context], Case]):
+def decode_case(train_builder: Builder):
     """Beam search (``Context.beam`` beams, ``Context.decode_len`` steps) with the model that
     ``train_builder`` builds, against the same beam search with the baseline model."""
 
     def build(ctx: Context) -> Case:
         case = train_builder(ctx)
         case.model.eval()
-        return Case(case.model, None, None, mode="decode", generator=ctx.generator(case.model),
-                    reference="baseline_decode", batches="test")
+        return Case(case.model, None, None, mode="decode", generator=ctx.generator(case.model), batches="test")
 
-    return build
+    return Builder(build, reference="baseline_decode")
 
 
 def single_stack_criterion(ctx: Context, family: str, **disagreement) -> torch.nn.Module:
@@ -246,14 +259,13 @@ def single_stack_case(family: str, method: str, report_memory=False, **options):
         model = ctx.build_single(family, arch.replace("diverse_", "") if method == "repulsive" else arch, routing)
         criterion = single_stack_criterion(ctx, family, **(options if method == "disagreement" else {}))
         optimizer = SvgdThenAdam(track_model(model), **options) if method == "repulsive" else adam(model)
-        return Case(model, criterion.to(ctx.device), optimizer, report_memory=report_memory,
-                    reference=f"baseline_{family}", batches=family)
+        return Case(model, criterion.to(ctx.device), optimizer, report_memory=report_memory, batches=family)
 
-    return build
+    return Builder(build, reference=f"baseline_{family}")
 
 
 #: key -> builder(Context) -> Case: a new case is one more entry here.
-CASES: Dict[str, Callable[[Context], Case]] = {
+CASES: Dict[str, Builder] = {
     "disagreement_out_all": disagreement_case("out", report_memory=True),
     "disagreement_pos_all": disagreement_case("pos"),
     "disagreement_sub_all": disagreement_case("sub"),
