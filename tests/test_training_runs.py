@@ -166,7 +166,8 @@ def test_routing_flags_with_a_routing_architecture_pass(env):
 
 def test_only_one_process_of_fairseq_train_itself_trains_in_the_calling_process(env):
     """``Plan.in_process``: the CPU or one GPU on one node trains in the calling process (``training.launch``);
-    several GPUs, torchrun (NNODES), a TRAIN_HOOK script or a world size among the options start the command."""
+    several GPUs, torchrun (NNODES), a TRAIN_HOOK script, a world size, or an option that fairseq-train's command line
+    handles itself (--profile, --use-plasma-view) start the command."""
     from dataclasses import replace
 
     def planned(gpus=0, extra=(), **variables):
@@ -176,6 +177,7 @@ def test_only_one_process_of_fairseq_train_itself_trains_in_the_calling_process(
     assert not planned(2).in_process
     assert not planned(0, NNODES="1").in_process and planned(0, NNODES="1").launcher[1:3] == ("-m",
                                                                                              "torch.distributed.run")
-    assert not planned(1, ["--distributed-world-size", "1"]).in_process
+    for options in (["--distributed-world-size", "1"], ["--profile"], ["--use-plasma-view"]):
+        assert not planned(1, options).in_process, options
     hooked = plan(replace(training.request_from_env("demo", "tiny", [], env=env, gpus=0), entry="/x/hook.py"))
     assert not hooked.in_process and hooked.command[1] == "/x/hook.py"

@@ -160,6 +160,11 @@ def eval_bleu_args(meta: DatasetMeta, s: Setting) -> List[str]:
             "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
+#: fairseq-train options that its command line handles around fairseq's ``call_main`` (``fairseq_cli.train.cli_main``:
+#: the profiler, the plasma server) or that ask for more than one process: a run with one of them starts the command
+COMMAND_LINE_ONLY = ("--profile", "--use-plasma-view", "--distributed-world-size")
+
+
 @dataclass(frozen=True)
 class Plan:
     """One training run, decided once (:func:`plan`)."""
@@ -191,11 +196,11 @@ class Plan:
     @property
     def in_process(self) -> bool:
         """One training process (the CPU or one GPU, one node) of fairseq-train itself (no torchrun, no
-        ``TRAIN_HOOK``, no ``--distributed-world-size`` among the extra options):
-        :func:`diverse_fairseq.training.launch` runs fairseq-train's ``main`` in the calling process, as fairseq's
-        ``call_main`` runs a world of one; the others are started as :attr:`command`."""
+        ``TRAIN_HOOK``, none of :data:`COMMAND_LINE_ONLY` among the options): :func:`diverse_fairseq.training.launch`
+        runs fairseq-train's ``main`` in the calling process, as fairseq's ``call_main`` runs a world of one; the
+        others are started as :attr:`command`."""
         return (self.world == 1 and self.launcher == (sys.executable, "-m", "fairseq_cli.train")
-                and not any(a.startswith("--distributed-world-size") for a in self.args))
+                and not any(a.split("=", 1)[0] in COMMAND_LINE_ONLY for a in self.args))
 
     @property
     def tokens_per_update(self) -> int:
