@@ -191,11 +191,13 @@ class _UpdateWatch(logging.Handler):
 
 def forget_fairseq_state() -> None:
     """What a fresh fairseq-train process starts without, and fairseq keeps between two runs in one process: its
-    metrics, and the best validation score so far and the patience count, kept as attributes of two functions
-    (a second run would otherwise save no ``checkpoint_best.pt`` that the first run's score beats)."""
+    metrics; the best validation score so far and the patience count, kept as attributes of two functions (a
+    second run would otherwise save no ``checkpoint_best.pt`` that the first run's score beats); and its tensorboard
+    writers, kept by tag alone ("train", "valid"; a second run would write into the first run's
+    ``--tensorboard-logdir``), which are closed."""
     import fairseq_cli.train
     from fairseq import checkpoint_utils
-    from fairseq.logging import metrics
+    from fairseq.logging import metrics, progress_bar
 
     metrics.reset()
     for function, names in ((checkpoint_utils.save_checkpoint, ("best",)),
@@ -203,6 +205,10 @@ def forget_fairseq_state() -> None:
         for name in names:
             if hasattr(function, name):
                 delattr(function, name)
+    writers = getattr(progress_bar, "_tensorboard_writers", {})  # set where torch or tensorboardX has a writer
+    for writer in writers.values():
+        writer.close()
+    writers.clear()
 
 
 def train_here(args: Sequence[str]) -> Tuple[int, str]:
@@ -210,7 +216,7 @@ def train_here(args: Sequence[str]) -> Tuple[int, str]:
     it), so that a run costs no second start of torch and fairseq (about 8 CPU-seconds): the same contract as
     :func:`call_keeping_error`. A failure returns status 1 and the exception's last line, its traceback logged (2
     and its message for fairseq-train's parser); Ctrl-C raises :class:`Interrupted` with the last update fairseq
-    logged. fairseq's state of an earlier run in this process is forgotten first (:func:`forget_fairseq_state`),
+    logged. fairseq's state of a run in this process is forgotten before and after it (:func:`forget_fairseq_state`),
     and its logging is put back afterwards (:func:`~diverse_fairseq.runs.cli_logging.fairseq_main_logging`)."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -219,23 +225,25 @@ def train_here(args: Sequence[str]) -> Tuple[int, str]:
 
     forget_fairseq_state()
     watch = _UpdateWatch()
-    with fairseq_main_logging(watch):
-        try:
+    try:
+        with fairseq_main_logging(watch):
             parsed = options.parse_args_and_arch(options.get_training_parser(), list(args))
             # one process, as the command's fairseq-train under the plan's CUDA_VISIBLE_DEVICES (fairseq's default
             # world size is every GPU this process sees)
             parsed.distributed_world_size = 1
             distributed_utils.call_main(convert_namespace_to_omegaconf(parsed), fairseq_train.main)
-        except KeyboardInterrupt:
-            raise Interrupted(watch.update) from None
-        except SystemExit as e:  # its parser's error (printed), or an exit of its own
-            if e.code in (None, 0):
-                return 0, ""
-            return (e.code, "") if isinstance(e.code, int) else (1, str(e.code))
-        except Exception as e:  # noqa: BLE001 - any failure of fairseq's: its last line, as its process would end
-            fairseq_train.logger.exception("fairseq-train failed")
-            lines = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
-            return 1, lines[-1].strip() if lines else type(e).__name__
+    except KeyboardInterrupt:
+        raise Interrupted(watch.update) from None
+    except SystemExit as e:  # its parser's error (printed), or an exit of its own
+        if e.code in (None, 0):
+            return 0, ""
+        return (e.code, "") if isinstance(e.code, int) else (1, str(e.code))
+    except Exception as e:  # noqa: BLE001 - any failure of fairseq's: its last line, as its process would end
+        fairseq_train.logger.exception("fairseq-train failed")
+        lines = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+        return 1, lines[-1].strip() if lines else type(e).__name__
+    finally:
+        forget_fairseq_state()  # its tensorboard files closed too
     return 0, ""
 
 

@@ -186,9 +186,10 @@ def test_ctrl_c_in_a_table_run_by_the_worker_pool_twice(toy_bin, tmp_path):
 def test_one_process_runs_one_after_another_in_a_process_each_start_as_a_fresh_fairseq_train(
         toy_bin, tmp_path, monkeypatch):
     """A one-process run trains in the calling process (a table's worker trains several runs there): a second run
-    starts without what fairseq kept from the first (its best validation score: here one no run can beat), writes
-    nothing into the first run's ``--log-file``, and trains in this one process although fairseq's default world
-    size is every GPU the process sees (four, faked here: fairseq would start four processes)."""
+    starts without what fairseq kept from the first (its best validation score: here one no run can beat; its
+    tensorboard writers), writes nothing into the first run's ``--log-file`` or ``--tensorboard-logdir``, and trains
+    in this one process although fairseq's default world size is every GPU the process sees (four, faked here:
+    fairseq would start four processes)."""
     from fairseq import checkpoint_utils
 
     env = {"DATA_BIN": str(toy_bin), "CHECKPOINTS": str(tmp_path / "ck"), "CUDA_VISIBLE_DEVICES": ""}
@@ -200,14 +201,20 @@ def test_one_process_runs_one_after_another_in_a_process_each_start_as_a_fresh_f
         assert result.plan.in_process and trained_updates(save / "checkpoint_last.pt") == 2
         return save
 
+    def tensorboard(save):  # {file: its bytes} of the run's tensorboard logs (train, train_inner, valid)
+        return {f.relative_to(save): f.read_bytes() for f in (save / "tensorboard").rglob("events.out.*")}
+
     first = run("first")
-    log = (first / "train.log").read_text()
+    log, events = (first / "train.log").read_text(), tensorboard(first)
     assert '"num_updates": "2"' in log and (first / "checkpoint_best.pt").exists()
+    assert {f.parts[1] for f in events} >= {"train", "valid"}
     checkpoint_utils.save_checkpoint.best = float("-inf")  # as if an earlier run's validation loss had been -inf
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     second = run("second")
     assert (second / "checkpoint_best.pt").exists() and '"num_updates": "2"' in (second / "train.log").read_text()
     assert (first / "train.log").read_text() == log
+    # fairseq keeps its tensorboard writers by tag alone: the second run's logs go to its own directory
+    assert tensorboard(first) == events and {f.parts[1] for f in tensorboard(second)} >= {"train", "valid"}
 
 
 # ------------------------------------------------------------------------------ damaged checkpoint_last.pt

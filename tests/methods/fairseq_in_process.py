@@ -5,10 +5,9 @@ A fairseq subprocess pays ~6 s of CPU for importing torch and fairseq before it 
 whose subject is a method (not the command line, which the workflow's tests run as a subprocess) call the commands'
 ``main`` in process instead, on the same arguments. What a run changes in the process is put back afterwards: the
 root logger's level, the handlers of every logger (a ``--log-file``'s), the random number generators, torch's thread
-count (one, as the subprocesses of ``conftest.run_cli`` get), fairseq's metrics and the best validation score that
-fairseq keeps between calls as function attributes, as the product's own in-process training puts them back
-(``diverse_fairseq.training.train_here``). Not put back: tensorboard writers, which fairseq keeps open
-until the process exits (a test that reads ``--tensorboard-logdir`` runs fairseq-train as a subprocess).
+count (one, as the subprocesses of ``conftest.run_cli`` get), fairseq's metrics, the best validation score that
+fairseq keeps between calls as function attributes and its tensorboard writers, as the product's own in-process
+training puts them back (``diverse_fairseq.training.forget_fairseq_state``).
 """
 
 import contextlib
