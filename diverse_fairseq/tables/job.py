@@ -13,6 +13,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..evaluate import EvalRequest
+from ..runs.checkpoint_file import trained_updates
 from ..runs.lock import run_lock
 from ..runs.plan import Plan, TrainRequest, plan
 from ..runs.settings import SETTINGS
@@ -131,6 +132,15 @@ def finished_record(job: TableJob) -> Optional[JobRecord]:
     train = replace(record.train, checkpoint=str(job.plan.checkpoint(record.train.averaged_checkpoints)))
     return replace(record, train=train, evals={r.subset: replace(record.evals[r.subset], out=str(r.out))
                                                for r in job.evals})
+
+
+def resumes_from(job: TableJob) -> Optional[int]:
+    """The update at which the job's training resumes: its run directory holds an interrupted run made under the
+    job's cache key (no ``train.json``; ``key.json`` is the key, as :func:`~.steps.train` decides) with a readable
+    ``checkpoint_last.pt``. None for a new run, a finished one, or one made by a different command."""
+    if load(job.run_dir / "train.json") is not None or load(job.run_dir / "key.json") != cache_key(job.plan):
+        return None
+    return trained_updates(job.run_dir / "checkpoint_last.pt")
 
 
 def run_job(job: TableJob, env: Mapping[str, str]) -> JobRecord:

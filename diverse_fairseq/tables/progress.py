@@ -193,12 +193,15 @@ class Progress:
         self._print(f"{text}; elapsed {clock(now - self.start)}, estimated remaining {self.remaining(now)}{after}")
 
     def begin(self, job: "TableJob"):
-        """The start line, with the log to follow, and the watcher of the job's training log."""
+        """The start line ("started", or "resuming from update N" for an interrupted run of the same command), with
+        the log to follow, and the watcher of the job's training log."""
+        from .job import resumes_from  # (job.py imports this module through steps.py)
+
         self.started[job.row, job.seed] = time.time()
         train_log = job.run_dir / "train.log"
         log = f"log: {job.log_path}" if self.run.jobs > 1 else f"training log: {train_log}"
-        where = self._where(job)
-        self._line(f"{where}: started", after=f"; {log}")
+        where, update = self._where(job), resumes_from(job)
+        self._line(f"{where}: {'started' if update is None else f'resuming from update {update}'}", after=f"; {log}")
         watcher = self.watchers[job.row, job.seed] = LogWatcher(train_log, self.run.progress_interval,
                                                                 lambda line: self._print(f"{where}: {line}"))
         watcher.start()

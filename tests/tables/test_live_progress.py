@@ -109,6 +109,26 @@ def test_the_start_line_names_the_log(tmp_path, capsys):
         capsys.readouterr().out
 
 
+def test_an_interrupted_run_of_the_same_command_starts_as_resuming_from_its_update(tmp_path, capsys):
+    """The start line of a job whose run directory holds its interrupted run (key.json of the job's cache key and
+    checkpoint_last.pt at update 45) says where it resumes; a run of another command (another key) is "started"."""
+    import json
+
+    import torch
+
+    from diverse_fairseq.tables.cache import cache_key
+
+    table, run, job = _one_row(tmp_path, 0)
+    job.run_dir.mkdir(parents=True)
+    torch.save({"optimizer_history": [{"num_updates": 45}]}, job.run_dir / "checkpoint_last.pt")
+    for key, line in ((cache_key(job.plan), "resuming from update 45; elapsed"), ({"other": 1}, "started; elapsed")):
+        (job.run_dir / "key.json").write_text(json.dumps(key))
+        progress = Progress(table, run, total=1)
+        progress.begin(job)
+        progress.end(job, job_record(bleu=1.0))
+        assert f"[t] row 1 of 1 (seed 1) Base: {line}" in capsys.readouterr().out
+
+
 def test_progress_lines_while_a_real_tiny_run_trains(tiny_data, tmp_path, capsys):
     table, run, job = _one_row(tmp_path, 0)  # every record fairseq logs (read every 0.5 s)
     row = table.rows[0]
