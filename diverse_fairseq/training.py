@@ -171,8 +171,9 @@ def last_update(text: str) -> Optional[int]:
 
 def launch(p: Plan, env: Mapping[str, str]) -> Tuple[int, str]:
     """fairseq-train on plan ``p``: (its exit status, its last error line). One training process
-    (:attr:`~diverse_fairseq.runs.plan.Plan.in_process`) runs in this process (:func:`train_here`); several (GPUs,
-    nodes, torchrun) or a ``TRAIN_HOOK`` are ``p.command`` started with ``env`` (:func:`call_keeping_error`)."""
+    (:attr:`~diverse_fairseq.runs.plan.Plan.in_process`) runs in this process (:func:`train_here`); any other plan
+    (several GPUs or nodes, torchrun, a ``TRAIN_HOOK``, an option only fairseq-train's command line handles) is
+    ``p.command`` started with ``env`` (:func:`call_keeping_error`)."""
     return train_here(p.args) if p.in_process else call_keeping_error(p.command, env)
 
 

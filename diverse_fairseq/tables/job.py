@@ -135,10 +135,10 @@ def finished_record(job: TableJob) -> Optional[JobRecord]:
 
 
 def resumes_from(job: TableJob) -> Optional[int]:
-    """The update at which the job's training resumes: its run directory holds an interrupted run made under the
-    job's cache key (no ``train.json``; ``key.json`` is the key, as :func:`~.steps.train` decides) with a readable
-    ``checkpoint_last.pt``. None for a new run, a finished one, or one made by a different command."""
-    if load(job.run_dir / "train.json") is not None or load(job.run_dir / "key.json") != cache_key(job.plan):
+    """The update at which the job's training resumes: that of the ``checkpoint_last.pt`` of an interrupted run of
+    the job's cache key in its run directory (:func:`~.steps.resumable`). None for a new run, a finished one, one
+    made by a different command, or one without a readable ``checkpoint_last.pt``."""
+    if not steps.resumable(job.run_dir, cache_key(job.plan)):
         return None
     return trained_updates(job.run_dir / "checkpoint_last.pt")
 

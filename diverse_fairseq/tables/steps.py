@@ -51,10 +51,10 @@ def train(job: "TableJob", env: Mapping[str, str]) -> Tuple[TrainRecord, bool]:
               f"{checkpoint.name}, {'is missing' if what == 'missing' else 'cannot be read'}", flush=True)
         recover(job, checkpoint)
     else:
-        stored = finished.get("key") if finished is not None else load(run_dir / "key.json")  # key.json: interrupted
-        if stored == key:
+        if resumable(run_dir, key):
             print(f"  [{tag}] resuming the interrupted run in {run_dir}", flush=True)
         elif finished is not None or run_dir.is_dir() and any(f.name not in BESIDE_THE_RUN for f in run_dir.iterdir()):
+            stored = finished.get("key") if finished is not None else load(run_dir / "key.json")
             stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
             stale.mkdir()
             for path in run_dir.iterdir():  # all but the lock this job holds and the launcher's files
@@ -77,6 +77,12 @@ def train(job: "TableJob", env: Mapping[str, str]) -> Tuple[TrainRecord, bool]:
         valid_nll_loss=valid.get("nll_loss"))
     store(run_dir / "train.json", asdict(record))
     return record, False
+
+
+def resumable(run_dir: Path, key: Dict) -> bool:
+    """Whether ``run_dir`` holds an interrupted run made under cache key ``key``, which :func:`train` resumes: no
+    ``train.json`` (a finished run's), and the ``key.json`` its training wrote when it started is ``key``."""
+    return load(run_dir / "train.json") is None and load(run_dir / "key.json") == key
 
 
 def recover(job: "TableJob", evaluated: Optional[Path] = None):
